@@ -1,0 +1,125 @@
+"""The ``gitops-sless`` command line.
+
+Exit codes: 0 success, 1 invalid manifests, 2 usage errors (bad arguments, a
+path or ref that cannot be read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+from . import manifest, renderer
+from .errors import SlessError
+from .source import open_snapshot
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+_ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+
+
+def _add_source_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("path", help="a functions repository: a git repository or a directory")
+    parser.add_argument(
+        "--ref", help="branch, tag or commit to read (git repositories only; default HEAD)"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gitops-sless", description="Serverless functions on Kubernetes, deployed by git push."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    validate = commands.add_parser("validate", help="check every sless.yaml of a repository")
+    _add_source_args(validate)
+
+    render = commands.add_parser(
+        "render", help="print the Kubernetes objects of one environment as YAML"
+    )
+    _add_source_args(render)
+    render.add_argument("--env", default="prod", help="environment name (default: prod)")
+    render.add_argument(
+        "--registry",
+        default=os.environ.get("SLESS_REGISTRY", renderer.RenderConfig.registry),
+        help="image registry and prefix, HOST/PREFIX (default: $SLESS_REGISTRY or %(default)s)",
+    )
+    render.add_argument(
+        "--job-result",
+        action="append",
+        default=[],
+        metavar="JOB=JSON",
+        help="a job's result, for functions that take it as env (repeatable)",
+    )
+    render.add_argument(
+        "--no-builds", action="store_true", help="leave out the kaniko build Jobs"
+    )
+    return parser
+
+
+def _report_invalid(state: manifest.DesiredState) -> None:
+    for problem in state.problems:
+        print(problem, file=sys.stderr)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    state = manifest.load(open_snapshot(args.path, args.ref))
+    _report_invalid(state)
+    manifests = {fn.manifest for fn in state.functions.values()}
+    print(
+        f"{len(state.functions)} functions in {len(manifests)} valid manifests, "
+        f"{len(state.invalid)} invalid ({state.revision})"
+    )
+    return EXIT_INVALID if state.invalid else EXIT_OK
+
+
+def _job_results(pairs: Sequence[str]) -> dict[str, str]:
+    results = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise _UsageError(f"--job-result {pair!r}: expected JOB=JSON")
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise _UsageError(f"--job-result {name}: {value!r} is not JSON") from exc
+        results[name] = value
+    return results
+
+
+def _render(args: argparse.Namespace) -> int:
+    if not _ENV_NAME.fullmatch(args.env):
+        raise _UsageError(f"--env {args.env!r}: must be a DNS-1123 label of at most 40 characters")
+    state = manifest.load(open_snapshot(args.path, args.ref))
+    _report_invalid(state)
+    config = renderer.RenderConfig(registry=args.registry)
+    rendered = renderer.render_environment(
+        state, args.env, config, _job_results(args.job_result), builds=not args.no_builds
+    )
+    for name, jobs in sorted(rendered.waiting.items()):
+        print(f"# {name}: not rendered, waits for the result of job {', '.join(jobs)}", file=sys.stderr)
+    sys.stdout.write(renderer.dump(rendered.objects))
+    return EXIT_INVALID if state.invalid else EXIT_OK
+
+
+class _UsageError(Exception):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"validate": _validate, "render": _render}
+    try:
+        return handlers[args.command](args)
+    except (_UsageError, SlessError) as exc:
+        print(f"gitops-sless {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""Manifests: every ``sless.yaml`` of a snapshot, checked, as typed functions.
+
+Loading never stops at the first bad file. Each manifest is checked on its own
+(YAML, schema, entrypoint files, cron schedules, symlinks), then the checks
+that span files (unique names, job references). A manifest with any problem
+contributes no functions and is reported as invalid with every problem found;
+the others load.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import cron, runtimes, schema, yamldoc
+from .errors import ManifestError, ManifestProblem
+from .identity import build_tag
+from .source import Snapshot
+from .yamldoc import Located, YamlProblem, field_path
+
+__all__ = [
+    "MANIFEST_NAME",
+    "CronTrigger",
+    "DesiredState",
+    "Function",
+    "Job",
+    "JobRef",
+    "SecretRef",
+    "is_preview",
+    "load",
+]
+
+MANIFEST_NAME = "sless.yaml"
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    secret: str
+    key: str
+
+
+@dataclass(frozen=True)
+class JobRef:
+    job: str
+
+
+EnvValue = str | SecretRef | JobRef
+
+
+@dataclass(frozen=True)
+class CronTrigger:
+    schedule: str
+    event: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    run_id: int
+    event: Mapping[str, Any]
+    function: str
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function of the desired state, with its defaults filled in."""
+
+    name: str
+    folder: str
+    manifest: str
+    runtime: str
+    entrypoint: str
+    memory_mb: int
+    timeout_sec: int
+    replicas: int
+    enabled: bool
+    env: Mapping[str, EnvValue]
+    preview_env: Mapping[str, EnvValue]
+    http: bool
+    crons: tuple[CronTrigger, ...]
+    jobs: tuple[Job, ...]
+    source_id: str
+    build_tag: str
+
+    def env_for(self, environment: str) -> dict[str, EnvValue]:
+        """Env of this function in ``environment``: preview overrides apply in ``pr-*``."""
+        env = dict(self.env)
+        if is_preview(environment):
+            env.update(self.preview_env)
+        return dict(sorted(env.items()))
+
+    def job_dependencies(self, environment: str) -> list[str]:
+        return sorted({v.job for v in self.env_for(environment).values() if isinstance(v, JobRef)})
+
+
+@dataclass
+class DesiredState:
+    """What a snapshot asks for: valid functions by name, and every invalid manifest."""
+
+    revision: str
+    functions: dict[str, Function] = field(default_factory=dict)
+    invalid: dict[str, ManifestError] = field(default_factory=dict)
+    # names declared by invalid manifests, as far as they could be read: the
+    # last good version of these keeps running
+    invalid_names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        return {job.name: job for fn in self.functions.values() for job in fn.jobs}
+
+    @property
+    def problems(self) -> list[ManifestProblem]:
+        return [p for err in self.invalid.values() for p in err.problems]
+
+
+def is_preview(environment: str) -> bool:
+    return environment.startswith("pr-")
+
+
+# --- one manifest ------------------------------------------------------------
+
+
+class _Manifest:
+    """One sless.yaml while it is being checked."""
+
+    def __init__(self, snapshot: Snapshot, path: str) -> None:
+        self.snapshot = snapshot
+        self.path = path
+        self.folder = posixpath.dirname(path)
+        self.problems: list[ManifestProblem] = []
+        self.doc: Located | None = None
+        self.data: dict[str, Any] = {}
+
+    def problem(self, at: yamldoc.Path, reason: str, line: int | None = None) -> None:
+        if line is None:
+            line = self.doc.line_of(at) if self.doc else 1
+        self.problems.append(ManifestProblem(self.path, line, field_path(at), reason))
+
+    def folder_files(self) -> dict[str, str]:
+        """Files of the folder (relative path -> kind), checking symlinks and submodules."""
+        files: dict[str, str] = {}
+        for path, entry in self.snapshot.walk(self.folder):
+            rel = posixpath.relpath(path, self.folder) if self.folder else path
+            if entry.kind == "submodule":
+                self.problem(("(folder)",), f"{rel} is a git submodule; its code is not in the repository", 1)
+            elif entry.kind == "link":
+                self._check_link(rel, self.snapshot.read(path).decode("utf-8", "replace"))
+            if entry.kind in ("blob", "link"):
+                files[rel] = entry.kind
+        return files
+
+    def _check_link(self, rel: str, target: str) -> None:
+        if target.startswith("/"):
+            self.problem(("(folder)",), f"symlink {rel} -> {target} is an absolute path", 1)
+            return
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if resolved == ".." or resolved.startswith("../"):
+            self.problem(
+                ("(folder)",), f"symlink {rel} -> {target} points outside the function folder", 1
+            )
+
+    def parse(self) -> None:
+        entry_kind = {e.name: e.kind for e in self.snapshot.entries(self.folder)}[MANIFEST_NAME]
+        if entry_kind != "blob":
+            self.problem(("(file)",), f"{MANIFEST_NAME} must be a regular file, not a {entry_kind}", 1)
+            return
+        try:
+            self.doc = yamldoc.load(self.snapshot.read(self.path))
+        except YamlProblem as exc:
+            self.problem(exc.path or ("(file)",), exc.reason, exc.line)
+            return
+        if self.doc.data is None:
+            self.problem(("functions",), "is required (the file is empty)", 1)
+            return
+        for at, reason in schema.check(self.doc.data):
+            self.problem(at, reason)
+        if not self.problems:
+            self.data = schema.apply_defaults(self.doc.data)
+
+    def check_functions(self) -> None:
+        files = self.folder_files()
+        for i, fn in enumerate(self.data.get("functions", [])):
+            self._check_entrypoint(("functions", i), fn, files)
+            self._check_triggers(("functions", i), fn)
+
+    def _check_entrypoint(self, at: yamldoc.Path, fn: dict[str, Any], files: dict[str, str]) -> None:
+        module, _, _ = fn["entrypoint"].rpartition(".")
+        at = (*at, "entrypoint")
+        if module.startswith("/"):
+            self.problem(at, f"{fn['entrypoint']!r} is an absolute path; give a path inside the folder")
+            return
+        parts = module.split("/")
+        if ".." in parts or "." in parts or "" in parts:
+            self.problem(at, f"{fn['entrypoint']!r}: '..', '.' and empty path segments are not allowed")
+            return
+        wanted = module + runtimes.get(fn["runtime"]).extension
+        if wanted not in files:
+            where = posixpath.join(self.folder, wanted)
+            self.problem(at, f"{where} does not exist (runtime {fn['runtime']})")
+
+    def _check_triggers(self, at: yamldoc.Path, fn: dict[str, Any]) -> None:
+        http_seen = False
+        for j, trigger in enumerate(fn["triggers"]):
+            if trigger["type"] == "http":
+                if http_seen:
+                    self.problem((*at, "triggers", j), "a function has at most one http trigger")
+                http_seen = True
+            else:
+                try:
+                    cron.parse(trigger["schedule"])
+                except cron.CronError as exc:
+                    self.problem((*at, "triggers", j, "schedule"), str(exc))
+
+    def declared(self) -> Iterable[tuple[yamldoc.Path, str, str]]:
+        """(path, name, what) of every function and job name, read as far as possible."""
+        data = self.doc.data if self.doc else None
+        functions = data.get("functions") if isinstance(data, dict) else None
+        for i, fn in enumerate(functions if isinstance(functions, list) else []):
+            if not isinstance(fn, dict):
+                continue
+            if isinstance(fn.get("name"), str):
+                yield ("functions", i, "name"), fn["name"], "function"
+            jobs = fn.get("jobs")
+            for j, job in enumerate(jobs if isinstance(jobs, list) else []):
+                if isinstance(job, dict) and isinstance(job.get("name"), str):
+                    yield ("functions", i, "jobs", j, "name"), job["name"], "job"
+
+    def functions(self) -> list[Function]:
+        source_id = self.snapshot.tree_id(self.folder)
+        return [_function(self, fn, source_id) for fn in self.data["functions"]]
+
+
+def _env(values: Mapping[str, Any]) -> dict[str, EnvValue]:
+    def one(value: Any) -> EnvValue:
+        if isinstance(value, str):
+            return value
+        if "job" in value:
+            return JobRef(value["job"])
+        return SecretRef(value["secret"], value["key"])
+
+    return {name: one(value) for name, value in sorted(values.items())}
+
+
+def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Function:
+    runtime = runtimes.get(fn["runtime"])
+    return Function(
+        name=fn["name"],
+        folder=manifest.folder,
+        manifest=manifest.path,
+        runtime=fn["runtime"],
+        entrypoint=fn["entrypoint"],
+        memory_mb=fn["memoryMB"],
+        timeout_sec=fn["timeoutSec"],
+        replicas=fn["replicas"],
+        enabled=fn["enabled"],
+        env=_env(fn["env"]),
+        preview_env=_env(fn["preview"].get("env", {})),
+        http=any(t["type"] == "http" for t in fn["triggers"]),
+        crons=tuple(
+            CronTrigger(t["schedule"], t["event"]) for t in fn["triggers"] if t["type"] == "cron"
+        ),
+        jobs=tuple(Job(j["name"], j["runId"], j["event"], fn["name"]) for j in fn["jobs"]),
+        source_id=source_id,
+        build_tag=build_tag(source_id, runtime),
+    )
+
+
+# --- the whole repository ------------------------------------------------------
+
+
+def _find_manifests(snapshot: Snapshot) -> list[str]:
+    return sorted(
+        path
+        for path, entry in snapshot.walk()
+        if posixpath.basename(path) == MANIFEST_NAME and entry.kind in ("blob", "link")
+    )
+
+
+def _check_unique_names(manifests: list[_Manifest]) -> None:
+    """Function and job names share one namespace across the repository."""
+    seen: dict[str, list[tuple[_Manifest, yamldoc.Path, str]]] = {}
+    for m in manifests:
+        for at, name, what in m.declared():
+            seen.setdefault(name, []).append((m, at, what))
+    for name, places in seen.items():
+        for m, at, what in places[1:] if len(places) > 1 else []:
+            first_m, first_at, first_what = places[0]
+            line = first_m.doc.line_of(first_at) if first_m.doc else 1
+            m.problem(at, f"{what} name {name!r} is already used by a {first_what} at {first_m.path}:{line}")
+        if len(places) > 1:
+            m, at, what = places[0]
+            other_m, other_at, other_what = places[1]
+            line = other_m.doc.line_of(other_at) if other_m.doc else 1
+            m.problem(at, f"{what} name {name!r} is also used by a {other_what} at {other_m.path}:{line}")
+
+
+def _check_job_references(manifests: list[_Manifest]) -> None:
+    declared_jobs = {name for m in manifests for _, name, what in m.declared() if what == "job"}
+    for m in manifests:
+        for i, fn in enumerate(m.data.get("functions", [])):
+            envs = [(("env",), fn["env"]), (("preview", "env"), fn["preview"].get("env", {}))]
+            for where, env in envs:
+                for var, value in env.items():
+                    if isinstance(value, dict) and "job" in value and value["job"] not in declared_jobs:
+                        m.problem(
+                            ("functions", i, *where, var, "job"),
+                            f"job {value['job']!r} is not defined in this repository",
+                        )
+
+
+def load(snapshot: Snapshot) -> DesiredState:
+    """Every function of ``snapshot``; invalid manifests are reported, not raised."""
+    manifests = [_Manifest(snapshot, path) for path in _find_manifests(snapshot)]
+    for m in manifests:
+        m.parse()
+        if not m.problems:
+            m.check_functions()
+    _check_unique_names(manifests)
+    _check_job_references(manifests)
+    state = DesiredState(revision=snapshot.revision)
+    for m in manifests:
+        if m.problems:
+            state.invalid[m.path] = ManifestError(m.problems)
+            for _, name, what in m.declared():
+                if what == "function":
+                    state.invalid_names[name] = m.path
+        else:
+            for fn in m.functions():
+                state.functions[fn.name] = fn
+    return state

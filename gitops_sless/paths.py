@@ -1,0 +1,30 @@
+"""Where the project's data folders are: schemas/, templates/ and runtimes/.
+
+They live beside the package (DESIGN §9). ``SLESS_HOME`` points elsewhere, for
+an installation that keeps them in another place.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["home", "runtimes_dir", "schema_path", "templates_dir"]
+
+
+def home() -> Path:
+    """The folder holding schemas/, templates/ and runtimes/."""
+    configured = os.environ.get("SLESS_HOME")
+    return Path(configured) if configured else Path(__file__).resolve().parent.parent
+
+
+def schema_path() -> Path:
+    return home() / "schemas" / "sless.schema.json"
+
+
+def templates_dir() -> Path:
+    return home() / "templates"
+
+
+def runtimes_dir() -> Path:
+    return home() / "runtimes"

@@ -1,0 +1,288 @@
+"""Kubernetes objects for one environment, from the desired state and ``templates/``.
+
+Rendering is deterministic: env sorted, keys in template order, no time or
+revision in any object. Every object carries the managed-by, environment and
+function labels, and a hash of its own spec, so an object whose live hash
+matches never needs writing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from . import runtimes, templates
+from .manifest import DesiredState, Function, Job, JobRef, SecretRef
+from .templates import OMIT
+
+__all__ = [
+    "ENV_LABEL",
+    "FUNCTION_LABEL",
+    "MANAGED_BY",
+    "SPEC_HASH",
+    "RenderConfig",
+    "Rendered",
+    "dump",
+    "image_ref",
+    "render_environment",
+    "spec_hash",
+]
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+ENV_LABEL = "gitops-sless.dev/environment"
+FUNCTION_LABEL = "gitops-sless.dev/function"
+JOB_LABEL = "gitops-sless.dev/job"
+BUILD_LABEL = "gitops-sless.dev/build-tag"
+SPEC_HASH = "gitops-sless.dev/spec-hash"
+CONTAINER_PORT = 8080
+
+
+@dataclass(frozen=True)
+class RenderConfig:
+    """Where images go and how the cluster is laid out (command-line or config file)."""
+
+    registry: str = "localhost:5000/sless"
+    namespace_prefix: str = "sless-"
+    controller_namespace: str = "gitops-sless"
+    image_pull_secret: str | None = None
+    kaniko_image: str = "gcr.io/kaniko-project/executor:v1.23.2"
+    build_timeout_sec: int = 1800
+    s3_bucket: str = "sless-builds"
+    s3_endpoint: str = "https://s3.amazonaws.com"
+    s3_region: str = "us-east-1"
+    s3_secret: str = "sless-s3"
+    registry_secret: str = "sless-registry"
+
+    def namespace(self, environment: str) -> str:
+        return f"{self.namespace_prefix}{environment}"
+
+
+@dataclass
+class Rendered:
+    """The objects of one environment, and the functions not rendered yet."""
+
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    # function -> the jobs whose results it still waits for
+    waiting: dict[str, list[str]] = field(default_factory=dict)
+
+
+def image_ref(config: RenderConfig, tag: str) -> str:
+    return f"{config.registry}/functions:{tag}"
+
+
+def spec_hash(obj: Mapping[str, Any]) -> str:
+    """sha256 of the object's canonical JSON, ignoring the hash annotation itself."""
+    meta = dict(obj.get("metadata", {}))
+    annotations = {k: v for k, v in meta.get("annotations", {}).items() if k != SPEC_HASH}
+    meta["annotations"] = annotations
+    canonical = json.dumps({**obj, "metadata": meta}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def _finish(obj: dict[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+    meta = obj.setdefault("metadata", {})
+    meta["labels"] = {**meta.get("labels", {}), **labels}
+    meta["annotations"] = {**meta.get("annotations", {}), SPEC_HASH: spec_hash(obj)}
+    return obj
+
+
+def _env_labels(environment: str) -> dict[str, str]:
+    return {MANAGED_BY: "gitops-sless", ENV_LABEL: environment}
+
+
+def _function_labels(fn: Function, environment: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": fn.name,
+        **_env_labels(environment),
+        FUNCTION_LABEL: fn.name,
+    }
+
+
+def _env_var(name: str, value: str | SecretRef, job_results: Mapping[str, str]) -> dict[str, Any]:
+    if isinstance(value, SecretRef):
+        ref = {"name": value.secret, "key": value.key}
+        return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+    return {"name": name, "value": value}
+
+
+class _EnvironmentRenderer:
+    def __init__(
+        self,
+        state: DesiredState,
+        environment: str,
+        config: RenderConfig,
+        job_results: Mapping[str, str],
+    ) -> None:
+        self.state = state
+        self.environment = environment
+        self.config = config
+        self.job_results = job_results
+        self.namespace = config.namespace(environment)
+
+    def container_env(self, fn: Function, extra: Mapping[str, str]) -> list[dict[str, Any]]:
+        values: dict[str, str | SecretRef] = {
+            "PORT": str(CONTAINER_PORT),
+            "SLESS_ENTRYPOINT": fn.entrypoint,
+            "SLESS_ENV": self.environment,
+            "SLESS_FUNCTION_NAME": fn.name,
+            "SLESS_TIMEOUT_SEC": str(fn.timeout_sec),
+            **extra,
+        }
+        for name, value in fn.env_for(self.environment).items():
+            values[name] = self.job_results[value.job] if isinstance(value, JobRef) else value
+        return [_env_var(k, v, self.job_results) for k, v in sorted(values.items())]
+
+    def pod_spec(self, fn: Function, role: str, extra_env: Mapping[str, str]) -> Any:
+        runtime = runtimes.get(fn.runtime)
+        serving = role == "server"
+        probe = {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+        }
+        secret = self.config.image_pull_secret
+        return templates.render(
+            "pod-spec",
+            {
+                "restartPolicy": "Always" if serving else "Never",
+                "gracePeriod": fn.timeout_sec + 5,
+                "imagePullSecrets": [{"name": secret}] if secret else OMIT,
+                "image": image_ref(self.config, fn.build_tag),
+                "command": runtime.container_command(role),
+                "env": self.container_env(fn, extra_env),
+                "ports": [{"name": "http", "containerPort": CONTAINER_PORT}] if serving else OMIT,
+                "readinessProbe": probe if serving else OMIT,
+                "memory": f"{fn.memory_mb}Mi",
+            },
+        )
+
+    def base_values(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        return {"name": name, "namespace": self.namespace, "podLabels": dict(labels)}
+
+    def function_objects(self, fn: Function) -> Iterator[dict[str, Any]]:
+        labels = _function_labels(fn, self.environment)
+        if fn.http:
+            selector = {FUNCTION_LABEL: fn.name}
+            values = {
+                **self.base_values(fn.name, labels),
+                "replicas": fn.replicas if fn.enabled else 0,
+                "selector": selector,
+                "podSpec": self.pod_spec(fn, "server", {}),
+            }
+            yield _finish(templates.render("deployment", values), labels)
+            yield _finish(templates.render("service", values), labels)
+        for index, trigger in enumerate(fn.crons):
+            event = {"SLESS_EVENT": json.dumps(trigger.event, sort_keys=True)}
+            values = {
+                **self.base_values(f"{fn.name}-cron-{index}", labels),
+                "schedule": trigger.schedule,
+                "suspend": not fn.enabled,
+                "activeDeadline": fn.timeout_sec,
+                "podSpec": self.pod_spec(fn, "runner", event),
+            }
+            yield _finish(templates.render("cronjob", values), labels)
+
+    def job_object(self, fn: Function, job: Job) -> dict[str, Any]:
+        labels = {**_function_labels(fn, self.environment), JOB_LABEL: job.name}
+        event = {"SLESS_EVENT": json.dumps(job.event, sort_keys=True)}
+        values = {
+            **self.base_values(job_object_name(job), labels),
+            "activeDeadline": fn.timeout_sec,
+            "podSpec": self.pod_spec(fn, "runner", event),
+        }
+        return _finish(templates.render("job", values), labels)
+
+    def environment_objects(self) -> Iterator[dict[str, Any]]:
+        labels = _env_labels(self.environment)
+        values = {"namespace": self.namespace, "controllerNamespace": self.config.controller_namespace}
+        yield _finish(templates.render("namespace", values), labels)
+        yield _finish(templates.render("networkpolicy", values), labels)
+
+    def build_objects(self) -> Iterator[dict[str, Any]]:
+        seen: set[str] = set()
+        for fn in sorted(self.state.functions.values(), key=lambda f: f.build_tag):
+            if fn.build_tag not in seen:
+                seen.add(fn.build_tag)
+                yield build_job(fn, self.config)
+
+    def render(self, builds: bool) -> Rendered:
+        out = Rendered(objects=list(self.environment_objects()))
+        if builds:
+            out.objects.extend(self.build_objects())
+        for fn in sorted(self.state.functions.values(), key=lambda f: f.name):
+            for job in fn.jobs:
+                if job.run_id > 0 and self.ready(fn, out):
+                    out.objects.append(self.job_object(fn, job))
+            if self.ready(fn, out):
+                out.objects.extend(self.function_objects(fn))
+        return out
+
+    def ready(self, fn: Function, out: Rendered) -> bool:
+        missing = [job for job in fn.job_dependencies(self.environment) if job not in self.job_results]
+        if missing:
+            out.waiting[fn.name] = missing
+        return not missing
+
+
+def job_object_name(job: Job) -> str:
+    """Deterministic per (name, runId): a second create of the same run is a no-op."""
+    return f"{job.name}-run-{job.run_id}"
+
+
+def build_job_name(tag: str) -> str:
+    return "build-" + tag.replace(".", "-").replace("_", "-")
+
+
+def build_job(fn: Function, config: RenderConfig) -> dict[str, Any]:
+    """The kaniko Job that builds ``fn``'s image (shared by every function of its tag)."""
+    labels = {MANAGED_BY: "gitops-sless", BUILD_LABEL: fn.build_tag}
+    values = {
+        "name": build_job_name(fn.build_tag),
+        "namespace": config.controller_namespace,
+        "podLabels": labels,
+        "activeDeadline": config.build_timeout_sec,
+        "kanikoImage": config.kaniko_image,
+        "bucket": config.s3_bucket,
+        "contextKey": f"contexts/{fn.build_tag}.tar.gz",
+        "image": image_ref(config, fn.build_tag),
+        "s3Region": config.s3_region,
+        "s3Endpoint": config.s3_endpoint,
+        "s3Secret": config.s3_secret,
+        "registrySecret": config.registry_secret,
+    }
+    return _finish(templates.render("build-job", values), labels)
+
+
+def render_environment(
+    state: DesiredState,
+    environment: str,
+    config: RenderConfig | None = None,
+    job_results: Mapping[str, str] | None = None,
+    builds: bool = True,
+) -> Rendered:
+    """Every object of ``environment``; functions still waiting for job results are left out."""
+    renderer = _EnvironmentRenderer(state, environment, config or RenderConfig(), job_results or {})
+    return renderer.render(builds)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    # multi-line values print as literal blocks; everything else as PyYAML decides
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
+def dump(objects: list[dict[str, Any]]) -> str:
+    """Multi-document YAML, byte-identical for identical objects."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=120)
