@@ -56,9 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JOB=JSON",
         help="a job's result, for functions that take it as env (repeatable)",
     )
-    render.add_argument(
-        "--no-builds", action="store_true", help="leave out the kaniko build Jobs"
-    )
+    render.add_argument("--no-builds", action="store_true", help="leave out the kaniko build Jobs")
     return parser
 
 
@@ -102,7 +100,10 @@ def _render(args: argparse.Namespace) -> int:
         state, args.env, config, _job_results(args.job_result), builds=not args.no_builds
     )
     for name, jobs in sorted(rendered.waiting.items()):
-        print(f"# {name}: not rendered, waits for the result of job {', '.join(jobs)}", file=sys.stderr)
+        print(
+            f"# {name}: not rendered, waits for the result of job {', '.join(jobs)}",
+            file=sys.stderr,
+        )
     sys.stdout.write(renderer.dump(rendered.objects))
     return EXIT_INVALID if state.invalid else EXIT_OK
 

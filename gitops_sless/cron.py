@@ -28,7 +28,12 @@ _FIELDS = (
             )
         },
     ),
-    ("day-of-week", 0, 6, {n: i for i, n in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}),
+    (
+        "day-of-week",
+        0,
+        6,
+        {n: i for i, n in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])},
+    ),
 )
 
 

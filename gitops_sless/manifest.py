@@ -144,7 +144,9 @@ class _Manifest:
         for path, entry in self.snapshot.walk(self.folder):
             rel = posixpath.relpath(path, self.folder) if self.folder else path
             if entry.kind == "submodule":
-                self.problem(("(folder)",), f"{rel} is a git submodule; its code is not in the repository", 1)
+                self.problem(
+                    ("(folder)",), f"{rel} is a git submodule; its code is not in the repository", 1
+                )
             elif entry.kind == "link":
                 self._check_link(rel, self.snapshot.read(path).decode("utf-8", "replace"))
             if entry.kind in ("blob", "link"):
@@ -164,7 +166,9 @@ class _Manifest:
     def parse(self) -> None:
         entry_kind = {e.name: e.kind for e in self.snapshot.entries(self.folder)}[MANIFEST_NAME]
         if entry_kind != "blob":
-            self.problem(("(file)",), f"{MANIFEST_NAME} must be a regular file, not a {entry_kind}", 1)
+            self.problem(
+                ("(file)",), f"{MANIFEST_NAME} must be a regular file, not a {entry_kind}", 1
+            )
             return
         try:
             self.doc = yamldoc.load(self.snapshot.read(self.path))
@@ -185,15 +189,21 @@ class _Manifest:
             self._check_entrypoint(("functions", i), fn, files)
             self._check_triggers(("functions", i), fn)
 
-    def _check_entrypoint(self, at: yamldoc.Path, fn: dict[str, Any], files: dict[str, str]) -> None:
+    def _check_entrypoint(
+        self, at: yamldoc.Path, fn: dict[str, Any], files: dict[str, str]
+    ) -> None:
         module, _, _ = fn["entrypoint"].rpartition(".")
         at = (*at, "entrypoint")
         if module.startswith("/"):
-            self.problem(at, f"{fn['entrypoint']!r} is an absolute path; give a path inside the folder")
+            self.problem(
+                at, f"{fn['entrypoint']!r} is an absolute path; give a path inside the folder"
+            )
             return
         parts = module.split("/")
         if ".." in parts or "." in parts or "" in parts:
-            self.problem(at, f"{fn['entrypoint']!r}: '..', '.' and empty path segments are not allowed")
+            self.problem(
+                at, f"{fn['entrypoint']!r}: '..', '.' and empty path segments are not allowed"
+            )
             return
         wanted = module + runtimes.get(fn["runtime"]).extension
         if wanted not in files:
@@ -288,12 +298,17 @@ def _check_unique_names(manifests: list[_Manifest]) -> None:
         for m, at, what in places[1:] if len(places) > 1 else []:
             first_m, first_at, first_what = places[0]
             line = first_m.doc.line_of(first_at) if first_m.doc else 1
-            m.problem(at, f"{what} name {name!r} is already used by a {first_what} at {first_m.path}:{line}")
+            m.problem(
+                at,
+                f"{what} name {name!r} is already used by a {first_what} at {first_m.path}:{line}",
+            )
         if len(places) > 1:
             m, at, what = places[0]
             other_m, other_at, other_what = places[1]
             line = other_m.doc.line_of(other_at) if other_m.doc else 1
-            m.problem(at, f"{what} name {name!r} is also used by a {other_what} at {other_m.path}:{line}")
+            m.problem(
+                at, f"{what} name {name!r} is also used by a {other_what} at {other_m.path}:{line}"
+            )
 
 
 def _check_job_references(manifests: list[_Manifest]) -> None:
@@ -303,7 +318,11 @@ def _check_job_references(manifests: list[_Manifest]) -> None:
             envs = [(("env",), fn["env"]), (("preview", "env"), fn["preview"].get("env", {}))]
             for where, env in envs:
                 for var, value in env.items():
-                    if isinstance(value, dict) and "job" in value and value["job"] not in declared_jobs:
+                    if (
+                        isinstance(value, dict)
+                        and "job" in value
+                        and value["job"] not in declared_jobs
+                    ):
                         m.problem(
                             ("functions", i, *where, var, "job"),
                             f"job {value['job']!r} is not defined in this repository",

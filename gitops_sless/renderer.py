@@ -199,7 +199,10 @@ class _EnvironmentRenderer:
 
     def environment_objects(self) -> Iterator[dict[str, Any]]:
         labels = _env_labels(self.environment)
-        values = {"namespace": self.namespace, "controllerNamespace": self.config.controller_namespace}
+        values = {
+            "namespace": self.namespace,
+            "controllerNamespace": self.config.controller_namespace,
+        }
         yield _finish(templates.render("namespace", values), labels)
         yield _finish(templates.render("networkpolicy", values), labels)
 
@@ -223,7 +226,9 @@ class _EnvironmentRenderer:
         return out
 
     def ready(self, fn: Function, out: Rendered) -> bool:
-        missing = [job for job in fn.job_dependencies(self.environment) if job not in self.job_results]
+        missing = [
+            job for job in fn.job_dependencies(self.environment) if job not in self.job_results
+        ]
         if missing:
             out.waiting[fn.name] = missing
         return not missing

@@ -75,6 +75,4 @@ def get(name: str) -> Runtime:
     try:
         return available()[name]
     except KeyError:
-        raise RuntimeNotFound(
-            f"runtime {name!r} is not one of {sorted(available())}"
-        ) from None
+        raise RuntimeNotFound(f"runtime {name!r} is not one of {sorted(available())}") from None

@@ -105,10 +105,14 @@ def _problems(error: jsonschema.ValidationError) -> Iterator[SchemaProblem]:
     elif kind == "not":
         yield path, f"{_shown(error.instance)} is not allowed"
     elif kind in ("maxLength", "minLength"):
-        yield path, f"{_shown(error.instance)} is {len(error.instance)} characters; the " + (
-            f"maximum is {error.validator_value}"
-            if kind == "maxLength"
-            else f"minimum is {error.validator_value}"
+        yield (
+            path,
+            f"{_shown(error.instance)} is {len(error.instance)} characters; the "
+            + (
+                f"maximum is {error.validator_value}"
+                if kind == "maxLength"
+                else f"minimum is {error.validator_value}"
+            ),
         )
     elif kind == "minItems" and error.validator_value == 1:
         yield path, "must not be empty"
@@ -131,7 +135,10 @@ def check(data: Any) -> list[SchemaProblem]:
 def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
     while "$ref" in schema:
         name = schema["$ref"].removeprefix("#/$defs/")
-        schema = {**load_schema()["$defs"][name], **{k: v for k, v in schema.items() if k != "$ref"}}
+        schema = {
+            **load_schema()["$defs"][name],
+            **{k: v for k, v in schema.items() if k != "$ref"},
+        }
     return schema
 
 
