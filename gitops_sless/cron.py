@@ -37,6 +37,10 @@ _FIELDS = (
 )
 
 
+# every possible date (Feb 29 included) occurs within five years of this
+_LEAP_YEAR_START = datetime(2000, 1, 1)
+
+
 class CronError(ValueError):
     """A schedule that is not five valid cron fields; the message says which field and why."""
 
@@ -82,14 +86,17 @@ class Schedule:
             if t.minute in self.minutes:
                 return t
             t += timedelta(minutes=1)
-        raise CronError(f"{self.text!r} never fires")
+        raise CronError(f"{self.text!r} never fires: no date matches it")
 
 
 def _value(text: str, name: str, low: int, high: int, names: dict[str, int]) -> int:
     if text.lower() in names:
         return names[text.lower()]
-    if not text.isdigit():
-        raise CronError(f"{name} field: {text!r} is not a number")
+    if not text:
+        raise CronError(f"{name} field: a range or list item is missing a number")
+    if not (text.isascii() and text.isdigit()):
+        what = "a number or a name" if names else "a number"
+        raise CronError(f"{name} field: {text!r} is not {what}")
     value = int(text)
     if not low <= value <= high:
         hint = " (0 = Sunday; use 0, not 7)" if name == "day-of-week" else ""
@@ -101,7 +108,7 @@ def _part(text: str, name: str, low: int, high: int, names: dict[str, int]) -> s
     body, slash, step_text = text.partition("/")
     step = 1
     if slash:
-        if not step_text.isdigit() or int(step_text) == 0:
+        if not (step_text.isascii() and step_text.isdigit()) or int(step_text) == 0:
             raise CronError(f"{name} field: step {step_text!r} must be a positive number")
         step = int(step_text)
     if body == "*":
@@ -130,19 +137,30 @@ def _field(text: str, name: str, low: int, high: int, names: dict[str, int]) -> 
 def parse(text: str) -> Schedule:
     """Parse ``minute hour day-of-month month day-of-week``."""
     parts = text.split()
+    if text.strip().startswith("@"):
+        raise CronError(
+            f"{text!r}: macros like @daily are not supported; write five fields, e.g. '0 0 * * *'"
+        )
     if len(parts) != 5:
         raise CronError(
             f"{text!r} has {len(parts)} fields; a schedule has five: "
             "minute hour day-of-month month day-of-week"
         )
     sets = [_field(p, *spec) for p, spec in zip(parts, _FIELDS, strict=True)]
-    return Schedule(
+    schedule = Schedule(
         text=text,
         minutes=sets[0],
         hours=sets[1],
         days=sets[2],
         months=sets[3],
         weekdays=sets[4],
-        days_restricted=not parts[2].startswith("*"),
-        weekdays_restricted=not parts[4].startswith("*"),
+        days_restricted=_restricted(parts[2]),
+        weekdays_restricted=_restricted(parts[4]),
     )
+    schedule.next_after(_LEAP_YEAR_START)  # refuses '0 0 30 2 *' and the like
+    return schedule
+
+
+def _restricted(field: str) -> bool:
+    # as Kubernetes' parser (robfig/cron) reads it: '*/2' restricts, only '*' and '*/1' do not
+    return not any(part in ("*", "*/1") for part in field.split(","))

@@ -16,7 +16,7 @@ from . import paths
 from .errors import RuntimeNotFound
 from .source import DirectorySnapshot
 
-__all__ = ["Runtime", "available", "get"]
+__all__ = ["Runtime", "available", "get", "reload"]
 
 CONTAINER_DIR = "/opt/sless"
 
@@ -69,6 +69,11 @@ def _all(root: Path) -> dict[str, Runtime]:
 def available() -> dict[str, Runtime]:
     """Every runtime of the runtimes folder, by name."""
     return _all(paths.runtimes_dir())
+
+
+def reload() -> None:
+    """Read the runtimes folder again (it is read once per process otherwise)."""
+    _all.cache_clear()
 
 
 def get(name: str) -> Runtime:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from collections.abc import Iterator
 from functools import cache
 from typing import Any
@@ -49,7 +50,6 @@ _TYPE_NAMES = {
     str: "a string",
     list: "a list",
     dict: "a mapping",
-    type(None): "empty",
 }
 _SCHEMA_TYPES = {
     "string": "a string",
@@ -64,10 +64,11 @@ _SCHEMA_TYPES = {
 def _type_reason(error: jsonschema.ValidationError) -> str:
     wanted = error.validator_value
     wanted = wanted if isinstance(wanted, list) else [wanted]
+    expected = " or ".join(_SCHEMA_TYPES.get(w, w) for w in wanted)
+    if error.instance is None:
+        return f"has no value; expected {expected}"
     got = _TYPE_NAMES.get(type(error.instance), type(error.instance).__name__)
-    reason = f"{_shown(error.instance)} is {got}; expected " + " or ".join(
-        _SCHEMA_TYPES.get(w, w) for w in wanted
-    )
+    reason = f"{_shown(error.instance)} is {got}; expected {expected}"
     if "string" in wanted and isinstance(error.instance, bool | int | float):
         reason += " (quote it)"
     return reason
@@ -75,8 +76,9 @@ def _type_reason(error: jsonschema.ValidationError) -> str:
 
 def _unknown_fields(error: jsonschema.ValidationError, path: Path) -> Iterator[SchemaProblem]:
     known = list(error.schema.get("properties", {}))
+    patterns = [re.compile(p) for p in error.schema.get("patternProperties", {})]
     for key in error.instance:
-        if key in known:
+        if key in known or any(p.search(key) for p in patterns):
             continue
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
@@ -86,34 +88,33 @@ def _unknown_fields(error: jsonschema.ValidationError, path: Path) -> Iterator[S
 def _problems(error: jsonschema.ValidationError) -> Iterator[SchemaProblem]:
     path: Path = tuple(error.absolute_path)
     kind = error.validator
-    if kind == "required":
+    if "propertyNames" in error.relative_schema_path:
+        # the instance is the key itself; point at it, not at its mapping
+        hint = error.schema.get("x-pattern-hint") or error.message
+        yield (*path, error.instance), f"name {_shown(error.instance)} {hint}"
+    elif kind == "required":
         for key in error.validator_value:
             if key not in error.instance:
                 yield (*path, key), "is required"
     elif kind == "additionalProperties" and error.validator_value is False:
         yield from _unknown_fields(error, path)
-    elif kind == "propertyNames":
-        for sub in error.context or []:
-            hint = sub.schema.get("x-pattern-hint") or sub.message
-            yield (*path, sub.instance), f"name {_shown(sub.instance)} {hint}"
-        if not error.context:
-            yield path, error.message
     elif kind == "pattern" and "x-pattern-hint" in error.schema:
-        yield path, f"{_shown(error.instance)} {error.schema['x-pattern-hint']}"
+        if error.instance != "":  # an empty value is reported once, by minLength
+            yield path, f"{_shown(error.instance)} {error.schema['x-pattern-hint']}"
     elif kind == "type":
-        yield path, _type_reason(error)
+        if "enum" not in error.schema:  # the enum's message says more
+            yield path, _type_reason(error)
+    elif kind == "enum":
+        allowed = ", ".join(_shown(v) for v in error.validator_value)
+        yield path, f"{_shown(error.instance)} is not one of {allowed}"
     elif kind == "not":
         yield path, f"{_shown(error.instance)} is not allowed"
+    elif kind == "minLength" and error.instance == "":
+        yield path, "must not be empty"
     elif kind in ("maxLength", "minLength"):
-        yield (
-            path,
-            f"{_shown(error.instance)} is {len(error.instance)} characters; the "
-            + (
-                f"maximum is {error.validator_value}"
-                if kind == "maxLength"
-                else f"minimum is {error.validator_value}"
-            ),
-        )
+        limit = "maximum" if kind == "maxLength" else "minimum"
+        size = f"{len(error.instance)} characters; the {limit} is {error.validator_value}"
+        yield path, f"{_shown(error.instance)} is {size}"
     elif kind == "minItems" and error.validator_value == 1:
         yield path, "must not be empty"
     elif kind in ("maxItems", "maxProperties"):
@@ -168,6 +169,8 @@ def apply_defaults(instance: Any, schema: dict[str, Any] | None = None) -> Any:
             if key not in props:
                 out[key] = apply_defaults(value, extra) if isinstance(extra, dict) else value
         return out
+    if schema.get("type") == "integer" and isinstance(instance, float):
+        return int(instance)  # JSON Schema counts 256.0 as an integer; keep it one
     if isinstance(instance, list) and isinstance(schema.get("items"), dict):
         return [apply_defaults(item, schema["items"]) for item in instance]
     return instance

@@ -126,14 +126,14 @@ def _git_hash(kind: str, body: bytes) -> str:
 
 def _tree_sort_key(entry: Entry) -> bytes:
     # git orders a folder as if its name ended with "/"
-    name = entry.name.encode()
+    name = os.fsencode(entry.name)
     return name + b"/" if entry.kind == "tree" else name
 
 
 def git_tree_id(entries: list[Entry]) -> str:
     """The id git gives a tree holding exactly these entries."""
     body = b"".join(
-        b"%o %s\0%s" % (e.mode, e.name.encode(), bytes.fromhex(e.oid))
+        b"%o %s\0%s" % (e.mode, os.fsencode(e.name), bytes.fromhex(e.oid))
         for e in sorted(entries, key=_tree_sort_key)
     )
     return _git_hash("tree", body)

@@ -78,18 +78,36 @@ def _decode(raw: bytes) -> str:
         raise YamlProblem(line, (), f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})") from exc
 
 
+def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
+    last_line = text.count("\n") + 1
+    problem, context = exc.problem_mark, exc.context_mark
+    reason = f"YAML syntax error: {exc.problem or exc.context}"
+    if problem is None or problem.line + 1 > last_line:
+        # the parser ran off the end of the file: the opening bracket or quote is the news
+        problem = context or problem
+        if exc.context and context:
+            reason += f" ({exc.context} that starts at line {context.line + 1})"
+    return YamlProblem(problem.line + 1 if problem else 1, (), reason)
+
+
 def _compose(text: str) -> yaml.Node | None:
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise YamlProblem(line, (), f"YAML syntax error: {exc.problem or exc.context}") from exc
+        raise _syntax_problem(exc, text) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        reason = f"contains the character #x{exc.character:04x}, which YAML does not allow"
+        raise YamlProblem(line, (), reason) from exc
     except yaml.YAMLError as exc:
-        raise YamlProblem(1, (), f"YAML error: {exc}") from exc
+        raise YamlProblem(1, (), f"YAML error: {' '.join(str(exc).split())}") from exc
     if len(nodes) > 1:
         raise YamlProblem(nodes[1].start_mark.line + 1, (), "more than one YAML document")
     return nodes[0] if nodes else None
+
+
+def _shown_tag(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml") else tag
 
 
 class _Builder:
@@ -97,6 +115,7 @@ class _Builder:
         self.lines: dict[Path, int] = {}
         self.count = 0
         self._scalar = yaml.SafeLoader("")
+        self._open: set[int] = set()  # collections being built: meeting one again is a cycle
 
     def build(self, node: yaml.Node, path: Path, line: int) -> Any:
         self.count += 1
@@ -107,25 +126,37 @@ class _Builder:
         if len(path) > MAX_DEPTH:
             raise YamlProblem(line, path, f"nested deeper than {MAX_DEPTH} levels")
         self.lines.setdefault(path, line)
-        if isinstance(node, yaml.MappingNode):
-            return self._mapping(node, path)
-        if isinstance(node, yaml.SequenceNode):
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar_value(node, path, line)
+        if id(node) in self._open:
+            raise YamlProblem(line, path, "recursive alias: the value contains itself")
+        self._open.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, path)
             return self._sequence(node, path)
-        return self._scalar_value(node, path, line)
+        finally:
+            self._open.discard(id(node))
 
     def _scalar_value(self, node: yaml.ScalarNode, path: Path, line: int) -> Any:
         if node.tag == _TIMESTAMP:
             return node.value  # a date stays the text the user wrote
         if node.tag not in _SCALARS:
-            raise YamlProblem(line, path, f"unsupported YAML tag {node.tag}")
-        value = self._scalar.construct_object(node)
+            raise YamlProblem(line, path, f"unsupported YAML tag {_shown_tag(node.tag)}")
+        try:
+            value = self._scalar.construct_object(node)
+        except (ValueError, KeyError, yaml.YAMLError) as exc:
+            reason = f"{node.value!r} is not a valid {_shown_tag(node.tag)}"
+            raise YamlProblem(line, path, reason) from exc
         if isinstance(value, float) and not math.isfinite(value):
             raise YamlProblem(line, path, f"{node.value} is not a finite number")
         return value
 
     def _sequence(self, node: yaml.SequenceNode, path: Path) -> list[Any]:
         if node.tag != _SEQ:
-            raise YamlProblem(node.start_mark.line + 1, path, f"unsupported YAML tag {node.tag}")
+            raise YamlProblem(
+                node.start_mark.line + 1, path, f"unsupported YAML tag {_shown_tag(node.tag)}"
+            )
         return [
             self.build(item, (*path, i), item.start_mark.line + 1)
             for i, item in enumerate(node.value)
@@ -133,7 +164,9 @@ class _Builder:
 
     def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str, Any]:
         if node.tag != _MAP:
-            raise YamlProblem(node.start_mark.line + 1, path, f"unsupported YAML tag {node.tag}")
+            raise YamlProblem(
+                node.start_mark.line + 1, path, f"unsupported YAML tag {_shown_tag(node.tag)}"
+            )
         out: dict[str, Any] = {}
         first_line: dict[str, int] = {}
         merged: list[yaml.MappingNode] = []
@@ -150,11 +183,8 @@ class _Builder:
             first_line[key] = line
             out[key] = self.build(value_node, (*path, key), line)
         for source in merged:  # explicit keys win over merged ones, as in YAML 1.1
-            for key_node, value_node in source.value:
-                line = key_node.start_mark.line + 1
-                key = self._key(key_node, path, line)
-                if key not in out:
-                    out[key] = self.build(value_node, (*path, key), line)
+            for key, value in self.build(source, path, source.start_mark.line + 1).items():
+                out.setdefault(key, value)
         return out
 
     def _merge_sources(self, node: yaml.Node, path: Path, line: int) -> list[yaml.MappingNode]:
@@ -164,9 +194,10 @@ class _Builder:
         return sources
 
     def _key(self, node: yaml.Node, path: Path, line: int) -> str:
-        if not isinstance(node, yaml.ScalarNode) or node.tag != _STR:
-            shown = node.value if isinstance(node, yaml.ScalarNode) else "a collection"
-            raise YamlProblem(line, path, f"key {shown} is not a string; quote it")
+        if not isinstance(node, yaml.ScalarNode):
+            raise YamlProblem(line, path, "a mapping or list cannot be a key; keys are strings")
+        if node.tag != _STR:
+            raise YamlProblem(line, path, f"key {node.value} is not a string; quote it")
         return node.value
 
 

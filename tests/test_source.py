@@ -119,3 +119,12 @@ def test_bare_repository_and_refs(tmp_path):
     assert bare.read("f") == b"two"
     old = open_snapshot(tmp_path / "bare.git", ref=first)
     assert old.revision == first and old.read("f") == b"one"
+
+
+def test_a_file_name_that_is_not_utf8_hashes_as_git_does(tmp_path):
+    (tmp_path / "ok.txt").write_text("x")
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.txt"), "wb") as f:
+        f.write(b"latin-1 name")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    assert DirectorySnapshot(tmp_path).tree_id("") == _git(tmp_path, "write-tree")

@@ -1,0 +1,33 @@
+"""Generic helpers shared by the test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+WriteRepo = Callable[..., Path]
+
+
+def write_files(root: Path, files: Mapping[str, str | bytes]) -> Path:
+    """Write ``files`` (relative POSIX path -> text or bytes) below ``root``; return ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def write_repo(tmp_path: Path) -> WriteRepo:
+    """``write_repo(files, root=None) -> Path``: files written below ``tmp_path/repo``."""
+
+    def write(files: Mapping[str, str | bytes], root: Path | None = None) -> Path:
+        return write_files(tmp_path / "repo" if root is None else root, files)
+
+    return write
