@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import manifest, renderer
 from .errors import SlessError
@@ -57,7 +59,83 @@ def _parser() -> argparse.ArgumentParser:
         help="a job's result, for functions that take it as env (repeatable)",
     )
     render.add_argument("--no-builds", action="store_true", help="leave out the kaniko build Jobs")
+    serve = commands.add_parser(
+        "serve", help="follow a repository, build what changed, run it locally, proxy /fn/"
+    )
+    serve.add_argument(
+        "--repo",
+        required=True,
+        help="URL (https://, ssh://, git://, file://) or local path; a plain directory is "
+        "turned into a repository you can push to",
+    )
+    serve.add_argument("--branch", default="main", help="branch to follow (default: main)")
+    serve.add_argument("--env", default="prod", help="environment name (default: prod)")
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--state-dir", default=".sless-state", help="status store, artifacts, logs (%(default)s)"
+    )
+    serve.add_argument(
+        "--poll-interval", type=float, default=30.0, help="seconds between polls (default: 30)"
+    )
+    serve.add_argument(
+        "--api-token",
+        default=os.environ.get("SLESS_API_TOKEN"),
+        help="bearer token for POST /api/v1/sync (default: $SLESS_API_TOKEN)",
+    )
+    serve.add_argument(
+        "--webhook-secret",
+        default=os.environ.get("SLESS_WEBHOOK_SECRET"),
+        help="webhook signing secret (default: $SLESS_WEBHOOK_SECRET)",
+    )
+    serve.add_argument(
+        "--secrets-dir", help="secrets for {secret: NAME, key: KEY}: one file per key, DIR/NAME/KEY"
+    )
+    serve.add_argument("--max-builds", type=int, default=2, help="concurrent builds (default: 2)")
+    serve.add_argument(
+        "--build-timeout", type=float, default=600.0, help="seconds per build (default: 600)"
+    )
+    serve.add_argument(
+        "--fetch-timeout", type=float, default=60.0, help="seconds per fetch (default: 60)"
+    )
     return parser
+
+
+def _positive(name: str, value: float) -> float:
+    if not value > 0:
+        raise _UsageError(f"{name} {value:g}: must be greater than 0")
+    return value
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import ServeConfig, Server  # the server stack loads only for this command
+
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
+    if not _ENV_NAME.fullmatch(args.env):
+        raise _UsageError(f"--env {args.env!r}: must be a DNS-1123 label of at most 40 characters")
+    config = ServeConfig(
+        repo=args.repo,
+        state_dir=Path(args.state_dir).resolve(),
+        branch=args.branch,
+        env=args.env,
+        host=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        poll_interval=_positive("--poll-interval", args.poll_interval),
+        api_token=args.api_token or None,
+        webhook_secret=args.webhook_secret or None,
+        secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
+        max_builds=int(_positive("--max-builds", args.max_builds)),
+        build_timeout=_positive("--build-timeout", args.build_timeout),
+        fetch_timeout=_positive("--fetch-timeout", args.fetch_timeout),
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    Server(config).run()
+    return EXIT_OK
 
 
 def _report_invalid(state: manifest.DesiredState) -> None:
@@ -114,7 +192,7 @@ class _UsageError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"validate": _validate, "render": _render}
+    handlers = {"validate": _validate, "render": _render, "serve": _serve}
     try:
         return handlers[args.command](args)
     except (_UsageError, SlessError) as exc:

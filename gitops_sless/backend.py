@@ -1,0 +1,118 @@
+"""The boundary between deciding and doing: what every backend (local, Kubernetes) offers.
+
+The planner decides with the data types here; a backend builds, applies,
+observes and removes. Backends know nothing of HTTP or of the status store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import PermanentError, TransientError
+from .manifest import Function, Job, JobRef, SecretRef
+from .source import Snapshot
+
+__all__ = [
+    "ApplyFailed",
+    "Backend",
+    "BuildFailed",
+    "Deployment",
+    "JobFailed",
+    "deployment_for",
+]
+
+EnvValue = str | SecretRef
+
+
+class BuildFailed(PermanentError):
+    """A build of one tag failed; the same content would fail the same way."""
+
+    def __init__(self, tag: str, reason: str, log_tail: str = "") -> None:
+        super().__init__(f"build {tag} failed: {reason}")
+        self.tag = tag
+        self.reason = reason
+        self.log_tail = log_tail
+
+
+class JobFailed(PermanentError):
+    """A job run ended without a result; its error is kept as the run's message."""
+
+
+class ApplyFailed(TransientError):
+    """A deployment could not be brought up this time (a replica failed its health check)."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One function as an environment should run it, env resolved except secrets."""
+
+    env: str
+    function: Function
+    env_vars: Mapping[str, EnvValue]
+    spec_hash: str
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
+    return {
+        "tag": fn.build_tag,
+        "runtime": fn.runtime,
+        "entrypoint": fn.entrypoint,
+        "memoryMB": fn.memory_mb,
+        "timeoutSec": fn.timeout_sec,
+        "replicas": fn.replicas,
+        "enabled": fn.enabled,
+        "http": fn.http,
+        "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
+        "env": {
+            k: ({"secret": v.secret, "key": v.key} if isinstance(v, SecretRef) else v)
+            for k, v in sorted(env_vars.items())
+        },
+    }
+
+
+def deployment_for(env: str, fn: Function, job_results: Mapping[str, str]) -> Deployment:
+    """``fn`` in ``env`` with job results filled in; every job it names must have one."""
+    env_vars: dict[str, EnvValue] = {
+        name: job_results[value.job] if isinstance(value, JobRef) else value
+        for name, value in fn.env_for(env).items()
+    }
+    canonical = json.dumps(_spec(fn, env_vars), sort_keys=True, separators=(",", ":"))
+    return Deployment(env, fn, env_vars, hashlib.sha256(canonical.encode()).hexdigest()[:32])
+
+
+class Backend(ABC):
+    """Where functions are built and run."""
+
+    @abstractmethod
+    def is_built(self, fn: Function) -> bool: ...
+
+    @abstractmethod
+    def build(self, fn: Function, snapshot: Snapshot) -> str:
+        """Build ``fn.build_tag``; returns the log. Raises BuildFailed."""
+
+    @abstractmethod
+    def deployed(self, env: str) -> dict[str, str]:
+        """Functions running in ``env``: name -> spec hash."""
+
+    @abstractmethod
+    def apply(self, deployment: Deployment) -> None:
+        """Start or replace a function; the old version serves until the new one is healthy."""
+
+    @abstractmethod
+    def remove(self, env: str, name: str) -> None: ...
+
+    @abstractmethod
+    def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
+        """Run one job to completion; returns its result (JSON text). Raises JobFailed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop everything this backend started."""

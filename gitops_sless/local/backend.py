@@ -1,0 +1,141 @@
+"""The local backend: artifacts on disk, runtime processes on loopback, cron with APScheduler.
+
+One command on a laptop serves a functions repository: no cluster, no images.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import runtimes
+from ..backend import Backend, BuildFailed, Deployment, EnvValue, JobFailed
+from ..manifest import Function, Job, SecretRef
+from ..routes import Route, RouteTable
+from ..source import Snapshot
+from . import builder as local_builder
+from .processes import ProcessSpec, Supervisor, run_once
+from .scheduler import CronScheduler
+from .secrets import SecretsDir
+
+__all__ = ["CronRun", "LocalBackend"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CronRun:
+    """One firing of a cron trigger, for the status store."""
+
+    env: str
+    function: str
+    index: int
+    ok: bool
+    duration_ms: float
+    output: str
+
+
+class LocalBackend(Backend):
+    def __init__(
+        self,
+        state_dir: Path,
+        routes: RouteTable,
+        secrets: SecretsDir,
+        max_builds: int = 2,
+        build_timeout_sec: float = 600,
+        on_cron: Callable[[CronRun], None] | None = None,
+    ) -> None:
+        self.routes = routes
+        self.secrets = secrets
+        self.builder = local_builder.LocalBuilder(
+            state_dir / "artifacts", max_concurrent=max_builds, timeout_sec=build_timeout_sec
+        )
+        self._http: dict[tuple[str, str], float] = {}  # http functions -> timeout
+        self._on_cron = on_cron
+        self.supervisor = Supervisor(state_dir, self._upstreams_changed)
+        self.crons = CronScheduler()
+
+    # --- building ---------------------------------------------------------------------
+
+    def is_built(self, fn: Function) -> bool:
+        return self.builder.is_built(fn.build_tag)
+
+    def build(self, fn: Function, snapshot: Snapshot) -> str:
+        try:
+            return self.builder.build(fn, snapshot).log
+        except local_builder.BuildFailed as exc:
+            raise BuildFailed(exc.tag, exc.reason, exc.log_tail) from exc
+
+    # --- running ------------------------------------------------------------------------
+
+    def _process_spec(
+        self, env: str, fn: Function, env_vars: Mapping[str, EnvValue]
+    ) -> ProcessSpec:
+        resolved = {
+            name: self.secrets.resolve(value) if isinstance(value, SecretRef) else value
+            for name, value in env_vars.items()
+        }
+        return ProcessSpec(
+            env_name=env,
+            function=fn.name,
+            runtime=runtimes.get(fn.runtime),
+            entrypoint=fn.entrypoint,
+            artifact=self.builder.path(fn.build_tag),
+            timeout_sec=fn.timeout_sec,
+            env_vars=resolved,
+        )
+
+    def _upstreams_changed(
+        self, env: str, name: str, upstreams: tuple[tuple[str, int], ...]
+    ) -> None:
+        timeout = self._http.get((env, name))
+        if timeout is None:
+            self.routes.remove(env, name)
+        else:
+            self.routes.set(Route(env, name, timeout, upstreams))
+
+    def deployed(self, env: str) -> dict[str, str]:
+        return self.supervisor.deployed(env)
+
+    def apply(self, deployment: Deployment) -> None:
+        fn, env = deployment.function, deployment.env
+        spec = self._process_spec(env, fn, deployment.env_vars)
+        if fn.http:
+            self._http[(env, fn.name)] = float(fn.timeout_sec)
+        else:
+            self._http.pop((env, fn.name), None)
+        replicas = fn.replicas if fn.enabled and fn.http else 0
+        self.supervisor.apply(spec, deployment.spec_hash, replicas)
+        triggers = [(c.schedule, c.event) for c in fn.crons] if fn.enabled else []
+        self.crons.set(env, fn.name, triggers, self._cron_firing(spec))
+
+    def _cron_firing(self, spec: ProcessSpec) -> Callable[[int, Mapping[str, Any]], None]:
+        def fire(index: int, event: Mapping[str, Any]) -> None:
+            started = time.monotonic()
+            try:
+                output, ok = run_once(spec, event, spec.timeout_sec), True
+            except JobFailed as exc:
+                output, ok = str(exc), False
+            elapsed = (time.monotonic() - started) * 1000
+            log.info("%s/%s: cron trigger %d ran (%s)", spec.env_name, spec.function, index, ok)
+            if self._on_cron:
+                self._on_cron(CronRun(spec.env_name, spec.function, index, ok, elapsed, output))
+
+        return fire
+
+    def remove(self, env: str, name: str) -> None:
+        self._http.pop((env, name), None)
+        self.routes.remove(env, name)  # the route goes first: 404 at once, never 502
+        self.crons.remove(env, name)
+        self.supervisor.remove(env, name)
+
+    def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
+        return run_once(self._process_spec(env, fn, env_vars), job.event, fn.timeout_sec)
+
+    def close(self) -> None:
+        self.crons.close()
+        self.supervisor.close()

@@ -1,0 +1,88 @@
+"""Prometheus metrics in the text exposition format, without a client library.
+
+Counters and one histogram are all the reconciler needs; updating one is a
+dict increment under the GIL, cheap enough for the proxy's hot path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+__all__ = ["METRICS", "Counter", "Histogram", "Registry"]
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _labels(values: dict[str, str]) -> Labels:
+    return tuple(sorted(values.items()))
+
+
+def _fmt(labels: Labels, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    pairs = [*labels, *extra]
+    if not pairs:
+        return ""
+    escaped = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for _, v in pairs)
+    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(pairs, escaped, strict=True)) + "}"
+
+
+class Counter:
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help = name, help_text
+        self.values: dict[Labels, float] = defaultdict(float)
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        self.values[_labels(labels)] += amount
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        lines += [f"{self.name}{_fmt(k)} {v:g}" for k, v in sorted(self.values.items())]
+        return lines
+
+
+class Histogram:
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help = name, help_text
+        self.counts = [0] * (len(self.BUCKETS) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        for i, bound in enumerate(self.BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.total += seconds
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for bound, count in zip((*self.BUCKETS, "+Inf"), self.counts, strict=True):
+            running += count
+            lines.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
+        lines += [f"{self.name}_sum {self.total:g}", f"{self.name}_count {running}"]
+        return lines
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.syncs = Counter("sless_syncs_total", "Reconcile passes by environment and result.")
+        self.builds = Counter("sless_builds_total", "Builds by runtime and result.")
+        self.invocations = Counter(
+            "sless_invocations_total", "Calls through /fn/ by environment, function and status."
+        )
+        self.proxy_latency = Histogram(
+            "sless_proxy_latency_seconds", "Time from request to upstream response headers."
+        )
+
+    def render(self) -> str:
+        with self._lock:
+            parts = [self.syncs, self.builds, self.invocations, self.proxy_latency]
+            return "\n".join(line for part in parts for line in part.render()) + "\n"
+
+
+METRICS = Registry()

@@ -1,0 +1,224 @@
+"""``gitops-sless serve``: one process that follows a repository and serves its functions.
+
+It wires the pieces together: the mirror, the reconciler loop (polling and
+webhooks, one pass at a time), the local backend, the status store, and one
+HTTP server that carries the API and the /fn/ proxy.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from . import mirror as mirror_mod
+from . import proxy as proxy_mod
+from .api import create_api
+from .local.backend import CronRun, LocalBackend
+from .local.secrets import SecretsDir
+from .metrics import METRICS
+from .reconciler import Reconciler
+from .routes import RouteTable
+from .store import Store
+
+__all__ = ["ServeConfig", "Server"]
+
+log = logging.getLogger("gitops_sless")
+
+FLUSH_SEC = 0.5
+
+ASGIApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
+    Awaitable[None],
+]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    repo: str
+    state_dir: Path
+    branch: str = "main"
+    env: str = "prod"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    poll_interval: float = 30.0
+    api_token: str | None = None
+    webhook_secret: str | None = None
+    secrets_dir: Path | None = None
+    max_builds: int = 2
+    build_timeout: float = 600.0
+    fetch_timeout: float = 60.0
+    max_body_bytes: int = 1 << 20
+
+    @property
+    def public_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+class InvocationBuffer:
+    """Invocations from the proxy, written to the store in batches off the hot path."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._rows: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=100_000)
+
+    def record(self, inv: proxy_mod.Invocation) -> None:
+        self._rows.append(
+            (
+                inv.env,
+                inv.name,
+                inv.method,
+                inv.path,
+                inv.status,
+                inv.duration_ms,
+                inv.time,
+                inv.request_id,
+            )
+        )
+
+    def record_cron(self, run: CronRun) -> None:
+        status = 200 if run.ok else 500
+        METRICS.invocations.inc(env=run.env, name=run.function, status=str(status))
+        self._rows.append(
+            (
+                run.env,
+                run.function,
+                "CRON",
+                f"cron/{run.index}",
+                status,
+                run.duration_ms,
+                time.time(),
+                f"cron-{run.index}",
+            )
+        )
+
+    def flush(self) -> None:
+        rows = []
+        while self._rows:
+            rows.append(self._rows.popleft())
+        self.store.record_invocations(rows)
+
+
+def _dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
+            await proxy(scope, receive, send)
+        else:
+            await api(scope, receive, send)
+
+    return app
+
+
+def resolve_repository(repo: str, state_dir: Path) -> tuple[str, Path | None]:
+    """The URL to follow; a plain directory becomes a seeded bare repository first."""
+    path = Path(repo)
+    if "://" in repo or not path.is_dir() or mirror_mod.is_repository(path):
+        return repo, None
+    bare = mirror_mod.seed_repository(path, state_dir / "repos" / f"{path.resolve().name}.git")
+    return str(bare), bare
+
+
+class Server:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.url, self.seeded = resolve_repository(config.repo, config.state_dir)
+        self.store = Store(config.state_dir / "status.db")
+        self.routes = RouteTable()
+        self.invocations = InvocationBuffer(self.store)
+        self.backend = LocalBackend(
+            config.state_dir,
+            self.routes,
+            SecretsDir(config.secrets_dir),
+            max_builds=config.max_builds,
+            build_timeout_sec=config.build_timeout,
+            on_cron=self.invocations.record_cron,
+        )
+        self.mirror = mirror_mod.Mirror(
+            self.url,
+            config.branch,
+            config.state_dir / "mirror.git",
+            credentials=mirror_mod.Credentials.from_env(),
+            timeout_sec=config.fetch_timeout,
+        )
+        self.reconciler = Reconciler(
+            self.mirror, self.backend, self.store, env=config.env, public_url=config.public_url
+        )
+        self.proxy = proxy_mod.ProxyApp(
+            self.routes, record=self.invocations.record, max_body_bytes=config.max_body_bytes
+        )
+        api = create_api(
+            self.reconciler,
+            self.store,
+            branch=config.branch,
+            repo=mirror_mod.redact(self.url),
+            api_token=config.api_token,
+            webhook_secret=config.webhook_secret,
+        )
+        self.app = _dispatch(api, self.proxy)
+        self.scheduler = BackgroundScheduler()
+
+    def start_background(self) -> None:
+        threading.Thread(target=self.reconciler.run_forever, name="sless-sync", daemon=True).start()
+        self.scheduler.add_job(
+            self.reconciler.request_sync,
+            "interval",
+            seconds=self.config.poll_interval,
+            jitter=max(0.0, self.config.poll_interval * 0.1),
+            args=("poll",),
+            id="poll",
+        )
+        self.scheduler.add_job(self.invocations.flush, "interval", seconds=FLUSH_SEC, id="flush")
+        self.scheduler.start()
+        self.reconciler.request_sync("startup")
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM, then stop every process this server started."""
+        self.start_background()
+        threading.Thread(target=self._announce, name="sless-announce", daemon=True).start()
+        server = uvicorn.Server(proxy_mod.config(self.app, self.config.host, self.config.port))
+        try:
+            server.run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.reconciler.stop()
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+        self.backend.close()
+        self.invocations.flush()
+        self.store.close()
+
+    def _announce(self) -> None:
+        if not self.reconciler.wait_for_pass(0, 600):
+            return
+        base = self.config.public_url
+        lines = [f"gitops-sless is serving {mirror_mod.redact(self.url)} ({self.config.branch})"]
+        for fn in self.store.functions(self.config.env):
+            if fn["url"]:
+                lines.append(f"  {fn['phase']:<9} curl {fn['url']}")
+            else:
+                lines.append(f"  {fn['phase']:<9} {fn['name']} (no http trigger)")
+        lines += [
+            f"status:   curl {base}/api/v1/status",
+            f"API docs: {base}/docs",
+        ]
+        if self.seeded:
+            lines += [
+                "to redeploy, push to the repository this server follows:",
+                f"  git clone {self.seeded} my-functions && cd my-functions",
+                "  # edit, then: git commit -am 'change' && git push",
+                f"  (polled every {self.config.poll_interval:g}s)",
+            ]
+        print("\n".join(lines), file=sys.stderr, flush=True)
