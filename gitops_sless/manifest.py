@@ -141,24 +141,24 @@ class _Manifest:
     def folder_files(self) -> dict[str, str]:
         """Files of the folder (relative path -> kind), checking symlinks and submodules."""
         files: dict[str, str] = {}
+        links: dict[str, str] = {}
         for path, entry in self.snapshot.walk(self.folder):
             rel = posixpath.relpath(path, self.folder) if self.folder else path
             if entry.kind == "submodule":
-                self.problem(
-                    ("(folder)",), f"{rel} is a git submodule; its code is not in the repository", 1
-                )
+                reason = f"{rel} is a git submodule; its code is not in the repository"
+                self.problem(("(folder)",), reason, 1)
             elif entry.kind == "link":
-                self._check_link(rel, self.snapshot.read(path).decode("utf-8", "replace"))
+                links[rel] = self.snapshot.read(path).decode("utf-8", "replace")
             if entry.kind in ("blob", "link"):
                 files[rel] = entry.kind
+        for rel, target in links.items():
+            self._check_link(rel, target, links)
         return files
 
-    def _check_link(self, rel: str, target: str) -> None:
+    def _check_link(self, rel: str, target: str, links: dict[str, str]) -> None:
         if target.startswith("/"):
             self.problem(("(folder)",), f"symlink {rel} -> {target} is an absolute path", 1)
-            return
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-        if resolved == ".." or resolved.startswith("../"):
+        elif _resolve_in_folder(rel, links) is None:
             self.problem(
                 ("(folder)",), f"symlink {rel} -> {target} points outside the function folder", 1
             )
@@ -240,6 +240,36 @@ class _Manifest:
     def functions(self) -> list[Function]:
         source_id = self.snapshot.tree_id(self.folder)
         return [_function(self, fn, source_id) for fn in self.data["functions"]]
+
+
+def _resolve_in_folder(rel: str, links: Mapping[str, str], hops: int = 0) -> str | None:
+    """Where ``rel`` leads once every link on the way is followed; None if outside the folder.
+
+    Resolving link by link (not the link's own text alone) catches chains such
+    as ``up -> ..`` plus ``out -> up/..`` that each look harmless.
+    """
+    out: list[str] = []
+    for part in rel.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not out:
+                return None
+            out.pop()
+            continue
+        out.append(part)
+        current = "/".join(out)
+        if current in links:
+            target = links[current]
+            if target.startswith("/") or hops > 40:  # absolute, or a loop
+                return None
+            resolved = _resolve_in_folder(
+                posixpath.join(posixpath.dirname(current), target), links, hops + 1
+            )
+            if resolved is None:
+                return None
+            out = resolved.split("/") if resolved else []
+    return "/".join(out)
 
 
 def _env(values: Mapping[str, Any]) -> dict[str, EnvValue]:

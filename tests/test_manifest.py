@@ -1448,3 +1448,22 @@ def test_changing_one_file_changes_only_its_functions_identity(write_repo, tmp_p
     (root / "notes/lib0.py").write_text("Y = 2\n")
     (root / "clock/node/bin/run.sh").chmod(0o755)
     assert identities() == before  # a revert is a cache hit
+
+
+def test_a_chain_of_links_that_leaves_the_folder_is_refused(write_repo):
+    root = write_repo(one())
+    make_links(root, {"fn/lib/up": "..", "fn/out": "lib/up/.."})
+    state = manifest.load(DirectorySnapshot(root))
+    assert [str(p) for p in state.problems] == [
+        "fn/sless.yaml:1: (folder): symlink out -> lib/up/.. points outside the function folder"
+    ]
+
+
+def test_a_link_loop_is_refused(write_repo):
+    root = write_repo(one())
+    make_links(root, {"fn/a": "b", "fn/b": "a"})
+    state = manifest.load(DirectorySnapshot(root))
+    assert [str(p) for p in state.problems] == [
+        "fn/sless.yaml:1: (folder): symlink a -> b points outside the function folder",
+        "fn/sless.yaml:1: (folder): symlink b -> a points outside the function folder",
+    ]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runtimes
-from ..backend import Backend, BuildFailed, Deployment, EnvValue, JobFailed
+from ..backend import Backend, Deployment, EnvValue, JobFailed
 from ..manifest import Function, Job, SecretRef
 from ..routes import Route, RouteTable
 from ..source import Snapshot
@@ -65,10 +65,7 @@ class LocalBackend(Backend):
         return self.builder.is_built(fn.build_tag)
 
     def build(self, fn: Function, snapshot: Snapshot) -> str:
-        try:
-            return self.builder.build(fn, snapshot).log
-        except local_builder.BuildFailed as exc:
-            raise BuildFailed(exc.tag, exc.reason, exc.log_tail) from exc
+        return self.builder.build(fn, snapshot).log
 
     # --- running ------------------------------------------------------------------------
 

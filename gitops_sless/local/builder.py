@@ -1,0 +1,498 @@
+"""Local builds: a function folder plus its dependencies, in an artifact folder per build tag.
+
+An artifact is ``root/<tag>/``: the function folder's files, written from the
+snapshot (git objects, never a checkout), and the dependencies installed into
+it (``.sless-deps/`` for pip, ``node_modules/`` for npm). A build happens in
+``root/.tmp-<tag>-<random>/`` and is renamed into place when it succeeded; the
+marker file ``.sless-build.json`` is written last, so an artifact is either
+complete or not built at all, also after a crash. A built tag is never built
+again: tags are content-derived, so the same tag is the same content.
+
+Installers run the repository's own code (setup scripts, npm lifecycle
+scripts), as the function itself will: they get a scrubbed environment
+without the reconciler's secrets, their own process group, and a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from ..backend import BuildFailed
+from ..errors import TransientError
+from ..manifest import Function
+from ..runtimes import get as get_runtime
+from ..source import Snapshot
+
+__all__ = [
+    "MARKER",
+    "BuildFailed",
+    "BuildResult",
+    "LocalBuilder",
+    "SourceChanged",
+    "build_environment",
+]
+
+MARKER = ".sless-build.json"
+DEPS_DIR = ".sless-deps"
+TMP_PREFIX = ".tmp-"
+LOG_TAIL_CHARS = 4000
+
+# a tag names a folder below root: nothing that could climb out or hide as a dotfile
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+# user:password@ in URLs (index URLs, registries) that an installer may echo
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):[^/\s@]+@")
+
+
+class SourceChanged(TransientError):
+    """A file changed while it was read (a directory being edited): build again later."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tag: str
+    path: Path
+    log: str
+    duration_sec: float
+    # True when no build ran in this call: the artifact existed, or another
+    # caller was building the same tag and this one waited for it
+    cached: bool
+
+
+def build_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment of an installer, and the values left out of it.
+
+    Proxies, PATH, HOME and the installers' own settings pass; the
+    reconciler's ``SLESS_*`` settings and anything named like a credential do
+    not. The left-out values are returned so that the log can be scrubbed of
+    them, in case they reach an installer some other way.
+    """
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in environ.items():
+        upper = name.upper()
+        secret = any(word in upper for word in _SECRET_WORDS) and not upper.endswith("PATH")
+        if upper.startswith("SLESS_") or secret:
+            dropped.append(value)
+        else:
+            kept[name] = value
+    # npm otherwise asks the registry for its own newest version on every build
+    kept.setdefault("npm_config_update_notifier", "false")
+    return kept, dropped
+
+
+class _Log:
+    """The build log: kept in memory and appended to ``root/<tag>.log`` step by step.
+
+    Every text passes the scrubber before it is stored, so no secret reaches
+    the file, the result or the exception.
+    """
+
+    def __init__(self, path: Path, secrets: list[str]) -> None:
+        self.path = path
+        # longest first, so a secret that contains another is replaced whole
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._parts: list[str] = []
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "****")
+        return _URL_PASSWORD.sub(r"\g<head>:****@", text)
+
+    def write(self, text: str) -> None:
+        text = self.scrub(text)
+        self._parts.append(text)
+        self._file.write(text)
+        # flushed per step so the status API can show a running build's log
+        self._file.flush()
+
+    def line(self, text: str) -> None:
+        self.write(f"[{_now()}] {text}\n")
+
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def tail(self) -> str:
+        return self.text()[-LOG_TAIL_CHARS:]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _Pending:
+    """A build in progress, for callers that ask for the same tag meanwhile."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: BuildResult | None = None
+        self.error: Exception | None = None
+
+
+class LocalBuilder:
+    """Builds functions into ``root/<tag>/`` folders, each tag at most once."""
+
+    def __init__(
+        self,
+        root: Path,
+        max_concurrent: int = 2,
+        timeout_sec: float = 600,
+        python: str = sys.executable,
+        npm: str = "npm",
+    ) -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
+        self.root = Path(root)
+        self.timeout_sec = timeout_sec
+        self.python = python
+        self.npm = npm
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._lock = threading.Lock()
+        self._pending: dict[str, _Pending] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_leftovers()
+
+    # --- artifacts ---------------------------------------------------------
+
+    def path(self, tag: str) -> Path:
+        """The artifact folder of ``tag`` (whether built or not)."""
+        if not _TAG.fullmatch(tag):
+            raise ValueError(f"{tag!r} is not a build tag")
+        return self.root / tag
+
+    def log_path(self, tag: str) -> Path:
+        """The log of the last build of ``tag``, failed or not."""
+        return self.root / f"{self.path(tag).name}.log"
+
+    def is_built(self, tag: str) -> bool:
+        """True only for a complete artifact: its marker is written after everything else."""
+        try:
+            marker = json.loads((self.path(tag) / MARKER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(marker, dict) and marker.get("tag") == tag
+
+    def tags(self) -> list[str]:
+        """Every built tag."""
+        return sorted(
+            item.name
+            for item in self.root.iterdir()
+            if _TAG.fullmatch(item.name) and item.is_dir() and self.is_built(item.name)
+        )
+
+    def remove(self, tag: str) -> bool:
+        """Delete the artifact and log of ``tag``; False when there was none.
+
+        The artifact first stops counting as built, then leaves its place in one
+        rename, so nobody ever sees half of it as a built tag.
+        """
+        target = self.path(tag)
+        doomed: Path | None = None
+        with self._lock:
+            if tag in self._pending:
+                raise RuntimeError(f"{tag} is being built; it cannot be removed now")
+            if target.exists():
+                (target / MARKER).unlink(missing_ok=True)
+                doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-rm-", dir=self.root))
+                os.rename(target, doomed / tag)
+            self.log_path(tag).unlink(missing_ok=True)
+        if doomed is None:
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def _remove_leftovers(self) -> None:
+        # Temp folders of a process that crashed mid-build, and artifacts renamed
+        # into place whose marker was never written. A root belongs to one
+        # reconciler process, so nothing here can belong to a live build.
+        for item in self.root.iterdir():
+            temporary = item.name.startswith(TMP_PREFIX)
+            unmarked = _TAG.fullmatch(item.name) and item.is_dir() and not self.is_built(item.name)
+            if temporary or unmarked:
+                _remove_path(item)
+
+    # --- building ----------------------------------------------------------
+
+    def build(self, fn: Function, snapshot: Snapshot) -> BuildResult:
+        """Build ``fn`` from ``snapshot``, or return the artifact already built.
+
+        Blocks until done. Raises ``BuildFailed`` when an installer fails or the
+        build runs past ``timeout_sec``, and ``SourceChanged`` when a file of a
+        directory snapshot changed while it was read. ``snapshot`` must be the
+        one ``fn`` was loaded from (``ValueError`` otherwise): a tag must only
+        ever hold the content it names.
+        """
+        tag = fn.build_tag
+        started = time.monotonic()
+        path = self.path(tag)
+        if self.is_built(tag):
+            return self._cached(tag, started)
+        with self._lock:
+            pending = self._pending.get(tag)
+            owner = pending is None
+            if pending is None:
+                # a build of this tag may have finished since the check above
+                if self.is_built(tag):
+                    return self._cached(tag, started)
+                pending = self._pending[tag] = _Pending()
+        if not owner:
+            pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
+            if pending.result is None:
+                raise BuildFailed(tag, "the build was interrupted")
+            return replace(pending.result, cached=True, duration_sec=time.monotonic() - started)
+        try:
+            with self._slots:
+                pending.result = self._build(fn, snapshot, path)
+            return pending.result
+        except Exception as exc:
+            pending.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._pending[tag]
+            pending.done.set()
+
+    def _cached(self, tag: str, started: float) -> BuildResult:
+        try:
+            log = self.log_path(tag).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            log = ""
+        return BuildResult(tag, self.path(tag), log, time.monotonic() - started, cached=True)
+
+    def _build(self, fn: Function, snapshot: Snapshot, final: Path) -> BuildResult:
+        tag = fn.build_tag
+        if snapshot.tree_id(fn.folder) != fn.source_id:
+            raise ValueError(
+                f"{fn.name}: folder {fn.folder or '.'} of {snapshot.revision[:12]} has tree "
+                f"{snapshot.tree_id(fn.folder)}, the function was loaded with {fn.source_id}"
+            )
+        # the deadline starts once a build slot is free: queueing is not building
+        started = time.monotonic()
+        deadline = started + self.timeout_sec
+        env, secrets = build_environment(os.environ)
+        try:
+            log = _Log(self.log_path(tag), secrets)
+        except OSError as exc:
+            raise BuildFailed(tag, f"cannot write the build log: {exc}") from exc
+        tmp: Path | None = None
+        try:
+            log.line(
+                f"build {tag}: function {fn.name} ({fn.runtime}) from "
+                f"{fn.folder or '.'} at {snapshot.revision}"
+            )
+            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir=self.root))
+            tmp.chmod(0o755)
+            log.line(f"laid out {_lay_out(tag, snapshot, fn.folder, tmp)} entries")
+            for step, command in self._installers(fn, tmp):
+                self._run(tag, step, command, tmp, env, deadline, log)
+            # a crash between rename and marker leaves an unmarked folder: not built
+            if final.exists():
+                _remove_path(final)
+            os.rename(tmp, final)
+            tmp = None
+            duration = time.monotonic() - started
+            log.line(f"built {tag} in {duration:.1f} s")
+            _write_marker(final, tag, fn, snapshot, duration)
+            return BuildResult(tag, final, log.text(), duration, cached=False)
+        except OSError as exc:
+            log.line(f"FAILED: {exc}")
+            raise BuildFailed(tag, str(exc), log.tail()) from exc
+        except BuildFailed as exc:
+            log.line(f"FAILED: {exc.reason}")
+            exc.log_tail = log.tail()
+            raise
+        except Exception as exc:
+            # SourceChanged, or an unreadable snapshot: not this build's fault, but
+            # its log must still say how it ended
+            log.line(f"FAILED: {exc}")
+            raise
+        finally:
+            log.close()
+            if tmp is not None:
+                _remove_path(tmp)
+
+    def _installers(self, fn: Function, folder: Path) -> list[tuple[str, list[str]]]:
+        dependency_file = get_runtime(fn.runtime).dependency_file
+        if not (folder / dependency_file).is_file():
+            return []
+        if dependency_file == "requirements.txt":
+            # --target keeps every installed file inside the artifact, never in
+            # the environment the reconciler runs in
+            return [
+                (
+                    "pip install",
+                    [
+                        self.python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "--no-input",
+                        "--disable-pip-version-check",
+                        "--target",
+                        str(folder / DEPS_DIR),
+                        "-r",
+                        dependency_file,
+                    ],
+                )
+            ]
+        if dependency_file == "package.json":
+            return [("npm install", [self.npm, "install", "--omit=dev", "--no-audit", "--no-fund"])]
+        raise BuildFailed(fn.build_tag, f"no installer for {dependency_file} ({fn.runtime})")
+
+    def _run(
+        self,
+        tag: str,
+        step: str,
+        command: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        deadline: float,
+        log: _Log,
+    ) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BuildFailed(tag, f"timed out after {self.timeout_sec:g} s", log.tail())
+        log.line(f"$ {shlex.join(command)}")
+        # output goes to a file, not a pipe: a grandchild that outlives the kill
+        # could hold a pipe open and block the reader forever
+        output_path = Path(f"{cwd}.out")
+        started = time.monotonic()
+        try:
+            with output_path.open("w+b") as output:
+                try:
+                    proc = subprocess.Popen(
+                        command,
+                        cwd=cwd,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
+                try:
+                    code: int | None = proc.wait(timeout=remaining)
+                except subprocess.TimeoutExpired:
+                    code = None
+                finally:
+                    # the whole group: installers start compilers, node-gyp, git...
+                    _kill_group(proc)
+                output.seek(0)
+                log.write(output.read().decode("utf-8", "replace"))
+        except OSError as exc:
+            raise BuildFailed(tag, f"{step}: {exc}", log.tail()) from exc
+        finally:
+            output_path.unlink(missing_ok=True)
+        if code is None:
+            raise BuildFailed(tag, f"{step} timed out after {self.timeout_sec:g} s", log.tail())
+        log.line(f"{step} exited {code} after {time.monotonic() - started:.1f} s")
+        if code != 0:
+            raise BuildFailed(tag, f"{step} exited {code}", log.tail())
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # the group is gone when every member has exited already
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _lay_out(tag: str, snapshot: Snapshot, folder: str, target: Path) -> int:
+    """Write the files of ``folder`` below ``target``; return how many entries were written."""
+    links: list[Path] = []
+    count = 0
+    for path, entry in snapshot.walk(folder):
+        rel = posixpath.relpath(path, folder) if folder else path
+        dest = target / rel
+        if entry.kind == "tree":
+            dest.mkdir(mode=0o755)
+        elif entry.kind == "blob":
+            data = _verified(snapshot, path, entry.oid)
+            mode = 0o755 if entry.mode & 0o111 else 0o644
+            # O_EXCL | O_NOFOLLOW: never write through something already there
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.chmod(dest, mode)  # the umask must not take the exec bit away
+        elif entry.kind == "link":
+            link_target = _verified(snapshot, path, entry.oid).decode("utf-8", "surrogateescape")
+            # the manifest loader refuses these already; a tag must not depend on that
+            if not _stays_inside(rel, link_target):
+                raise BuildFailed(tag, f"symlink {rel} -> {link_target} leaves the folder")
+            os.symlink(link_target, dest)
+            links.append(dest)
+        else:
+            raise BuildFailed(tag, f"{rel} is a {entry.kind}; it cannot be built")
+        count += 1
+    # Each link stays inside by itself; a chain through other links is only
+    # known once all exist, so resolve them for real.
+    inside = target.resolve()
+    for link in links:
+        if not link.resolve().is_relative_to(inside):
+            rel = link.relative_to(target)
+            raise BuildFailed(tag, f"symlink {rel} resolves outside the folder")
+    return count
+
+
+def _verified(snapshot: Snapshot, path: str, oid: str) -> bytes:
+    # A directory snapshot reads files when asked: one edited since the scan
+    # would be built under a tag that names other content.
+    data = snapshot.read(path)
+    if hashlib.sha1(b"blob %d\0%s" % (len(data), data)).hexdigest() != oid:
+        raise SourceChanged(f"{path} changed while it was being built")
+    return data
+
+
+def _stays_inside(rel: str, link_target: str) -> bool:
+    if link_target.startswith("/"):
+        return False
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), link_target))
+    return resolved != ".." and not resolved.startswith("../")
+
+
+def _write_marker(
+    folder: Path, tag: str, fn: Function, snapshot: Snapshot, duration: float
+) -> None:
+    marker = {
+        "tag": tag,
+        "runtime": fn.runtime,
+        "source_id": fn.source_id,
+        "revision": snapshot.revision,
+        "duration_sec": round(duration, 3),
+        "finished": _now(),
+    }
+    partial = folder / f"{MARKER}.partial"
+    partial.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, folder / MARKER)
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
