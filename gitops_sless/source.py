@@ -27,6 +27,7 @@ __all__ = [
     "GitSnapshot",
     "Snapshot",
     "git_tree_id",
+    "open_repository",
     "open_snapshot",
 ]
 
@@ -208,12 +209,17 @@ class DirectorySnapshot(Snapshot):
         return self._node(folder).oid
 
 
-def _open_repository(path: Path) -> pygit2.Repository | None:
-    """The repository whose root (work tree or bare folder) is exactly ``path``."""
-    found = pygit2.discover_repository(str(path))
-    if found is None:
+def open_repository(path: Path) -> pygit2.Repository | None:
+    """The repository whose root (work tree or bare folder) is exactly ``path``, if any."""
+    if not path.is_dir():
         return None
-    repo = pygit2.Repository(found)
+    try:
+        found = pygit2.discover_repository(str(path))
+        repo = pygit2.Repository(found) if found else None
+    except pygit2.GitError:
+        return None
+    if repo is None:
+        return None
     root = Path(repo.workdir if repo.workdir else repo.path).resolve()
     return repo if root == path.resolve() else None
 
@@ -227,7 +233,7 @@ def open_snapshot(path: str | Path, ref: str | None = None) -> Snapshot:
     path = Path(path)
     if not path.exists():
         raise SourceError(f"{path}: no such file or directory")
-    repo = _open_repository(path)
+    repo = open_repository(path)
     if repo is None:
         if ref is not None:
             raise SourceError(f"{path}: --ref {ref} given, but this is not a git repository")

@@ -37,6 +37,7 @@ RANKS = {
     "local.processes": 6,
     "local.scheduler": 6,
     "local.backend": 6,
+    "local.orphans": 6,
     "proxy": 7,
     "proxy_upstream": 7,
     "reconciler": 7,

@@ -40,6 +40,7 @@ from ..errors import TransientError
 from ..manifest import Function
 from ..runtimes import get as get_runtime
 from ..source import Snapshot
+from .orphans import ProcessGroups
 
 __all__ = [
     "MARKER",
@@ -157,6 +158,7 @@ class LocalBuilder:
         timeout_sec: float = 600,
         python: str = sys.executable,
         npm: str = "npm",
+        groups: ProcessGroups | None = None,
     ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
@@ -168,6 +170,9 @@ class LocalBuilder:
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self.root.mkdir(parents=True, exist_ok=True)
+        # installers of a killed predecessor must not finish a build this process redoes
+        self.groups = groups or ProcessGroups(self.root.parent / "pids" / "builds")
+        self.groups.stop_orphans()
         self._remove_leftovers()
 
     # --- artifacts ---------------------------------------------------------
@@ -391,6 +396,7 @@ class LocalBuilder:
                     )
                 except OSError as exc:
                     raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
+                self.groups.add(proc.pid, command)
                 try:
                     code: int | None = proc.wait(timeout=remaining)
                 except subprocess.TimeoutExpired:
@@ -398,6 +404,7 @@ class LocalBuilder:
                 finally:
                     # the whole group: installers start compilers, node-gyp, git...
                     _kill_group(proc)
+                    self.groups.remove(proc.pid)
                 output.seek(0)
                 log.write(output.read().decode("utf-8", "replace"))
         except OSError as exc:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
+from .orphans import ProcessGroups
 
 __all__ = ["ProcessSpec", "Supervisor", "run_once"]
 
@@ -89,39 +90,6 @@ def _tail(path: Path) -> str:
         return ""
 
 
-class _PidFiles:
-    """Pids of live children, so a restart after a crash can stop the orphans."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-
-    def add(self, process: subprocess.Popen[bytes], command: list[str]) -> None:
-        (self.folder / str(process.pid)).write_text(json.dumps(command))
-
-    def remove(self, pid: int) -> None:
-        (self.folder / str(pid)).unlink(missing_ok=True)
-
-    def stop_orphans(self) -> int:
-        stopped = 0
-        for entry in self.folder.iterdir():
-            pid = int(entry.name) if entry.name.isdigit() else -1
-            command = json.loads(entry.read_text() or "[]")
-            if pid > 0 and _cmdline(pid) == command:
-                os.killpg(pid, signal.SIGKILL)
-                stopped += 1
-            entry.unlink(missing_ok=True)
-        return stopped
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return raw.decode(errors="replace").split("\0")[:-1]
-
-
 @dataclass
 class _Replica:
     process: subprocess.Popen[bytes]
@@ -151,7 +119,7 @@ class Supervisor:
     ) -> None:
         self.host = host
         self.logs = state_dir / "logs"
-        self.pids = _PidFiles(state_dir / "pids")
+        self.pids = ProcessGroups(state_dir / "pids" / "servers")
         orphans = self.pids.stop_orphans()
         if orphans:
             log.warning("stopped %d runtime processes left by an earlier run", orphans)
@@ -218,7 +186,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.pids.add(process, command)
+        self.pids.add(process.pid, command)
         return _Replica(process, port, log_path)
 
     def _start_healthy(self, spec: ProcessSpec) -> _Replica:

@@ -1,0 +1,453 @@
+"""The repository mirror: a bare repository that follows one branch (and PR heads) of a remote.
+
+``Mirror.fetch()`` is the only place that talks to the network. It fetches into a
+staging ref and moves the branch only after the fetch succeeded and the branch
+was found, so a failed fetch leaves the mirror exactly as it was. Every pygit2 or
+OS error from a fetch becomes a ``FetchError`` (transient: retry later) whose
+message names the URL with its password redacted.
+
+``seed_repository()`` turns a plain directory into a bare repository users can
+clone and push to, for ``serve --repo <directory>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+import pygit2
+from pygit2.enums import CredentialType, FetchPrune, Option, RepositoryOpenFlag
+from pygit2.remotes import TransferProgress
+
+from .errors import SourceError, TransientError
+from .source import DirectorySnapshot, GitSnapshot, open_repository
+
+__all__ = [
+    "Credentials",
+    "FetchError",
+    "FetchResult",
+    "Mirror",
+    "is_repository",
+    "redact",
+    "seed_repository",
+]
+
+log = logging.getLogger(__name__)
+
+SEED_SIGNATURE = ("gitops-sless", "gitops-sless@localhost")
+_STAGING = "refs/sless/incoming/"
+_PREVIEW_REF = re.compile(r"^refs/(?:pull|merge-requests)/(\d+)/head$")
+_PREVIEW_SPECS = (
+    "+refs/pull/*/head:refs/pull/*/head",
+    "+refs/merge-requests/*/head:refs/merge-requests/*/head",
+)
+# user:password@ inside any URL found in free text (libgit2 messages, for instance)
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+
+
+class FetchError(TransientError):
+    """A fetch failed: network, timeout, server error, authentication, or a missing branch."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to authenticate to the remote: user and password/token (HTTP), or an SSH key."""
+
+    username: str | None = None
+    password: str | None = None
+    ssh_key: str | None = None
+    ssh_pubkey: str | None = None
+    passphrase: str | None = None
+
+    def __repr__(self) -> str:
+        hidden = {"password": self.password, "passphrase": self.passphrase}
+        shown = ", ".join(
+            [f"username={self.username!r}"]
+            + [f"{name}={'***' if value else None}" for name, value in hidden.items()]
+            + [f"ssh_key={self.ssh_key!r}", f"ssh_pubkey={self.ssh_pubkey!r}"]
+        )
+        return f"Credentials({shown})"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Credentials | None:
+        """Credentials from ``SLESS_GIT_*`` variables, or ``None`` when none is set."""
+        env = os.environ if environ is None else environ
+        values = {
+            "username": env.get("SLESS_GIT_USERNAME") or None,
+            "password": env.get("SLESS_GIT_PASSWORD") or None,
+            "ssh_key": env.get("SLESS_GIT_SSH_KEY") or None,
+            "ssh_pubkey": env.get("SLESS_GIT_SSH_PUBKEY") or None,
+            "passphrase": env.get("SLESS_GIT_SSH_PASSPHRASE") or None,
+        }
+        return cls(**values) if any(values.values()) else None
+
+    def secrets(self) -> list[str]:
+        """The values that must never be shown (password, passphrase)."""
+        return [s for s in (self.password, self.passphrase) if s]
+
+
+def _parse_userinfo(url: str) -> tuple[str, str, str, str] | None:
+    """``(scheme://, user, password, host-and-rest)`` of a URL carrying a password, else None."""
+    scheme, sep, rest = url.partition("://")
+    end = next((i for i, char in enumerate(rest) if char in "/?#"), len(rest))
+    # the last "@" ends the userinfo: an unencoded "@" in a password stays hidden
+    userinfo, at, host = rest[:end].rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if not (sep and at and colon):
+        return None
+    return f"{scheme}://", user, password, host + rest[end:]
+
+
+def redact(url: str) -> str:
+    """``url`` with the password of ``user:password@`` shown as ``***``."""
+    parsed = _parse_userinfo(url)
+    if parsed is None:
+        return url
+    prefix, user, _, rest = parsed
+    return f"{prefix}{user}:***@{rest}"
+
+
+def _split_userinfo(url: str) -> tuple[str, Credentials | None]:
+    """``url`` without its password, and the user and password it carried.
+
+    libgit2 never sees the password, so it cannot end up in FETCH_HEAD or in an
+    error message; the credentials callback hands it over instead.
+    """
+    parsed = _parse_userinfo(url)
+    if parsed is None:
+        return url, None
+    prefix, user, password, rest = parsed
+    stripped = f"{prefix}{user}@{rest}" if user else f"{prefix}{rest}"
+    return stripped, Credentials(username=unquote(user) or None, password=unquote(password))
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What one fetch did: the branch head before and after, and how much it received."""
+
+    commit: str
+    previous: str | None
+    changed: bool
+    received_objects: int
+
+
+class _Deadline(Exception):
+    """Raised from a libgit2 callback to abort a fetch that has run out of time."""
+
+
+class _AuthFailed(Exception):
+    """Raised from the credentials callback instead of letting libgit2 replay bad credentials."""
+
+
+class _Callbacks(pygit2.RemoteCallbacks):
+    """Credentials for one fetch, and the deadline checked each time libgit2 calls back."""
+
+    def __init__(self, credentials: Credentials | None, deadline: float) -> None:
+        super().__init__()
+        self._creds = credentials
+        self._deadline = deadline
+        self._offered: set[CredentialType] = set()
+
+    def _check_deadline(self) -> None:
+        # libgit2 reports progress about twice a second while a pack streams in, so
+        # this bounds a trickling transfer to the deadline plus about half a second
+        if time.monotonic() > self._deadline:
+            raise _Deadline
+
+    def sideband_progress(self, string: str) -> None:
+        self._check_deadline()
+
+    def transfer_progress(self, stats: TransferProgress) -> None:
+        self._check_deadline()
+
+    def credentials(
+        self, url: str, username_from_url: str | None, allowed_types: CredentialType
+    ) -> object:
+        self._check_deadline()
+        creds = self._creds or Credentials()
+        username = creds.username or username_from_url
+        kind, cred = self._choose(creds, username, allowed_types)
+        if kind in self._offered:
+            # libgit2 asks again only when the server refused what we gave
+            raise _AuthFailed(f"authentication failed for user {username!r}")
+        self._offered.add(kind)
+        return cred
+
+    def _choose(
+        self, creds: Credentials, username: str | None, allowed: CredentialType
+    ) -> tuple[CredentialType, object]:
+        if allowed & CredentialType.USERNAME:
+            return CredentialType.USERNAME, pygit2.Username(username or "git")
+        if allowed & CredentialType.SSH_KEY and creds.ssh_key:
+            key = pygit2.Keypair(
+                username or "git", creds.ssh_pubkey, creds.ssh_key, creds.passphrase or ""
+            )
+            return CredentialType.SSH_KEY, key
+        if allowed & CredentialType.USERPASS_PLAINTEXT and creds.password is not None:
+            return CredentialType.USERPASS_PLAINTEXT, pygit2.UserPass(
+                username or "git", creds.password
+            )
+        if allowed & CredentialType.SSH_KEY:
+            return CredentialType.SSH_KEY, pygit2.KeypairFromAgent(username or "git")
+        raise _AuthFailed(
+            "the server asks for credentials and none are configured"
+            " (SLESS_GIT_USERNAME/SLESS_GIT_PASSWORD or SLESS_GIT_SSH_KEY)"
+        )
+
+
+def _set_server_timeouts(timeout_sec: float) -> None:
+    # process-wide libgit2 settings: each fetch sets its own before it starts
+    ms = max(1, int(timeout_sec * 1000))
+    pygit2.option(Option.SET_SERVER_CONNECT_TIMEOUT, ms)
+    pygit2.option(Option.SET_SERVER_TIMEOUT, ms)
+
+
+class Mirror:
+    """A bare repository at ``path`` that follows ``branch`` of ``url``.
+
+    ``fetch()`` runs one at a time; ``head()``, ``snapshot()`` and the other readers
+    may run at any time, from any thread, and older commits stay readable.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        branch: str,
+        path: Path,
+        credentials: Credentials | None = None,
+        timeout_sec: float = 60,
+        preview_refs: bool = False,
+    ) -> None:
+        if not pygit2.reference_is_valid_name(f"refs/heads/{branch}"):
+            raise SourceError(f"branch {branch!r}: not a valid branch name")
+        self.url = url
+        self.branch = branch
+        self.path = Path(path)
+        self.credentials = credentials
+        self.timeout_sec = timeout_sec
+        self.preview_refs = preview_refs
+        self._ref = f"refs/heads/{branch}"
+        self._lock = threading.Lock()
+        self._fetch_url, url_creds = _split_userinfo(url)
+        self._auth = credentials or url_creds
+        self._secrets = [s for c in (credentials, url_creds) if c for s in c.secrets()]
+
+    def __repr__(self) -> str:
+        return f"Mirror({redact(self.url)!r}, branch={self.branch!r}, path={str(self.path)!r})"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _open(self) -> pygit2.Repository | None:
+        # NO_SEARCH: a mirror path inside another repository must not open that one
+        try:
+            return pygit2.Repository(str(self.path), RepositoryOpenFlag.NO_SEARCH)
+        except pygit2.GitError:
+            return None
+
+    def head(self) -> str | None:
+        """The commit of the tracked branch in the mirror, or ``None`` before the first fetch."""
+        repo = self._open()
+        ref = repo.references.get(self._ref) if repo is not None else None
+        return str(ref.target) if ref is not None else None
+
+    def snapshot(self, commit: str | None = None) -> GitSnapshot:
+        """The files of ``commit`` (default: the branch head), read from git objects."""
+        repo = self._open()
+        revision = commit or self.head()
+        if repo is None or revision is None:
+            raise SourceError(f"{redact(self.url)}: nothing fetched yet for branch {self.branch!r}")
+        try:
+            found = repo.revparse_single(revision).peel(pygit2.Commit)
+        except (KeyError, ValueError, pygit2.GitError) as exc:
+            raise SourceError(f"{redact(self.url)}: no commit {revision!r} in the mirror") from exc
+        return GitSnapshot(repo, found)
+
+    def preview_heads(self) -> dict[int, str]:
+        """PR/MR number -> head commit (``refs/pull/N/head``, ``refs/merge-requests/N/head``).
+
+        Empty unless ``preview_refs``: refs left from an earlier configuration are not previews.
+        """
+        repo = self._open()
+        if repo is None or not self.preview_refs:
+            return {}
+        heads: dict[int, str] = {}
+        for name in repo.references:
+            match = _PREVIEW_REF.match(name)
+            if match:
+                target = repo.references[name].peel(pygit2.Commit).id
+                heads.setdefault(int(match.group(1)), str(target))
+        return heads
+
+    def is_ancestor(self, commit: str, of: str) -> bool:
+        """Whether ``commit`` is ``of`` or one of its ancestors (merged into it).
+
+        A commit the mirror does not hold is no ancestor of anything it holds.
+        """
+        repo = self._open()
+        if repo is None:
+            return False
+        try:
+            a, b = (repo.revparse_single(c).peel(pygit2.Commit).id for c in (commit, of))
+            return a == b or repo.descendant_of(b, a)
+        except (KeyError, ValueError, pygit2.GitError):
+            return False
+
+    # -- fetching --------------------------------------------------------------------------
+
+    def _refspecs(self) -> list[str]:
+        specs = [f"+{self._ref}:{_STAGING}{self.branch}"]
+        return specs + list(_PREVIEW_SPECS) if self.preview_refs else specs
+
+    def _init(self) -> pygit2.Repository:
+        repo = self._open()
+        if repo is not None:
+            return repo
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise SourceError(f"{self.path}: exists and is not a git repository; not a mirror")
+        return pygit2.init_repository(str(self.path), bare=True, initial_head=self.branch)
+
+    def fetch(self) -> FetchResult:
+        """Fetch the branch (and PR heads when ``preview_refs``); raise ``FetchError`` on failure.
+
+        The branch is force-updated: a force push on the remote wins. A failed fetch
+        changes nothing.
+        """
+        with self._lock:
+            started = time.monotonic()
+            log.debug("fetch %s branch %r into %s", redact(self.url), self.branch, self.path)
+            try:
+                repo = self._init()
+                stats = self._transfer(repo, started + self.timeout_sec)
+                result = self._promote(repo, stats.received_objects)
+            except FetchError as exc:
+                log.warning("%s", exc)
+                raise
+            except (_Deadline, _AuthFailed, pygit2.GitError, OSError, KeyError, ValueError) as exc:
+                raise self._failure(exc, started) from self._chainable(exc)
+            # an idle poll is routine: only a moved branch is worth INFO
+            log.log(
+                logging.INFO if result.changed else logging.DEBUG,
+                "fetched %s %s: %s -> %s (%d objects, %.2fs)",
+                redact(self.url),
+                self.branch,
+                (result.previous or "none")[:12],
+                result.commit[:12],
+                result.received_objects,
+                time.monotonic() - started,
+            )
+            return result
+
+    def _transfer(self, repo: pygit2.Repository, deadline: float) -> TransferProgress:
+        staging = f"{_STAGING}{self.branch}"
+        if staging in repo.references:
+            repo.references.delete(staging)  # left by a crash: it must not pass for a result
+        _set_server_timeouts(self.timeout_sec)
+        remote = repo.remotes.create_anonymous(self._fetch_url)
+        return remote.fetch(
+            self._refspecs(),
+            message=f"fetch {redact(self.url)}",
+            callbacks=_Callbacks(self._auth, deadline),
+            prune=FetchPrune.PRUNE,  # PR refs deleted on the remote go; the branch is staged
+        )
+
+    def _promote(self, repo: pygit2.Repository, received: int) -> FetchResult:
+        staging = repo.references.get(f"{_STAGING}{self.branch}")
+        if staging is None:
+            # libgit2 fetches nothing, silently, for a branch the remote lacks
+            raise FetchError(f"branch {self.branch!r} not found at {redact(self.url)}")
+        new = staging.peel(pygit2.Commit).id
+        old = repo.references.get(self._ref)
+        previous = str(old.target) if old is not None else None
+        repo.references.create(self._ref, new, force=True)
+        staging.delete()
+        commit = str(new)
+        return FetchResult(commit, previous, commit != previous, received)
+
+    def _failure(self, exc: BaseException, started: float) -> FetchError:
+        where = redact(self.url)
+        if isinstance(exc, _Deadline) or "timed out" in str(exc).lower():
+            cause = f"timed out after {self.timeout_sec:g}s"
+            if not isinstance(exc, _Deadline):
+                cause += f" ({self._scrub(str(exc))})"
+        elif str(exc) == "unsupported URL protocol" and "://" not in self.url:
+            cause = "no repository at this path"
+        else:
+            cause = self._scrub(str(exc)) or type(exc).__name__
+        elapsed = time.monotonic() - started
+        log.warning("fetch %s branch %r failed after %.2fs: %s", where, self.branch, elapsed, cause)
+        return FetchError(f"fetch {where} (branch {self.branch!r}): {cause}")
+
+    def _scrub(self, text: str) -> str:
+        text = _URL_PASSWORD.sub(r"\1:***@", text)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _chainable(self, exc: BaseException) -> BaseException | None:
+        # a traceback prints the cause too: drop it rather than show a secret
+        return exc if self._scrub(str(exc)) == str(exc) else None
+
+
+# -- seeding -------------------------------------------------------------------------------
+
+
+def is_repository(path: Path) -> bool:
+    """Whether ``path`` is the root of a work tree or of a bare repository."""
+    return open_repository(Path(path)) is not None
+
+
+def seed_repository(directory: Path, bare: Path, branch: str = "main") -> Path:
+    """A bare repository at ``bare`` holding one commit with the files of ``directory``.
+
+    An existing ``bare`` is returned untouched: pushes made since the first run are
+    the truth now. Files are read as ``DirectorySnapshot`` reads them (skipped folders
+    left out, exec bits kept, symlinks stored as links and never followed).
+    """
+    bare = Path(bare)
+    if is_repository(bare):
+        return bare
+    if bare.exists() and (not bare.is_dir() or any(bare.iterdir())):
+        raise SourceError(f"{bare}: exists and is not a git repository")
+    snapshot = DirectorySnapshot(Path(directory))
+    # built beside the target and renamed into place: a crash never leaves half a repository
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    staging = bare.parent / f".{bare.name}.seeding-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        commit = _seed_commit(snapshot, staging, branch)
+        os.replace(staging, bare)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("seeded %s from %s (branch %s at %s)", bare, directory, branch, commit[:12])
+    return bare
+
+
+def _seed_commit(snapshot: DirectorySnapshot, path: Path, branch: str) -> str:
+    repo = pygit2.init_repository(str(path), bare=True, initial_head=branch)
+    tree = _write_tree(repo, snapshot, "")
+    signature = pygit2.Signature(*SEED_SIGNATURE)
+    message = f"Import {snapshot.root.name} (seeded by gitops-sless)\n"
+    commit = repo.create_commit(f"refs/heads/{branch}", signature, signature, message, tree, [])
+    return str(commit)
+
+
+def _write_tree(repo: pygit2.Repository, snapshot: DirectorySnapshot, folder: str) -> pygit2.Oid:
+    builder = repo.TreeBuilder()
+    for entry in snapshot.entries(folder):
+        if entry.name == ".git":
+            continue  # a gitfile; git refuses the name in a tree
+        path = f"{folder}/{entry.name}" if folder else entry.name
+        if entry.kind == "tree":
+            oid = _write_tree(repo, snapshot, path)
+        else:
+            oid = repo.create_blob(snapshot.read(path))
+        builder.insert(entry.name, oid, entry.mode)
+    return builder.write()
