@@ -1,0 +1,540 @@
+'use strict';
+/**
+ * gitops-sless Node.js runtime: serves one handler function over HTTP/1.1.
+ *
+ * Node built-ins only. Configuration comes from the environment:
+ *
+ *   SLESS_ENTRYPOINT     <path>.<function>, e.g. `handler.main` or `api/v1-users.get` (required)
+ *   SLESS_FUNCTION_DIR   the function folder (default: the current directory)
+ *   SLESS_FUNCTION_NAME, SLESS_ENV   passed to the handler in its `context`
+ *   SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+ *   PORT, SLESS_HOST     where to listen (default 0.0.0.0:8080)
+ *
+ * The timeout races the handler's promise against a timer: an async handler
+ * that never settles gets its 504, but a synchronous endless loop blocks the
+ * whole process and cannot be interrupted (JavaScript is single-threaded).
+ *
+ * `runner.js` requires this file for the shared loading and calling code.
+ */
+
+const fs = require('node:fs');
+const http = require('node:http');
+const path = require('node:path');
+const crypto = require('node:crypto');
+const { pathToFileURL } = require('node:url');
+
+const RUNTIME = 'nodejs20';
+const DEFAULT_TIMEOUT_SEC = 30;
+const MAX_HEADER_BYTES = 64 * 1024;
+const MAX_BODY_BYTES = 32 * 1024 * 1024;
+const KEEP_ALIVE_TIMEOUT_MS = 75 * 1000; // longer than the usual proxy keep-alive (60 s)
+
+class StartupError extends Error {}
+
+// ------------------------------------------------------------------ configuration
+
+function parseTimeout(raw) {
+  if (raw === undefined || raw.trim() === '') return DEFAULT_TIMEOUT_SEC;
+  const value = Number(raw);
+  if (!Number.isFinite(value) || value <= 0) {
+    throw new StartupError(`SLESS_TIMEOUT_SEC=${JSON.stringify(raw)} must be a positive number of seconds`);
+  }
+  return value;
+}
+
+function formatSeconds(value) {
+  return String(value);
+}
+
+/** Load `<path>.<function>` from `functionDir`; resolves to the function. */
+async function loadHandler(entrypoint, functionDir) {
+  if (!entrypoint) {
+    throw new StartupError("SLESS_ENTRYPOINT is not set (expected '<path>.<function>', e.g. 'handler.main')");
+  }
+  const dot = entrypoint.lastIndexOf('.');
+  const relPath = dot > 0 ? entrypoint.slice(0, dot) : '';
+  const funcName = dot > 0 ? entrypoint.slice(dot + 1) : '';
+  if (!relPath || !funcName) {
+    throw new StartupError(
+      `SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)} is invalid: expected '<path>.<function>', e.g. 'handler.main'`,
+    );
+  }
+  const dir = path.resolve(functionDir);
+  if (!fs.existsSync(dir) || !fs.statSync(dir).isDirectory()) {
+    throw new StartupError(`function folder ${dir} does not exist`);
+  }
+  const file = path.resolve(dir, relPath + '.js');
+  if (!fs.existsSync(file) || !fs.statSync(file).isFile()) {
+    throw new StartupError(`cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: ${file} does not exist`);
+  }
+  let mod;
+  try {
+    mod = require(file);
+  } catch (err) {
+    if (err && err.code === 'ERR_REQUIRE_ESM') {
+      try {
+        mod = await import(pathToFileURL(file).href); // "type": "module" in package.json
+      } catch (esmErr) {
+        throw loadFailure(entrypoint, file, esmErr);
+      }
+    } else {
+      throw loadFailure(entrypoint, file, err);
+    }
+  }
+  let fn = mod == null ? undefined : mod[funcName];
+  if (fn === undefined && mod && mod.default && typeof mod.default === 'object') fn = mod.default[funcName];
+  if (fn === undefined) {
+    throw new StartupError(
+      `cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: ${file} does not export ${JSON.stringify(funcName)}`,
+    );
+  }
+  if (typeof fn !== 'function') {
+    throw new StartupError(
+      `cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: ${JSON.stringify(funcName)} in ${file} is not a function`,
+    );
+  }
+  return fn;
+}
+
+function loadFailure(entrypoint, file, err) {
+  const detail = err && err.stack ? err.stack : String(err);
+  return new StartupError(`cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: loading ${file} failed:\n${detail}`);
+}
+
+// ------------------------------------------------------------------ calling
+
+class Context {
+  #requestId;
+  #deadline;
+
+  constructor(functionName, environment, requestId, deadline) {
+    this.functionName = functionName;
+    this.environment = environment;
+    this.#requestId = requestId;
+    this.#deadline = deadline;
+  }
+
+  /** The X-Request-Id of the call, else a generated id (made on first use). */
+  get requestId() {
+    if (!this.#requestId) this.#requestId = crypto.randomUUID().replace(/-/g, '');
+    return this.#requestId;
+  }
+
+  getRemainingTimeInMillis() {
+    return Math.max(0, Math.floor(this.#deadline - performance.now()));
+  }
+
+  toJSON() {
+    return { functionName: this.functionName, environment: this.environment, requestId: this.requestId };
+  }
+}
+
+function makeContext(functionName, environment, requestId, deadline) {
+  return new Context(functionName, environment, requestId, deadline);
+}
+
+function describeError(err) {
+  if (err instanceof Error) {
+    const name = err.name || (err.constructor && err.constructor.name) || 'Error';
+    return err.message ? `${name}: ${err.message}` : name;
+  }
+  return `Error: ${typeof err === 'string' ? err : safeString(err)}`;
+}
+
+function safeString(value) {
+  try {
+    return typeof value === 'object' && value !== null ? JSON.stringify(value) : String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
+function errorStack(err) {
+  return err instanceof Error && err.stack ? err.stack : describeError(err);
+}
+
+const isThenable = (value) =>
+  value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function';
+
+/**
+ * Call the handler with a timeout. `done(error, result, timedOut)` is called
+ * exactly once; synchronously when the handler is not async.
+ */
+function invoke(handler, event, context, timeoutMs, done) {
+  let result;
+  try {
+    result = handler(event, context);
+  } catch (err) {
+    done(err, undefined, false);
+    return;
+  }
+  if (!isThenable(result)) {
+    done(null, result, false);
+    return;
+  }
+  let settled = false;
+  const timer = setTimeout(() => {
+    if (settled) return;
+    settled = true;
+    done(null, undefined, true);
+  }, timeoutMs);
+  Promise.resolve(result).then(
+    (value) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      done(null, value, false);
+    },
+    (err) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      done(err === undefined ? new Error('promise rejected without a reason') : err, undefined, false);
+    },
+  );
+}
+
+// ------------------------------------------------------------------ HTTP
+
+const JSON_TYPE = 'application/json';
+const SKIPPED_RESPONSE_HEADERS = new Set(['content-length', 'transfer-encoding', 'connection', 'date', 'keep-alive']);
+
+function sendJsonError(res, status, message) {
+  send(res, status, JSON_TYPE, JSON.stringify({ error: message }), null);
+}
+
+/** `body` is a string (sent as UTF-8, in one write with the head) or a Buffer. */
+function send(res, status, contentType, body, extraHeaders) {
+  const headers = extraHeaders || {};
+  if (contentType) headers['Content-Type'] = contentType;
+  if (status === 204 || status === 304) {
+    res.writeHead(status, headers);
+    res.end();
+    return;
+  }
+  headers['Content-Length'] = typeof body === 'string' ? Buffer.byteLength(body) : body.length;
+  res.writeHead(status, headers);
+  res.end(body);
+}
+
+function sendResult(res, result) {
+  if (result === undefined || result === null) {
+    send(res, 204, null, null, null);
+    return;
+  }
+  if (typeof result === 'object' && !Array.isArray(result) && !Buffer.isBuffer(result) && 'statusCode' in result) {
+    sendStatusForm(res, result);
+    return;
+  }
+  let text;
+  try {
+    text = JSON.stringify(result);
+  } catch (err) {
+    sendJsonError(res, 500, `handler result is not JSON serialisable: ${describeError(err)}`);
+    return;
+  }
+  if (text === undefined) {
+    sendJsonError(res, 500, `handler result is not JSON serialisable: ${typeof result}`);
+    return;
+  }
+  send(res, 200, JSON_TYPE, text, null);
+}
+
+function sendStatusForm(res, result) {
+  const status = result.statusCode;
+  if (!Number.isInteger(status) || status < 200 || status > 599) {
+    sendJsonError(res, 500, `handler returned an invalid statusCode ${safeString(status)} (expected 200-599)`);
+    return;
+  }
+  const given = result.headers == null ? {} : result.headers;
+  if (typeof given !== 'object' || Array.isArray(given)) {
+    sendJsonError(res, 500, "handler returned 'headers' that is not an object");
+    return;
+  }
+  const headers = {};
+  let contentType = null;
+  for (const [name, raw] of Object.entries(given)) {
+    const value = typeof raw === 'string' ? raw : String(raw);
+    // eslint-disable-next-line no-control-regex
+    if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name) || /[\r\n]/.test(value) || !/^[\x00-\x7f]*$/.test(value)) {
+      sendJsonError(res, 500, `handler returned an invalid response header ${JSON.stringify(name)}`);
+      return;
+    }
+    const lower = name.toLowerCase();
+    if (lower === 'content-type') contentType = value;
+    else if (!SKIPPED_RESPONSE_HEADERS.has(lower)) headers[name] = value;
+  }
+  const body = result.body;
+  let payload;
+  if (body === undefined || body === null) {
+    payload = '';
+  } else if (typeof body === 'string') {
+    payload = body;
+    contentType = contentType || 'text/plain; charset=utf-8';
+  } else if (Buffer.isBuffer(body) || body instanceof Uint8Array) {
+    payload = Buffer.from(body);
+    contentType = contentType || 'application/octet-stream';
+  } else {
+    let text;
+    try {
+      text = JSON.stringify(body);
+    } catch (err) {
+      sendJsonError(res, 500, `handler body is not JSON serialisable: ${describeError(err)}`);
+      return;
+    }
+    if (text === undefined) {
+      sendJsonError(res, 500, `handler body is not JSON serialisable: ${typeof body}`);
+      return;
+    }
+    payload = text;
+    contentType = contentType || JSON_TYPE;
+  }
+  try {
+    send(res, status, contentType, payload, headers);
+  } catch (err) {
+    if (res.headersSent) throw err;
+    sendJsonError(res, 500, `handler returned an invalid response: ${describeError(err)}`);
+  }
+}
+
+function decodePath(raw) {
+  if (raw === '') return '/';
+  if (!raw.includes('%')) return raw;
+  try {
+    return decodeURIComponent(raw);
+  } catch {
+    return raw;
+  }
+}
+
+function buildEvent(req, body) {
+  let event;
+  if (body.length > 0) {
+    let parsed;
+    try {
+      parsed = JSON.parse(body.toString('utf8'));
+    } catch {
+      parsed = undefined;
+    }
+    if (parsed !== null && typeof parsed === 'object' && !Array.isArray(parsed)) {
+      event = parsed;
+    } else {
+      event = { _body: body.toString('utf8') };
+    }
+  } else {
+    event = {};
+  }
+  let url = req.url;
+  if (url[0] !== '/' && url !== '*') {
+    const m = /^https?:\/\/[^/?#]*(.*)$/i.exec(url); // absolute-form request target
+    url = m ? m[1] || '/' : url;
+  }
+  const q = url.indexOf('?');
+  const rawPath = q < 0 ? url : url.slice(0, q);
+  const query = {};
+  if (q >= 0) {
+    for (const [key, value] of new URLSearchParams(url.slice(q + 1))) query[key] = value;
+  }
+  const headers = {};
+  const raw = req.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i].toLowerCase();
+    const prev = headers[name];
+    headers[name] = prev === undefined ? raw[i + 1] : `${prev}, ${raw[i + 1]}`;
+  }
+  event._path = decodePath(rawPath);
+  event._query = query;
+  event._method = req.method;
+  event._headers = headers;
+  return event;
+}
+
+function createServer(handler, options) {
+  const { timeoutSec, functionName = '', environment = '' } = options;
+  const timeoutMs = timeoutSec * 1000;
+  const timeoutText = `function timed out after ${formatSeconds(timeoutSec)}s`;
+  const state = { stopping: false, busy: 0 };
+
+  function handle(req, res, body) {
+    let event;
+    try {
+      event = buildEvent(req, body);
+    } catch (err) {
+      sendJsonError(res, 400, `cannot read the request: ${describeError(err)}`);
+      return;
+    }
+    const deadline = performance.now() + timeoutMs;
+    const context = new Context(functionName, environment, event._headers['x-request-id'], deadline);
+    state.busy++;
+    invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
+      state.busy--;
+      if (state.stopping) res.setHeader('Connection', 'close');
+      if (timedOut) {
+        process.stderr.write(`[sless] ${timeoutText}; the call is abandoned\n`);
+        sendJsonError(res, 504, timeoutText);
+      } else if (err) {
+        process.stderr.write(`[sless] the handler raised on ${req.method} ${event._path}:\n${errorStack(err)}\n`);
+        sendJsonError(res, 500, describeError(err));
+      } else {
+        try {
+          sendResult(res, result);
+        } catch (sendErr) {
+          process.stderr.write(`[sless] cannot send the response: ${errorStack(sendErr)}\n`);
+          if (!res.headersSent) sendJsonError(res, 500, describeError(sendErr));
+          else res.destroy();
+        }
+      }
+      if (state.stopping) maybeExit();
+    });
+  }
+
+  let maybeExit = () => {};
+
+  const server = http.createServer(
+    { keepAlive: true, noDelay: true, maxHeaderSize: MAX_HEADER_BYTES },
+    (req, res) => {
+      const url = req.url;
+      if ((req.method === 'GET' || req.method === 'HEAD') && (url === '/health' || url.startsWith('/health?'))) {
+        send(res, 200, JSON_TYPE, '{"status":"ok"}', null);
+        return;
+      }
+      const headers = req.headers;
+      if (headers['transfer-encoding'] === undefined) {
+        const length = headers['content-length'];
+        if (length === undefined || length === '0') {
+          handle(req, res, Buffer.alloc(0));
+          return;
+        }
+        if (Number(length) > MAX_BODY_BYTES) {
+          res.setHeader('Connection', 'close');
+          sendJsonError(res, 413, `request body larger than ${MAX_BODY_BYTES} bytes`);
+          return;
+        }
+      }
+      const chunks = [];
+      let size = 0;
+      let tooLarge = false;
+      req.on('data', (chunk) => {
+        if (tooLarge) return;
+        size += chunk.length;
+        if (size > MAX_BODY_BYTES) {
+          tooLarge = true;
+          res.setHeader('Connection', 'close');
+          sendJsonError(res, 413, `request body larger than ${MAX_BODY_BYTES} bytes`);
+          return;
+        }
+        chunks.push(chunk);
+      });
+      req.on('end', () => {
+        if (!tooLarge) handle(req, res, chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
+      });
+      req.on('error', () => {}); // client went away mid-body
+    },
+  );
+  server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
+  server.headersTimeout = KEEP_ALIVE_TIMEOUT_MS + 1000;
+  server.on('clientError', (err, socket) => {
+    if (socket.writable && !socket.writableEnded) {
+      const status = err.code === 'HPE_HEADER_OVERFLOW' ? 431 : 400;
+      const body = JSON.stringify({ error: status === 431 ? 'request header too large' : 'malformed request' });
+      socket.end(
+        `HTTP/1.1 ${status} ${http.STATUS_CODES[status]}\r\nContent-Type: application/json\r\n` +
+          `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+      );
+    } else {
+      socket.destroy();
+    }
+  });
+
+  /** Stop accepting, let running calls finish (at most the timeout), then call `onDone`. */
+  server.shutdown = (onDone) => {
+    state.stopping = true;
+    let finished = false;
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      onDone();
+    };
+    maybeExit = () => {
+      if (state.busy <= 0) finish();
+    };
+    server.close();
+    server.closeIdleConnections();
+    setTimeout(finish, timeoutMs + 1000).unref();
+    maybeExit();
+  };
+  return server;
+}
+
+// ------------------------------------------------------------------ main
+
+function fatal(message) {
+  process.stderr.write(`${RUNTIME} runtime: error: ${message}\n`);
+  process.exit(1);
+}
+
+function keepServingOnStrayErrors() {
+  process.on('uncaughtException', (err) => {
+    process.stderr.write(`[sless] uncaught exception (the server keeps serving):\n${errorStack(err)}\n`);
+  });
+  process.on('unhandledRejection', (reason) => {
+    process.stderr.write(`[sless] unhandled promise rejection (the server keeps serving):\n${errorStack(reason)}\n`);
+  });
+}
+
+async function main() {
+  const entrypoint = process.env.SLESS_ENTRYPOINT || '';
+  const host = process.env.SLESS_HOST || '0.0.0.0';
+  const portText = process.env.PORT || '8080';
+  const port = Number(portText);
+  let handler;
+  let timeoutSec;
+  try {
+    if (!/^\d+$/.test(portText) || port > 65535) throw new StartupError(`PORT=${JSON.stringify(portText)} is not a port number`);
+    timeoutSec = parseTimeout(process.env.SLESS_TIMEOUT_SEC);
+    const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
+    handler = await loadHandler(entrypoint, functionDir);
+  } catch (err) {
+    fatal(err instanceof StartupError ? err.message : errorStack(err));
+    return;
+  }
+  keepServingOnStrayErrors();
+  const server = createServer(handler, {
+    timeoutSec,
+    functionName: process.env.SLESS_FUNCTION_NAME || '',
+    environment: process.env.SLESS_ENV || '',
+  });
+  server.once('error', (err) => fatal(`cannot listen on ${host}:${port}: ${err.message}`));
+  server.listen(port, host, () => {
+    process.stderr.write(`${RUNTIME} serving ${entrypoint} on ${host}:${server.address().port}\n`);
+  });
+  const stop = () => {
+    process.removeAllListeners('SIGTERM');
+    process.removeAllListeners('SIGINT');
+    process.on('SIGTERM', () => {});
+    process.on('SIGINT', () => {});
+    server.shutdown(() => {
+      process.stderr.write(`${RUNTIME} stopped\n`);
+      process.exit(0);
+    });
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+module.exports = {
+  RUNTIME,
+  StartupError,
+  parseTimeout,
+  formatSeconds,
+  loadHandler,
+  makeContext,
+  describeError,
+  errorStack,
+  invoke,
+  createServer,
+};
+
+if (require.main === module) {
+  main();
+}

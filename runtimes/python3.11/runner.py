@@ -1,0 +1,111 @@
+"""gitops-sless Python runner: calls the handler once, for jobs and cron.
+
+Reads the event from ``SLESS_EVENT`` (a JSON object, default ``{}``), calls the
+handler named by ``SLESS_ENTRYPOINT`` and prints the JSON of its return value
+as one line on stdout. Whatever the handler prints goes to stderr, so stdout
+holds only the result.
+
+Exit codes: 0 success, 1 the handler raised / cannot be loaded / returned
+something that is not JSON, 2 ``SLESS_EVENT`` is not a JSON object, 124 the
+call ran past ``SLESS_TIMEOUT_SEC``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+
+def _load_runtime():
+    """The shared code of ``server.py``, under a name no handler module can take."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
+    spec = importlib.util.spec_from_file_location("_sless_runtime_server", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # do not wait for threads the handler left running
+
+
+def main() -> None:
+    sys.dont_write_bytecode = True
+    rt = _load_runtime()
+    fail = f"{rt.RUNTIME} runner: error:"
+    result_out = sys.stdout
+    sys.stdout = sys.stderr  # the handler's own prints, from import time on
+
+    raw_event = os.environ.get("SLESS_EVENT")
+    if raw_event is None or raw_event.strip() == "":
+        raw_event = "{}"
+    try:
+        event = json.loads(raw_event)
+    except ValueError as exc:
+        print(f"{fail} SLESS_EVENT is not valid JSON: {exc}", file=sys.stderr)
+        _exit(2)
+    if type(event) is not dict:
+        print(
+            f"{fail} SLESS_EVENT must be a JSON object, not {type(event).__name__}",
+            file=sys.stderr,
+        )
+        _exit(2)
+
+    entrypoint = os.environ.get("SLESS_ENTRYPOINT", "")
+    try:
+        timeout = rt.parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
+        function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
+        handler = rt.load_handler(entrypoint, function_dir)
+    except rt.StartupError as exc:
+        print(f"{fail} {exc}", file=sys.stderr)
+        _exit(1)
+
+    call, needs_context = rt.make_caller(handler)
+    deadline = time.monotonic() + timeout
+    context = None
+    if needs_context:
+        context = rt.Context(
+            os.environ.get("SLESS_FUNCTION_NAME", ""),
+            os.environ.get("SLESS_ENV", ""),
+            uuid.uuid4().hex,
+            deadline,
+        )
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = call(event, context)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name="sless-handler", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if worker.is_alive():
+        print(f"function timed out after {rt.format_seconds(timeout)}s", file=sys.stderr)
+        _exit(124)
+    if "error" in outcome:
+        exc = outcome["error"]
+        rt.print_handler_exception(exc, f"{fail} the handler raised {rt.describe_exception(exc)}")
+        _exit(1)
+    try:
+        text = rt.to_json(outcome.get("result"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        print(
+            f"{fail} the handler's result is not JSON serialisable: {rt.describe_exception(exc)}",
+            file=sys.stderr,
+        )
+        _exit(1)
+    result_out.buffer.write(text.encode() + b"\n")
+    _exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,824 @@
+"""gitops-sless Python runtime: serves one handler function over HTTP/1.1.
+
+Standard library only. Configuration comes from the environment:
+
+    SLESS_ENTRYPOINT     <path>.<function>, e.g. ``handler.main`` or ``api/v1-users.get`` (required)
+    SLESS_FUNCTION_DIR   the function folder (default: the current directory)
+    SLESS_FUNCTION_NAME  SLESS_ENV   passed to the handler in its ``context``
+    SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+    PORT  SLESS_HOST     where to listen (default 0.0.0.0:8080)
+
+Design, for speed: one thread per connection parses requests by hand and runs
+the handler inline; a watchdog thread answers a call that runs past the
+timeout with 504 and hands the connection to a fresh thread, abandoning the
+stuck one (a Python thread cannot be stopped). The hot path therefore costs
+no thread hand-off at all.
+
+``runner.py`` loads this file for the shared loading and calling code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import types
+import uuid
+from collections.abc import Callable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+from urllib.parse import parse_qsl, unquote
+
+RUNTIME = "python3.11"
+DEFAULT_TIMEOUT_SEC = 30.0
+MAX_HEADER_BYTES = 64 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024
+IDLE_TIMEOUT_SEC = 75.0  # longer than the usual proxy keep-alive (60 s)
+RECV_SIZE = 65536
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+_monotonic = time.monotonic
+
+
+class StartupError(Exception):
+    """A configuration or loading problem: reported on stderr, exit 1."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def parse_timeout(raw: str | None) -> float:
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TIMEOUT_SEC
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} must be a positive number of seconds")
+    return value
+
+
+def format_seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
+    """Import ``<path>.<function>`` from ``function_dir`` and return the function."""
+    if not entrypoint:
+        raise StartupError(
+            "SLESS_ENTRYPOINT is not set (expected '<path>.<function>', e.g. 'handler.main')"
+        )
+    rel_path, dot, func_name = entrypoint.rpartition(".")
+    if not dot or not rel_path or not func_name:
+        raise StartupError(
+            f"SLESS_ENTRYPOINT={entrypoint!r} is invalid: expected '<path>.<function>', "
+            "e.g. 'handler.main'"
+        )
+    function_dir = os.path.abspath(function_dir)
+    if not os.path.isdir(function_dir):
+        raise StartupError(f"function folder {function_dir} does not exist")
+    file_path = os.path.normpath(os.path.join(function_dir, rel_path + ".py"))
+    if not os.path.isfile(file_path):
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {file_path} does not exist"
+        )
+
+    # The handler imports its sibling modules from the function folder, then its
+    # dependencies (`pip install --target .sless-deps`); never this runtime's own files.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _RUNTIME_DIR]
+    deps_dir = os.path.join(function_dir, ".sless-deps")
+    for path in ([deps_dir] if os.path.isdir(deps_dir) else []) + [function_dir]:
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+
+    parts = rel_path.replace(os.sep, "/").split("/")
+    if all(part.isidentifier() for part in parts) and ".".join(parts) not in sys.modules:
+        module_name = ".".join(parts)  # so that `import handler` elsewhere finds this module
+    else:
+        module_name = "_sless_handler_module"
+    spec = importlib.util.spec_from_file_location(module_name, file_path)
+    if spec is None or spec.loader is None:
+        raise StartupError(f"cannot load SLESS_ENTRYPOINT={entrypoint!r} from {file_path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        detail = "".join(traceback.format_exception(exc)).rstrip()
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: importing {file_path} failed:\n{detail}"
+        ) from None
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {file_path} has no function "
+            f"{func_name!r}"
+        )
+    if not callable(func):
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {func_name!r} in {file_path} is "
+            f"not callable"
+        )
+    return func
+
+
+# --------------------------------------------------------------------------- calling
+
+
+class Context:
+    """The second argument of a handler that takes two."""
+
+    __slots__ = ("_deadline", "_request_id", "environment", "function_name")
+
+    def __init__(
+        self, function_name: str, environment: str, request_id: str | None, deadline: float
+    ):
+        self.function_name = function_name
+        self.environment = environment
+        self._request_id = request_id
+        self._deadline = deadline
+
+    @property
+    def request_id(self) -> str:
+        """The X-Request-Id of the call, else a generated id (made on first use)."""
+        if not self._request_id:
+            self._request_id = uuid.uuid4().hex
+        return self._request_id
+
+    def remaining_time_ms(self) -> int:
+        """Milliseconds left before the call is answered with a timeout."""
+        return max(0, int((self._deadline - _monotonic()) * 1000))
+
+    get_remaining_time_in_millis = remaining_time_ms  # the AWS Lambda spelling
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(function_name={self.function_name!r}, environment={self.environment!r}, "
+            f"request_id={self.request_id!r})"
+        )
+
+
+def wants_context(func: Callable) -> bool | None:
+    """True: call with (event, context); False: (event); None: no arguments."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for param in sig.parameters.values():
+        if param.kind == param.VAR_POSITIONAL:
+            return True
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    if positional == 0:
+        return None
+    return positional >= 2
+
+
+def make_caller(func: Callable) -> tuple[Callable, bool]:
+    """``(call(event, context), needs_context)`` for the handler's signature."""
+    mode = wants_context(func)
+    coroutine_type = types.CoroutineType
+
+    if mode is True:
+
+        def call(event, context):
+            result = func(event, context)
+            if type(result) is coroutine_type:
+                result = asyncio.run(result)
+            return result
+
+    elif mode is False:
+
+        def call(event, context):
+            result = func(event)
+            if type(result) is coroutine_type:
+                result = asyncio.run(result)
+            return result
+
+    else:
+
+        def call(event, context):
+            result = func()
+            if type(result) is coroutine_type:
+                result = asyncio.run(result)
+            return result
+
+    return call, mode is True
+
+
+def print_handler_exception(exc: BaseException, heading: str) -> None:
+    """``heading`` and the traceback on stderr, without this runtime's own frames."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _RUNTIME_DIR:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    sys.stderr.write(f"{heading}\n{text}")
+    sys.stderr.flush()
+
+
+def describe_exception(exc: BaseException) -> str:
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable>"
+    return f"{name}: {message}" if message else name
+
+
+_json_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def to_json(value) -> str:
+    return _json_encode(value)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES = {
+    code: f"HTTP/1.1 {code} {phrase}\r\n".encode("latin-1") for code, phrase in _REASONS.items()
+}
+_SKIPPED_RESPONSE_HEADERS = frozenset(
+    ("content-length", "transfer-encoding", "connection", "date", "keep-alive")
+)
+_JSON_200 = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+_CLOSE = b"Connection: close\r\n"
+_date_cache = [0, b""]
+
+
+def _date_line() -> bytes:
+    now = int(time.time())
+    cache = _date_cache
+    if cache[0] != now:
+        cache[1] = f"Date: {formatdate(now, usegmt=True)}\r\n".encode("latin-1")
+        cache[0] = now
+    return cache[1]
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = f"HTTP/1.1 {status} Unknown\r\n".encode("latin-1")
+    return line
+
+
+def _build(
+    status: int,
+    content_type: str | None,
+    body: bytes,
+    keep: bool,
+    is_head: bool,
+    extra: bytes = b"",
+) -> bytes:
+    parts = [_status_line(status)]
+    if content_type:
+        parts.append(f"Content-Type: {content_type}\r\n".encode("latin-1"))
+    if status != 204 and status != 304:
+        parts.append(b"Content-Length: %d\r\n" % len(body))
+    parts.append(_date_line())
+    if extra:
+        parts.append(extra)
+    if not keep:
+        parts.append(_CLOSE)
+    parts.append(b"\r\n")
+    if not is_head and status != 204 and status != 304:
+        parts.append(body)
+    return b"".join(parts)
+
+
+def _json_error(status: int, message: str, keep: bool, is_head: bool) -> bytes:
+    body = to_json({"error": message}).encode()
+    return _build(status, "application/json", body, keep, is_head)
+
+
+def render_result(result, keep: bool, is_head: bool) -> bytes:
+    """The HTTP response for a handler's return value."""
+    if result is None:
+        return _build(204, None, b"", keep, is_head)
+    if type(result) is dict or isinstance(result, Mapping):
+        if "statusCode" in result:
+            return _render_status_form(result, keep, is_head)
+        if type(result) is not dict:
+            result = dict(result)
+    try:
+        body = _json_encode(result).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        return _json_error(
+            500,
+            f"handler result is not JSON serialisable: {describe_exception(exc)}",
+            keep,
+            is_head,
+        )
+    if keep and not is_head:
+        return b"".join((_JSON_200, b"%d\r\n" % len(body), _date_line(), b"\r\n", body))
+    return _build(200, "application/json", body, keep, is_head)
+
+
+def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
+    status = result["statusCode"]
+    if type(status) is not int or not 200 <= status <= 599:
+        return _json_error(
+            500,
+            f"handler returned an invalid statusCode {status!r} (expected 200-599)",
+            keep,
+            is_head,
+        )
+    headers = result.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        return _json_error(500, "handler returned 'headers' that is not a mapping", keep, is_head)
+    content_type = None
+    extra = []
+    for name, value in headers.items():
+        name = str(name)
+        value = value if isinstance(value, str) else str(value)
+        if (
+            not name
+            or any(c in name for c in "\r\n: \t")
+            or "\r" in value
+            or "\n" in value
+            or not (name.isascii() and value.isascii())
+        ):
+            return _json_error(
+                500, f"handler returned an invalid response header {name!r}", keep, is_head
+            )
+        lower = name.lower()
+        if lower == "content-type":
+            content_type = value
+        elif lower not in _SKIPPED_RESPONSE_HEADERS:
+            extra.append(f"{name}: {value}\r\n")
+    body = result.get("body")
+    if body is None:
+        payload = b""
+    elif isinstance(body, str):
+        payload = body.encode()
+        content_type = content_type or "text/plain; charset=utf-8"
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        payload = bytes(body)
+        content_type = content_type or "application/octet-stream"
+    else:
+        try:
+            payload = _json_encode(body).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            return _json_error(
+                500,
+                f"handler body is not JSON serialisable: {describe_exception(exc)}",
+                keep,
+                is_head,
+            )
+        content_type = content_type or "application/json"
+    return _build(status, content_type, payload, keep, is_head, "".join(extra).encode("ascii"))
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class _Connection:
+    """One client connection. ``deadline`` is non-zero while a handler runs."""
+
+    __slots__ = ("abandoned", "buf", "deadline", "is_head", "keep", "lock", "sock")
+
+    def __init__(self, sock: socket.socket, buf: bytes = b""):
+        self.sock = sock
+        self.buf = buf
+        self.deadline = 0.0
+        self.abandoned = False
+        self.keep = True
+        self.is_head = False
+        self.lock = threading.Lock()
+
+
+class Server:
+    def __init__(
+        self,
+        handler: Callable,
+        host: str,
+        port: int,
+        timeout: float,
+        function_name: str = "",
+        environment: str = "",
+        entrypoint: str = "",
+    ):
+        self.call, self.needs_context = make_caller(handler)
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.function_name = function_name
+        self.environment = environment
+        self.entrypoint = entrypoint
+        self.connections: set[_Connection] = set()
+        self.stopping = False
+        self.timeout_text = f"function timed out after {format_seconds(timeout)}s"
+        self.listener: socket.socket | None = None
+
+    # -- lifecycle
+
+    def bind(self) -> None:
+        infos = socket.getaddrinfo(
+            self.host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        family, socktype, proto, _, address = infos[0]
+        listener = socket.socket(family, socktype, proto)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(1024)
+        self.listener = listener
+        self.port = listener.getsockname()[1]
+
+    def serve_forever(self) -> None:
+        threading.Thread(target=self._watchdog, name="sless-watchdog", daemon=True).start()
+        listener = self.listener
+        assert listener is not None
+        while not self.stopping:
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                if self.stopping:
+                    break
+                time.sleep(0.01)  # e.g. EMFILE: back off instead of spinning
+                continue
+            self._start(_Connection(sock))
+
+    def _start(self, conn: _Connection, first: bytes | None = None, more: bool = True) -> None:
+        self.connections.add(conn)
+        thread = threading.Thread(target=self._serve, args=(conn, first, more), daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # cannot start a new thread
+            self.connections.discard(conn)
+            conn.sock.close()
+
+    def drain(self, grace: float) -> None:
+        """Wait until no handler runs (abandoned ones aside), at most ``grace`` seconds."""
+        end = _monotonic() + grace
+        while _monotonic() < end:
+            if not any(c.deadline and not c.abandoned for c in list(self.connections)):
+                break
+            time.sleep(0.02)
+
+    # -- the watchdog
+
+    def _watchdog(self) -> None:
+        tick = min(0.05, self.timeout / 4)
+        while True:
+            time.sleep(tick)
+            try:
+                now = _monotonic()
+                for conn in list(self.connections):
+                    deadline = conn.deadline
+                    if deadline and now >= deadline:
+                        self._expire(conn)
+            except Exception:  # never let the watchdog die
+                traceback.print_exc()
+
+    def _expire(self, conn: _Connection) -> None:
+        with conn.lock:
+            if not conn.deadline or conn.abandoned:
+                return
+            conn.abandoned = True
+        self.connections.discard(conn)
+        print(f"[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True)
+        keep = conn.keep and not self.stopping
+        reply = _json_error(504, self.timeout_text, keep, conn.is_head)
+        # A fresh thread answers 504 and, on a keep-alive connection, goes on serving it.
+        self._start(_Connection(conn.sock, conn.buf), reply, keep)
+
+    # -- one connection
+
+    def _serve(self, conn: _Connection, first: bytes | None, more: bool) -> None:
+        sock = conn.sock
+        try:
+            if first is not None:
+                sock.sendall(first)
+            if not more:
+                return
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(IDLE_TIMEOUT_SEC)
+            while self._one_request(conn, sock):
+                pass
+        except (OSError, _ClientGone):
+            pass
+        except Exception:
+            traceback.print_exc()
+        finally:
+            if not conn.abandoned:
+                self.connections.discard(conn)
+                _close(sock)
+
+    def _one_request(self, conn: _Connection, sock: socket.socket) -> bool:
+        """Read, run and answer one request; False when the connection is done."""
+        buf = conn.buf
+        while buf[:2] == b"\r\n":  # tolerated before a request line
+            buf = buf[2:]
+        end = buf.find(b"\r\n\r\n")
+        while end < 0:
+            if len(buf) > MAX_HEADER_BYTES:
+                sock.sendall(_json_error(431, "request header too large", False, False))
+                return False
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                return False
+            start = max(0, len(buf) - 3)
+            buf += data
+            while buf[:2] == b"\r\n":
+                buf = buf[2:]
+            end = buf.find(b"\r\n\r\n", start if start < len(buf) else 0)
+        if end > MAX_HEADER_BYTES:
+            sock.sendall(_json_error(431, "request header too large", False, False))
+            return False
+        head = buf[:end].decode("latin-1")
+        conn.buf = buf[end + 4 :]
+        try:
+            method, target, version, headers, keep, is_head = _parse_head(head)
+            body = self._read_body(conn, sock, headers, version)
+            if "transfer-encoding" in headers and "content-length" in headers:
+                keep = False
+        except _BadRequest as exc:
+            sock.sendall(_json_error(exc.status, str(exc), False, False))
+            return False
+        if self.stopping:
+            keep = False
+
+        path, _, query = target.partition("?")
+        if path == "/health" and (method == "GET" or is_head):
+            sock.sendall(_build(200, "application/json", b'{"status":"ok"}', keep, is_head))
+            return keep
+
+        if body:
+            try:
+                event = json.loads(body)
+            except (ValueError, RecursionError):
+                event = None
+            if type(event) is not dict:
+                event = {"_body": body.decode("utf-8", "replace")}
+        else:
+            event = {}
+        if "%" in path:
+            path = unquote(path)
+        event["_path"] = path or "/"
+        event["_query"] = dict(parse_qsl(query, keep_blank_values=True)) if query else {}
+        event["_method"] = method
+        event["_headers"] = headers
+
+        conn.keep = keep
+        conn.is_head = is_head
+        deadline = _monotonic() + self.timeout
+        if self.needs_context:
+            context = Context(
+                self.function_name,
+                self.environment,
+                headers.get("x-request-id"),
+                deadline,
+            )
+        else:
+            context = None
+        conn.deadline = deadline
+        try:
+            result = self.call(event, context)
+        except BaseException as exc:
+            with conn.lock:
+                if conn.abandoned:
+                    return False
+                conn.deadline = 0.0
+            if self.stopping:
+                keep = False
+            print_handler_exception(exc, f"[sless] the handler raised on {method} {path}:")
+            reply = _json_error(500, describe_exception(exc), keep, is_head)
+        else:
+            with conn.lock:
+                if conn.abandoned:
+                    return False
+                conn.deadline = 0.0
+            if self.stopping:
+                keep = False
+            try:
+                reply = render_result(result, keep, is_head)
+            except Exception as exc:
+                traceback.print_exc()
+                reply = _json_error(500, describe_exception(exc), keep, is_head)
+        sock.sendall(reply)
+        return keep
+
+    def _read_body(self, conn: _Connection, sock: socket.socket, headers: dict, version: str):
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            codings = [c.strip().lower() for c in te.split(",")]
+            if codings[-1] != "chunked":
+                raise _BadRequest(501, f"unsupported Transfer-Encoding {te!r}")
+            if any(c not in ("chunked", "identity") for c in codings):
+                raise _BadRequest(501, f"unsupported Transfer-Encoding {te!r}")
+            self._continue(sock, headers, version)
+            return self._read_chunked(conn, sock)
+        length = headers.get("content-length")
+        if length is None:
+            return b""
+        if not (length.isascii() and length.isdigit()):
+            raise _BadRequest(400, f"invalid Content-Length {length!r}")
+        size = int(length)
+        if size > MAX_BODY_BYTES:
+            raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        buf = conn.buf
+        if len(buf) >= size:
+            conn.buf = buf[size:]
+            return buf[:size]
+        self._continue(sock, headers, version)
+        chunks = [buf]
+        have = len(buf)
+        while have < size:
+            data = sock.recv(max(RECV_SIZE, size - have))
+            if not data:
+                raise _ClientGone
+            chunks.append(data)
+            have += len(data)
+        data = b"".join(chunks)
+        conn.buf = data[size:]
+        return data[:size]
+
+    @staticmethod
+    def _continue(sock: socket.socket, headers: dict, version: str) -> None:
+        if version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    @staticmethod
+    def _read_chunked(conn: _Connection, sock: socket.socket) -> bytes:
+        buf = conn.buf
+        chunks = []
+        total = 0
+
+        def need_line(buf):
+            while b"\r\n" not in buf:
+                if len(buf) > MAX_HEADER_BYTES:
+                    raise _BadRequest(400, "invalid chunked body")
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    raise _ClientGone
+                buf += data
+            return buf
+
+        while True:
+            buf = need_line(buf)
+            line, _, buf = buf.partition(b"\r\n")
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _BadRequest(400, "invalid chunk size in chunked body") from None
+            if size < 0:
+                raise _BadRequest(400, "invalid chunk size in chunked body")
+            if size == 0:
+                while True:  # trailer fields, up to the empty line
+                    buf = need_line(buf)
+                    line, _, buf = buf.partition(b"\r\n")
+                    if not line:
+                        conn.buf = buf
+                        return b"".join(chunks)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+            while len(buf) < size + 2:
+                data = sock.recv(max(RECV_SIZE, size + 2 - len(buf)))
+                if not data:
+                    raise _ClientGone
+                buf += data
+            if buf[size : size + 2] != b"\r\n":
+                raise _BadRequest(400, "invalid chunked body")
+            chunks.append(buf[:size])
+            buf = buf[size + 2 :]
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _parse_head(head: str):
+    lines = head.split("\r\n")
+    request_line = lines[0].split(" ")
+    if len(request_line) != 3:
+        raise _BadRequest(400, "malformed request line")
+    method, target, version = request_line
+    if version != "HTTP/1.1" and version != "HTTP/1.0":
+        if not version.startswith("HTTP/1."):
+            raise _BadRequest(505, f"unsupported protocol version {version!r}")
+        version = "HTTP/1.1"
+    if not target.startswith("/"):
+        scheme, sep, rest = target.partition("://")
+        if sep and scheme.lower() in ("http", "https"):  # absolute-form
+            target = "/" + rest.partition("/")[2]
+        elif target != "*":
+            raise _BadRequest(400, "malformed request target")
+    headers: dict[str, str] = {}
+    last = None
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t"):  # obsolete line folding
+            if last is None:
+                raise _BadRequest(400, "malformed header line")
+            headers[last] = (headers[last] + " " + line.strip(" \t")).strip(" ")
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name[-1] in " \t":
+            raise _BadRequest(400, "malformed header line")
+        name = name.lower()
+        value = value.strip(" \t")
+        if name in headers:
+            headers[name] = headers[name] + ", " + value
+        else:
+            headers[name] = value
+        last = name
+    connection = headers.get("connection")
+    if version == "HTTP/1.1":
+        keep = connection is None or "close" not in connection.lower()
+    else:
+        keep = connection is not None and "keep-alive" in connection.lower()
+    return method, target, version, headers, keep, method == "HEAD"
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+# --------------------------------------------------------------------------- main
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Stop
+
+
+def main() -> int:
+    sys.dont_write_bytecode = True  # leave no __pycache__ in the function folder
+    entrypoint = os.environ.get("SLESS_ENTRYPOINT", "")
+    host = os.environ.get("SLESS_HOST", "0.0.0.0")
+    try:
+        port_text = os.environ.get("PORT", "8080") or "8080"
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise StartupError(f"PORT={port_text!r} is not a port number") from None
+        if not 0 <= port <= 65535:
+            raise StartupError(f"PORT={port_text!r} is not a port number")
+        timeout = parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
+        function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
+        handler = load_handler(entrypoint, function_dir)
+        server = Server(
+            handler,
+            host,
+            port,
+            timeout,
+            function_name=os.environ.get("SLESS_FUNCTION_NAME", ""),
+            environment=os.environ.get("SLESS_ENV", ""),
+            entrypoint=entrypoint,
+        )
+        try:
+            server.bind()
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+    except StartupError as exc:
+        print(f"{RUNTIME} runtime: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+    try:
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        print(
+            f"{RUNTIME} serving {entrypoint} on {host}:{server.port}", file=sys.stderr, flush=True
+        )
+        server.serve_forever()
+    except _Stop:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    server.stopping = True
+    if server.listener is not None:
+        server.listener.close()
+    server.drain(grace=server.timeout + 1)
+    print(f"{RUNTIME} stopped", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

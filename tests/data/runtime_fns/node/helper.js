@@ -1,0 +1,3 @@
+'use strict';
+
+exports.add = (a, b) => a + b;

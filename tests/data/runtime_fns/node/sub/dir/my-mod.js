@@ -1,0 +1,3 @@
+'use strict';
+
+exports.handler = (event) => ({ nested: true, path: event._path });

@@ -1,0 +1,2 @@
+def handler(event):
+    return {"nested": True, "path": event["_path"]}

@@ -1,0 +1,455 @@
+"""The function runtimes (runtimes/python3.11, runtimes/nodejs20), as real processes.
+
+Each runtime's server is started on a free loopback port and called over real
+HTTP; the runner is run as a one-shot process. The handlers are in
+tests/data/runtime_fns/{python,node}/ and behave the same in both languages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+RUNTIMES_DIR = Path(__file__).resolve().parent.parent / "runtimes"
+FUNCTIONS_DIR = Path(__file__).resolve().parent / "data" / "runtime_fns"
+NODE = shutil.which("node")
+
+RUNTIMES = [
+    pytest.param("python3.11", id="python3.11"),
+    pytest.param("nodejs20", id="nodejs20"),
+]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    interpreter: str
+    folder: Path
+    function_dir: Path  # a copy of the handler folder, with a fake dependency added
+
+    def command(self, role: str) -> list[str]:
+        spec = json.loads((self.folder / "runtime.json").read_text())
+        return [self.interpreter, str(self.folder / spec[role])]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env(runtime: Runtime, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLESS_") and k != "PORT"}
+    env.update(
+        SLESS_FUNCTION_DIR=str(runtime.function_dir),
+        SLESS_FUNCTION_NAME="adder",
+        SLESS_ENV="staging",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.update(extra)
+    return env
+
+
+class Server:
+    """A runtime server process on a loopback port."""
+
+    def __init__(self, runtime: Runtime, log_dir: Path, entrypoint: str, **env: str) -> None:
+        self.runtime = runtime
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.entrypoint = entrypoint
+        self.stderr_path = log_dir / f"{runtime.name}-{self.port}.stderr"
+        self.stdout_path = log_dir / f"{runtime.name}-{self.port}.stdout"
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                runtime.command("server"),
+                env=_env(
+                    runtime,
+                    PORT=str(self.port),
+                    SLESS_HOST="127.0.0.1",
+                    SLESS_ENTRYPOINT=entrypoint,
+                    **env,
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float = 15.0) -> Server:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.stderr}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"server not healthy after {timeout}s:\n{self.stderr}")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def function_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Copies of the handler folders, each with a fake installed dependency.
+
+    The dependency folders (`.sless-deps`, `node_modules`) are git-ignored, so
+    they are made here rather than kept in tests/data.
+    """
+    root = tmp_path_factory.mktemp("runtime_fns")
+    python_dir = root / "python"
+    shutil.copytree(FUNCTIONS_DIR / "python", python_dir)
+    (python_dir / ".sless-deps" / "fakedep").mkdir(parents=True)
+    (python_dir / ".sless-deps" / "fakedep" / "__init__.py").write_text('NAME = "fakedep"\n')
+    node_dir = root / "node"
+    shutil.copytree(FUNCTIONS_DIR / "node", node_dir)
+    (node_dir / "node_modules" / "fakedep").mkdir(parents=True)
+    (node_dir / "node_modules" / "fakedep" / "index.js").write_text("exports.NAME = 'fakedep';\n")
+    return {"python3.11": python_dir, "nodejs20": node_dir}
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def runtime(request, function_dirs) -> Runtime:
+    name = request.param
+    if name == "nodejs20":
+        if NODE is None:
+            pytest.skip("node is not installed")
+        interpreter = NODE
+    else:
+        interpreter = sys.executable
+    return Runtime(name, interpreter, RUNTIMES_DIR / name, function_dirs[name])
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runtime_logs")
+
+
+@pytest.fixture(scope="module")
+def server(runtime, log_dir) -> Iterator[Server]:
+    srv = Server(runtime, log_dir, "handlers.main", SLESS_TIMEOUT_SEC="5")
+    try:
+        yield srv.wait_healthy()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_server(runtime, log_dir) -> Iterator[Server]:
+    """A server whose calls time out after one second."""
+    srv = Server(runtime, log_dir, "handlers.main", SLESS_TIMEOUT_SEC="1")
+    try:
+        yield srv.wait_healthy()
+    finally:
+        srv.stop()
+
+
+# ----------------------------------------------------------------------------- server
+
+
+def test_json_body_is_the_event_with_request_fields(server):
+    response = httpx.post(
+        f"{server.url}/echo/item?a=1&a=2&msg=hello%20world",
+        json={"name": "ada", "_path": "spoofed"},
+        headers={"X-Custom-Header": "Yes"},
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    event = response.json()
+    assert event["name"] == "ada"
+    assert event["_path"] == "/echo/item"
+    assert event["_query"] == {"a": "2", "msg": "hello world"}
+    assert event["_method"] == "POST"
+    assert event["_headers"]["x-custom-header"] == "Yes"
+    assert "_body" not in event
+
+
+def test_sub_paths_reach_the_handler(server):
+    assert httpx.get(f"{server.url}/").json()["_path"] == "/"
+    deep = httpx.delete(f"{server.url}/a/b/c").json()
+    assert deep["_path"] == "/a/b/c"
+    assert deep["_method"] == "DELETE"
+    assert deep["_query"] == {}
+
+
+def test_handler_imports_a_sibling_module(server):
+    response = httpx.post(f"{server.url}/add", json={"a": 2, "b": 40})
+    assert response.json() == {"sum": 42}
+
+
+def test_non_json_body_is_passed_as_text(server):
+    response = httpx.post(f"{server.url}/echo", content=b"hello, not json \xff")
+    event = response.json()
+    assert event["_body"] == "hello, not json \ufffd"
+    assert event["_path"] == "/echo"
+
+
+def test_json_array_body_is_passed_as_text(server):
+    event = httpx.post(f"{server.url}/echo", content=b"[1, 2, 3]").json()
+    assert event["_body"] == "[1, 2, 3]"
+
+
+def test_status_code_form_with_text_body(server):
+    response = httpx.get(f"{server.url}/text")
+    assert response.status_code == 201
+    assert response.headers["x-custom"] == "yes"
+    assert response.headers["content-type"] == "text/plain; charset=utf-8"
+    assert response.text == "created"
+    assert response.headers["content-length"] == "7"
+
+
+def test_status_code_form_with_json_body(server):
+    response = httpx.get(f"{server.url}/json-status")
+    assert response.status_code == 202
+    assert response.headers["x-kind"] == "json"
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {"accepted": True}
+
+
+def test_none_is_204(server):
+    response = httpx.get(f"{server.url}/none")
+    assert response.status_code == 204
+    assert response.content == b""
+
+
+def test_other_json_values_are_200_json(server):
+    response = httpx.get(f"{server.url}/list")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == [1, 2, 3]
+
+
+def test_async_handler(server):
+    assert httpx.get(f"{server.url}/async").json() == {"async": True}
+
+
+def test_exception_is_500_with_type_and_message(server):
+    response = httpx.get(f"{server.url}/boom")
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {"error": "TypeError: kaboom"}
+    assert "kaboom" in server.stderr  # the traceback / stack goes to stderr
+    assert httpx.get(f"{server.url}/list").status_code == 200  # still serving
+
+
+def test_unserialisable_result_is_500(server):
+    response = httpx.get(f"{server.url}/unserialisable")
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/json"
+    assert "not JSON serialisable" in response.json()["error"]
+
+
+def test_health_does_not_call_the_handler(server):
+    before = httpx.get(f"{server.url}/calls").json()["calls"]
+    for _ in range(3):
+        response = httpx.get(f"{server.url}/health")
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok"}
+    after = httpx.get(f"{server.url}/calls").json()["calls"]
+    assert after == before + 1
+
+
+def test_context_argument(server):
+    response = httpx.get(f"{server.url}/context", headers={"X-Request-Id": "req-123"})
+    ctx = response.json()
+    assert ctx["function_name"] == "adder"
+    assert ctx["environment"] == "staging"
+    assert ctx["request_id"] == "req-123"
+    assert 0 < ctx["remaining_ms"] <= 5000
+
+    generated = httpx.get(f"{server.url}/context").json()["request_id"]
+    assert len(generated) == 32
+    int(generated, 16)
+
+
+def test_keep_alive_serves_two_requests_on_one_connection(server):
+    with httpx.Client() as client:
+        first = client.post(f"{server.url}/add", json={"a": 1, "b": 1})
+        first_addr = first.extensions["network_stream"].get_extra_info("client_addr")
+        second = client.get(f"{server.url}/list")
+        second_addr = second.extensions["network_stream"].get_extra_info("client_addr")
+    assert first.json() == {"sum": 2}
+    assert second.json() == [1, 2, 3]
+    assert first_addr == second_addr  # the same client socket
+
+
+def test_chunked_request_body(server):
+    def chunks():
+        yield b'{"name": '
+        yield b'"chunked", "n'
+        yield b'": 7}'
+
+    response = httpx.post(f"{server.url}/echo", content=chunks())
+    event = response.json()
+    assert event["_headers"]["transfer-encoding"] == "chunked"
+    assert event["name"] == "chunked"
+    assert event["n"] == 7
+
+
+def test_installed_dependency_is_importable(server):
+    assert httpx.get(f"{server.url}/dep").json() == {"dep": "fakedep"}
+
+
+def test_timeout_is_504_and_the_server_keeps_serving(slow_server):
+    started = time.monotonic()
+    response = httpx.get(f"{slow_server.url}/slow", timeout=10)
+    elapsed = time.monotonic() - started
+    assert response.status_code == 504
+    assert response.headers["content-type"] == "application/json"
+    assert response.json() == {"error": "function timed out after 1s"}
+    assert elapsed < 2.9  # answered before the handler (3 s) finished
+    after = httpx.post(f"{slow_server.url}/add", json={"a": 1, "b": 2}, timeout=5)
+    assert after.json() == {"sum": 3}
+
+
+def test_nested_entrypoint_startup_line_and_sigterm(runtime, log_dir):
+    srv = Server(runtime, log_dir, "sub/dir/my-mod.handler")
+    try:
+        srv.wait_healthy()
+        response = httpx.get(f"{srv.url}/x")
+        assert response.json() == {"nested": True, "path": "/x"}
+        assert (
+            f"{runtime.name} serving sub/dir/my-mod.handler on 127.0.0.1:{srv.port}" in srv.stderr
+        )
+    finally:
+        returncode = srv.stop()
+    assert returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("entrypoint", "expected"),
+    [
+        pytest.param("no_such_file.main", "no_such_file", id="missing-file"),
+        pytest.param("handlers.no_such_function", "no_such_function", id="missing-function"),
+        pytest.param("", "SLESS_ENTRYPOINT", id="unset"),
+    ],
+)
+def test_bad_entrypoint_exits_with_a_clear_error(runtime, log_dir, entrypoint, expected):
+    srv = Server(runtime, log_dir, entrypoint)
+    try:
+        returncode = srv.proc.wait(timeout=15)
+    finally:
+        srv.stop()
+    assert returncode != 0
+    assert expected in srv.stderr
+    assert "error" in srv.stderr
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def run_runner(runtime: Runtime, entrypoint: str, event: str | None = None, **env: str):
+    extra = {"SLESS_ENTRYPOINT": entrypoint, **env}
+    if event is not None:
+        extra["SLESS_EVENT"] = event
+    return subprocess.run(
+        runtime.command("runner"),
+        env=_env(runtime, **extra),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
+def test_runner_prints_only_the_json_result(runtime):
+    result = run_runner(runtime, "handlers.add", json.dumps({"a": 2, "b": 3}))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1
+    assert json.loads(result.stdout) == {"sum": 5}
+
+
+def test_runner_sends_the_handlers_own_output_to_stderr(runtime):
+    result = run_runner(runtime, "handlers.add", '{"a": 1, "b": 1}')
+    assert result.returncode == 0, result.stderr
+    assert "noise from the handler" in result.stderr
+    assert "handlers module loaded" in result.stderr
+    assert "noise" not in result.stdout
+    assert "loaded" not in result.stdout
+
+
+def test_runner_exception_exits_1(runtime):
+    result = run_runner(runtime, "handlers.boom")
+    assert result.returncode == 1
+    assert "TypeError: kaboom" in result.stderr
+    assert result.stdout == ""
+
+
+def test_runner_timeout_exits_124(runtime):
+    started = time.monotonic()
+    result = run_runner(runtime, "handlers.slow", SLESS_TIMEOUT_SEC="1")
+    assert result.returncode == 124
+    assert "function timed out after 1s" in result.stderr
+    assert time.monotonic() - started < 2.9
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        pytest.param("not json", id="not-json"),
+        pytest.param("[1, 2]", id="array"),
+    ],
+)
+def test_runner_bad_event_exits_2(runtime, event):
+    result = run_runner(runtime, "handlers.add", event)
+    assert result.returncode == 2
+    assert "SLESS_EVENT" in result.stderr
+
+
+def test_runner_none_prints_null(runtime):
+    result = run_runner(runtime, "handlers.nothing")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "null\n"
+
+
+def test_runner_context_and_default_function_dir(runtime):
+    env = _env(runtime, SLESS_ENTRYPOINT="handlers.whoami", SLESS_TIMEOUT_SEC="7")
+    del env["SLESS_FUNCTION_DIR"]  # defaults to the working directory
+    result = subprocess.run(
+        runtime.command("runner"),
+        env=env,
+        cwd=runtime.function_dir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    ctx = json.loads(result.stdout)
+    assert ctx["function_name"] == "adder"
+    assert ctx["environment"] == "staging"
+    assert 0 < ctx["remaining_ms"] <= 7000
+
+
+def test_runner_missing_entrypoint_exits_1(runtime):
+    result = run_runner(runtime, "no_such_file.main")
+    assert result.returncode == 1
+    assert "no_such_file" in result.stderr
