@@ -134,6 +134,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # one line per poll is noise
     Server(config).run()
     return EXIT_OK
 

@@ -1,0 +1,148 @@
+"""A real ``gitops-sless serve`` process for end-to-end tests, driven over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .gitserver import free_port
+
+TOKEN = "test-api-token"
+WEBHOOK_SECRET = "test-webhook-secret"
+
+
+class SlessServer:
+    def __init__(
+        self,
+        repo: str,
+        state_dir: Path,
+        *,
+        secrets_dir: Path | None = None,
+        poll_interval: float = 3600,
+        fetch_timeout: float = 10,
+        env: dict[str, str] | None = None,
+        token: str | None = TOKEN,
+    ) -> None:
+        self.repo = repo
+        self.state_dir = state_dir
+        self.secrets_dir = secrets_dir
+        self.poll_interval = poll_interval
+        self.fetch_timeout = fetch_timeout
+        self.extra_env = env or {}
+        self.token = token
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = state_dir.parent / f"serve-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client = httpx.Client(base_url=self.base, timeout=30)
+
+    def command(self) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "gitops_sless",
+            "serve",
+            "--repo",
+            self.repo,
+            "--state-dir",
+            str(self.state_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--poll-interval",
+            str(self.poll_interval),
+            "--fetch-timeout",
+            str(self.fetch_timeout),
+            "--webhook-secret",
+            WEBHOOK_SECRET,
+        ]
+        if self.token:
+            args += ["--api-token", self.token]
+        if self.secrets_dir:
+            args += ["--secrets-dir", str(self.secrets_dir)]
+        return args
+
+    def start(self, wait_for_sync: bool = True) -> SlessServer:
+        env = {**os.environ, **self.extra_env}
+        env.pop("SLESS_API_TOKEN", None)
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.command(), stdout=out, stderr=subprocess.STDOUT, env=env
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited {self.process.returncode}:\n{self.output()}")
+            try:
+                if self.client.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError(f"serve never answered /healthz:\n{self.output()}")
+        if wait_for_sync:
+            self.wait(lambda: self.syncs(), "a first sync")
+        return self
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: the reconciler gets no chance to clean up (its children are orphaned)."""
+        assert self.process
+        self.process.kill()
+        self.process.wait()
+
+    # --- the API --------------------------------------------------------------------
+
+    def sync(self, timeout: float = 90) -> dict[str, Any]:
+        response = self.client.post(
+            "/api/v1/sync",
+            params={"wait": timeout},
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=timeout + 10,
+        )
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert body["finished"], f"sync did not finish in {timeout}s:\n{self.output()}"
+        return body["lastSync"]
+
+    def syncs(self) -> list[dict[str, Any]]:
+        return [s for s in self.client.get("/api/v1/syncs").json() if s["finished"]]
+
+    def function(self, name: str, env: str = "prod") -> dict[str, Any] | None:
+        response = self.client.get(f"/api/v1/environments/{env}/functions/{name}")
+        return response.json() if response.status_code == 200 else None
+
+    def jobs(self, env: str = "prod") -> list[dict[str, Any]]:
+        return self.client.get(f"/api/v1/environments/{env}/jobs").json()
+
+    def call(
+        self, name: str, path: str = "/", method: str = "GET", **kwargs: Any
+    ) -> httpx.Response:
+        return self.client.request(method, f"/fn/prod/{name}{path}", **kwargs)
+
+    def wait(self, predicate: Any, what: str, timeout: float = 90) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
