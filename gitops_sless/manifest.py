@@ -27,6 +27,7 @@ __all__ = [
     "Function",
     "Job",
     "JobRef",
+    "ManifestCache",
     "SecretRef",
     "is_preview",
     "load",
@@ -359,13 +360,40 @@ def _check_job_references(manifests: list[_Manifest]) -> None:
                         )
 
 
-def load(snapshot: Snapshot) -> DesiredState:
-    """Every function of ``snapshot``; invalid manifests are reported, not raised."""
-    manifests = [_Manifest(snapshot, path) for path in _find_manifests(snapshot)]
-    for m in manifests:
+class ManifestCache:
+    """Per-manifest results of the checks that read only the manifest's own folder.
+
+    Keyed by the folder's tree id (which covers the manifest and every file
+    next to it), so a commit that changes one folder re-checks one folder. The
+    checks that span files run on every load; they are cheap.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[Located | None, dict[str, Any], list]] = {}
+
+    def checked(self, snapshot: Snapshot, path: str) -> _Manifest:
+        m = _Manifest(snapshot, path)
+        key = (path, snapshot.tree_id(m.folder))
+        if key in self._entries:
+            m.doc, m.data, problems = self._entries[key]
+            m.problems = list(problems)
+            return m
         m.parse()
         if not m.problems:
             m.check_functions()
+        self._entries[key] = (m.doc, m.data, list(m.problems))
+        return m
+
+    def keep_only(self, manifests: list[_Manifest]) -> None:
+        live = {(m.path, m.snapshot.tree_id(m.folder)) for m in manifests}
+        self._entries = {k: v for k, v in self._entries.items() if k in live}
+
+
+def load(snapshot: Snapshot, cache: ManifestCache | None = None) -> DesiredState:
+    """Every function of ``snapshot``; invalid manifests are reported, not raised."""
+    cache = cache or ManifestCache()
+    manifests = [cache.checked(snapshot, path) for path in _find_manifests(snapshot)]
+    cache.keep_only(manifests)
     _check_unique_names(manifests)
     _check_job_references(manifests)
     state = DesiredState(revision=snapshot.revision)

@@ -12,10 +12,13 @@ from pathlib import Path
 __all__ = ["home", "runtimes_dir", "schema_path", "templates_dir"]
 
 
+_BESIDE_PACKAGE = Path(__file__).resolve().parent.parent
+
+
 def home() -> Path:
     """The folder holding schemas/, templates/ and runtimes/."""
     configured = os.environ.get("SLESS_HOME")
-    return Path(configured) if configured else Path(__file__).resolve().parent.parent
+    return Path(configured) if configured else _BESIDE_PACKAGE
 
 
 def schema_path() -> Path:

@@ -69,6 +69,7 @@ class Reconciler:
         self.build_retry_sec = build_retry_sec
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
         self._desired: DesiredState | None = None
+        self._manifests = manifest.ManifestCache()
         self._wanted = threading.Event()
         self._triggers: list[str] = []
         self._stopping = threading.Event()
@@ -140,7 +141,7 @@ class Reconciler:
         cached = self._desired
         if cached is not None and cached.revision == snapshot.revision:
             return cached
-        desired = manifest.load(snapshot)
+        desired = manifest.load(snapshot, self._manifests)
         self._desired = desired
         return desired
 
@@ -286,14 +287,16 @@ class Reconciler:
             )
 
     def _report_plan(self, current: Plan, desired: DesiredState, revision: str) -> None:
+        records = {r["name"]: r for r in self.store.functions(self.env)}  # one query, not N
         for name, reason in current.waiting.items():
-            self.store.set_function(self.env, name, phase="Pending", message=reason)
+            record = records.get(name, {})
+            if (record.get("phase"), record.get("message")) != ("Pending", reason):
+                self.store.set_function(self.env, name, phase="Pending", message=reason)
         for name, reason in current.failed.items():
-            record = self.store.function(self.env, name)
-            if not record or record["phase"] != "Failed":
+            if records.get(name, {}).get("phase") != "Failed":
                 self.store.set_function(self.env, name, phase="Failed", message=reason)
         for fn in desired.functions.values():
-            record = self.store.function(self.env, fn.name)
+            record = records.get(fn.name)
             fields = {"manifest": fn.manifest, "url": self.url(fn)}
             if record is None or any(record.get(k) != v for k, v in fields.items()):
                 self.store.set_function(self.env, fn.name, **fields)

@@ -83,14 +83,32 @@ class GitSnapshot(Snapshot):
         self._repo = repo
         self.commit = commit
         self.revision = str(commit.id)
+        # a commit never changes: every object found by path is kept (a path lookup
+        # in libgit2 re-reads each tree on the way, which dominates big repositories)
+        self._objects: dict[str, pygit2.Object] = {"": commit.tree}
 
     def _object(self, path: str) -> pygit2.Object:
-        if not path:
-            return self.commit.tree
-        try:
-            return self.commit.tree[path]
-        except KeyError as exc:
-            raise SourceError(f"{path}: not found in commit {self.revision[:12]}") from exc
+        if path not in self._objects:
+            try:
+                self._objects[path] = self.commit.tree[path]
+            except KeyError as exc:
+                raise SourceError(f"{path}: not found in commit {self.revision[:12]}") from exc
+        return self._objects[path]
+
+    def walk(self, folder: str = "") -> Iterator[tuple[str, Entry]]:
+        tree = self._object(folder)
+        if not isinstance(tree, pygit2.Tree):
+            raise SourceError(f"{folder}: not a folder in commit {self.revision[:12]}")
+        yield from self._walk_tree(tree, folder)
+
+    def _walk_tree(self, tree: pygit2.Tree, folder: str) -> Iterator[tuple[str, Entry]]:
+        for obj in tree:
+            path = f"{folder}/{obj.name}" if folder else obj.name
+            kind = _MODE_KIND.get(obj.filemode, "blob")
+            yield path, Entry(obj.name, kind, obj.filemode, str(obj.id))
+            if kind == "tree":
+                self._objects[path] = obj
+                yield from self._walk_tree(obj, path)
 
     def entries(self, folder: str) -> list[Entry]:
         tree = self._object(folder)

@@ -1467,3 +1467,26 @@ def test_a_link_loop_is_refused(write_repo):
         "fn/sless.yaml:1: (folder): symlink a -> b points outside the function folder",
         "fn/sless.yaml:1: (folder): symlink b -> a points outside the function folder",
     ]
+
+
+def test_a_cache_rechecks_only_changed_folders_and_gives_the_same_answers(write_repo):
+    root = write_repo(
+        {
+            "a/sless.yaml": manifest_text(name="a"),
+            "a/handler.py": HANDLER,
+            "b/sless.yaml": manifest_text("    memoryMB: 1", name="b"),
+            "b/handler.py": HANDLER,
+        }
+    )
+    cache = manifest.ManifestCache()
+    first = manifest.load(DirectorySnapshot(root), cache)
+    again = manifest.load(DirectorySnapshot(root), cache)
+    assert again.functions == first.functions
+    assert [str(p) for p in again.problems] == [str(p) for p in first.problems]
+    assert [str(p) for p in first.problems] == [
+        "b/sless.yaml:5: functions[0].memoryMB: 1 is less than the minimum of 64"
+    ]
+    (root / "b/sless.yaml").write_text(manifest_text(name="b"))
+    fixed = manifest.load(DirectorySnapshot(root), cache)
+    assert sorted(fixed.functions) == ["a", "b"] and not fixed.invalid
+    assert fixed.functions["a"] == first.functions["a"]
