@@ -38,7 +38,8 @@ def test_schema_runtimes_are_the_runtime_folders():
 
 
 def test_readme_commands_exist_and_ci_runs_the_test_command():
-    two = README[README.index("## The two commands") : README.index("## A tour")]
+    start = README.index("## The two commands")
+    two = README[start : README.index("\n## ", start + 1)]
     commands = re.findall(r"^(scripts/\w+)\s+#", two, re.M)
     assert commands == ["scripts/run", "scripts/test"]
     for command in commands:
