@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from .gitserver import git
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample-repo"
 
@@ -23,13 +25,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    return git(*args, cwd=repo)
 
 
 def test_validate_sample_repo_exits_zero():

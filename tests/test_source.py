@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,15 +10,11 @@ import pytest
 from gitops_sless.errors import SourceError
 from gitops_sless.source import DirectorySnapshot, GitSnapshot, open_snapshot
 
+from .gitserver import git
+
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-        cwd=repo,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    return git(*args, cwd=repo)
 
 
 def _tricky_tree(root: Path) -> None:
