@@ -7,7 +7,9 @@ With no token or secret configured those calls are refused, never open.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -60,11 +62,21 @@ def create_api(
     repo: str,
     api_token: str | None,
     webhook_secret: str | None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after
+        # server.run() may never run: the lifespan's end is the place to clean up
+        if on_shutdown:
+            on_shutdown()
+
     app = FastAPI(
         title="gitops-sless",
         summary="Serverless functions on Kubernetes, deployed by git push.",
         version="0.1.0",
+        lifespan=lifespan,
     )
 
     def authorize(request: Request) -> JSONResponse | None:

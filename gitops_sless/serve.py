@@ -164,8 +164,10 @@ class Server:
             repo=mirror_mod.redact(self.url),
             api_token=config.api_token,
             webhook_secret=config.webhook_secret,
+            on_shutdown=self.close,
         )
         self.app = _dispatch(api, self.proxy)
+        self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
 
     def start_background(self) -> None:
@@ -193,6 +195,10 @@ class Server:
             self.close()
 
     def close(self) -> None:
+        """Stop the loop and every process this server started (safe to call twice)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
         self.reconciler.stop()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)

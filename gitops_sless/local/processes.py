@@ -11,6 +11,7 @@ was killed outright can stop its orphans when it starts again.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -125,6 +126,7 @@ class Supervisor:
             log.warning("stopped %d runtime processes left by an earlier run", orphans)
         self._on_upstreams = on_upstreams
         self._units: dict[tuple[str, str], _Unit] = {}
+        self._draining: list[_Replica] = []
         self._lock = threading.RLock()
         self._closed = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="sless-supervisor", daemon=True)
@@ -161,7 +163,8 @@ class Supervisor:
         self._closed.set()
         with self._lock:
             units, self._units = list(self._units.values()), {}
-        self._stop([r for u in units for r in u.replicas])
+            draining, self._draining = self._draining, []
+        self._stop([r for u in units for r in u.replicas] + draining)
 
     # --- replicas -------------------------------------------------------------------------
 
@@ -218,21 +221,26 @@ class Supervisor:
     def _stop(self, replicas: list[_Replica]) -> None:
         for replica in replicas:
             if replica.process.poll() is None:
-                os.killpg(replica.process.pid, signal.SIGTERM)
+                _signal_group(replica.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_SEC
         for replica in replicas:
             try:
                 replica.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(replica.process.pid, signal.SIGKILL)
+                _signal_group(replica.process.pid, signal.SIGKILL)
                 replica.process.wait()
             self.pids.remove(replica.process.pid)
 
     def _stop_later(self, replicas: list[_Replica]) -> None:
         # requests already sent to the old replicas get DRAIN_SEC to be answered
+        with self._lock:
+            self._draining.extend(replicas)
+
         def later() -> None:
             time.sleep(DRAIN_SEC)
             self._stop(replicas)
+            with self._lock:
+                self._draining = [r for r in self._draining if r not in replicas]
 
         threading.Thread(target=later, name="sless-drain", daemon=True).start()
 
@@ -285,6 +293,12 @@ class Supervisor:
                 return
             unit.replicas.append(replica)
             self._publish(key)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    # the process may have exited since it was last looked at
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def run_once(spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
