@@ -436,3 +436,26 @@ def test_failed_build_keeps_the_old_version_serving(setup):
     assert "pip install exited" in status["message"]
     assert "no-such-package" in status["message"]  # the log tail says why
     assert server.call("dep").json()["message"] == "old"
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """Pids whose working directory is below ``folder`` (runtime replicas run in artifacts)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(proc.joinpath("cwd").readlink()).startswith(str(folder)):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_stopping_the_server_stops_every_process_it_started(setup, tmp_path):
+    setup.push({**http_function("one", "1"), **http_function("two", "2")})
+    server = setup.serve()
+    setup.push(http_function("one", "1 again"))  # a replacement leaves replicas draining
+    server.sync()
+    assert len(_processes_under(tmp_path / "state")) >= 2
+    server.stop()
+    assert _processes_under(tmp_path / "state") == []
