@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -62,7 +62,7 @@ def create_api(
     repo: str,
     api_token: str | None,
     webhook_secret: str | None,
-    on_shutdown: Callable[[], None] | None = None,
+    on_shutdown: Callable[[], Awaitable[None]] | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +70,7 @@ def create_api(
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after
         # server.run() may never run: the lifespan's end is the place to clean up
         if on_shutdown:
-            on_shutdown()
+            await on_shutdown()
 
     app = FastAPI(
         title="gitops-sless",

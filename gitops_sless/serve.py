@@ -164,7 +164,7 @@ class Server:
             repo=mirror_mod.redact(self.url),
             api_token=config.api_token,
             webhook_secret=config.webhook_secret,
-            on_shutdown=self.close,
+            on_shutdown=self._shutdown,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
@@ -188,11 +188,16 @@ class Server:
         """Serve until SIGINT/SIGTERM, then stop every process this server started."""
         self.start_background()
         threading.Thread(target=self._announce, name="sless-announce", daemon=True).start()
-        server = uvicorn.Server(proxy_mod.config(self.app, self.config.host, self.config.port))
+        config = proxy_mod.config(self.app, self.config.host, self.config.port, proxy=self.proxy)
+        server = uvicorn.Server(config)
         try:
             server.run()
         finally:
             self.close()
+
+    async def _shutdown(self) -> None:
+        await self.proxy.aclose()
+        self.close()
 
     def close(self) -> None:
         """Stop the loop and every process this server started (safe to call twice)."""

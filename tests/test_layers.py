@@ -40,6 +40,8 @@ RANKS = {
     "local.orphans": 6,
     "proxy": 7,
     "proxy_upstream": 7,
+    "proxy_http": 7,
+    "proxy_fast": 7,
     "reconciler": 7,
     "api": 8,
     "serve": 9,

@@ -30,7 +30,8 @@ FILES = {
     ),
     "other/h.js": "exports.main = () => 1;\n",
     "other/sless.yaml": (
-        "functions:\n  - {name: other, runtime: nodejs20, entrypoint: h.main, triggers: [{type: http}]}\n"
+        "functions:\n"
+        "  - {name: other, runtime: nodejs20, entrypoint: h.main, triggers: [{type: http}]}\n"
     ),
 }
 

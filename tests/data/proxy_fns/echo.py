@@ -1,0 +1,5 @@
+"""Echoes what the runtime made of the request, for tests/test_proxy.py."""
+
+
+def main(event, context):
+    return {"event": event, "request_id": context.request_id}

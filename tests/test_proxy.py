@@ -1,0 +1,880 @@
+"""The invoke proxy in front of real upstreams, over real loopback sockets.
+
+The proxy runs in uvicorn in a background thread, three ways: ``fast`` (what
+``proxy.config`` gives: ``/fn/`` served from uvicorn's protocol callbacks),
+``asgi`` (uvicorn with uvloop/httptools calling ProxyApp as a plain ASGI app) and
+``h11`` (uvicorn's pure-Python server on the asyncio loop). Every test runs
+against each. Upstreams are a real python3.11 runtime server with the handler
+in tests/data/proxy_fns/, and, for misbehaving cases, small socket servers
+written here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import re
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import uvicorn
+
+from gitops_sless.metrics import METRICS
+from gitops_sless.proxy import Invocation, ProxyApp, config
+from gitops_sless.routes import Route, RouteTable
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
+FUNCTIONS = Path(__file__).resolve().parent / "data" / "proxy_fns"
+MAX_BODY = 64 * 1024
+HEX_ID = re.compile(r"[0-9a-f]{32}")
+
+
+# --------------------------------------------------------------------------- plumbing
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_runtime(port: int) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLESS_")}
+    env.update(
+        PORT=str(port),
+        SLESS_HOST="127.0.0.1",
+        SLESS_ENTRYPOINT="echo.main",
+        SLESS_FUNCTION_DIR=str(FUNCTIONS),
+        SLESS_TIMEOUT_SEC="10",
+    )
+    proc = subprocess.Popen([sys.executable, str(SERVER)], env=env, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                if sock.recv(100).startswith(b"HTTP/1.1 200"):
+                    return proc
+        except OSError:
+            time.sleep(0.02)
+    proc.kill()
+    _, err = proc.communicate()
+    raise RuntimeError(f"runtime server did not start: {err.decode()}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def _read_reply(sock: socket.socket, method: str = "GET") -> Reply:
+    response = http.client.HTTPResponse(sock, method=method)
+    try:
+        response.begin()
+        return Reply(response.status, response.headers, response.read())
+    finally:
+        response.close()
+
+
+def raw(port: int, data: bytes, method: str = "GET") -> Reply:
+    """Send ``data`` as it is (no client-side normalisation) and read one response."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        return _read_reply(sock, method)
+
+
+class ProxyServer:
+    """A ProxyApp in uvicorn, in a thread, on a free loopback port."""
+
+    MODES: ClassVar[dict[str, dict[str, str]]] = {
+        "fast": {},
+        "asgi": {"http": "httptools"},
+        "h11": {"http": "h11", "loop": "asyncio"},
+    }
+
+    def __init__(self, mode: str, front: Callable | None = None) -> None:
+        """``front(proxy) -> app``: an ASGI app that hands /fn/ to the proxy (default: none)."""
+        self.routes = RouteTable()
+        self.records: list[Invocation] = []
+        self.app = ProxyApp(self.routes, self.records.append, max_body_bytes=MAX_BODY)
+        # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so,
+        # and without it h11's two writes per response meet the client's delayed ACK.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        app = self.app if front is None else front(self.app)
+        settings = config(app, "127.0.0.1", self.port, proxy=self.app, **self.MODES[mode])
+        self.server = uvicorn.Server(settings)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+    ) -> Reply:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            response = conn.getresponse()
+            return Reply(response.status, response.headers, response.read())
+        finally:
+            conn.close()
+
+    def recorded(self, reply: Reply) -> Invocation:
+        """The one invocation recorded for ``reply`` (matched by its request id)."""
+        request_id = reply.headers["x-request-id"]
+        deadline = time.monotonic() + 2
+        while True:  # recorded as the response goes out: allow the server thread a moment
+            found = [r for r in self.records if r.request_id == request_id]
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        assert len(found) == 1, f"{len(found)} invocations recorded for {request_id}"
+        assert found[0].status == reply.status
+        return found[0]
+
+
+@dataclass
+class Fake:
+    """A misbehaving upstream: its port, what it was sent, how its connections ended."""
+
+    port: int
+    requests: list[bytes] = field(default_factory=list)
+    accepted: int = 0
+    eofs: int = 0
+
+
+Handler = Callable[[Fake, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Fakes:
+    """Small upstream servers on loopback, all on one asyncio loop in a thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever)
+        self.thread.start()
+        self.servers: list[asyncio.Server] = []
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    def start(self, handler: Handler) -> Fake:
+        fake = Fake(0)
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            fake.accepted += 1
+            self.writers.add(writer)
+            try:
+                await handler(fake, reader, writer)
+            except (OSError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                self.writers.discard(writer)
+                writer.close()
+
+        async def listen() -> asyncio.Server:
+            return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+        server = asyncio.run_coroutine_threadsafe(listen(), self.loop).result()
+        self.servers.append(server)
+        fake.port = server.sockets[0].getsockname()[1]
+        return fake
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for server in self.servers:
+                server.close()
+            for writer in list(self.writers):
+                writer.close()
+            await asyncio.sleep(0.05)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+async def _read_head(fake: Fake, reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    fake.requests.append(head)
+    return head
+
+
+async def silent(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads everything, answers nothing; counts the connections the proxy drops."""
+    while await reader.read(65536):
+        pass
+    fake.eofs += 1
+
+
+async def closer(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads a request head and hangs up."""
+    await _read_head(fake, reader)
+
+
+async def hop(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers with every hop-by-hop header, and the request head it got as the body."""
+    head = await _read_head(fake, reader)
+    writer.write(
+        b"HTTP/1.1 200 OK\r\n"
+        b"Connection: close, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: timeout=5\r\n"
+        b"Proxy-Connection: keep-alive\r\nProxy-Authenticate: Basic\r\nTrailer: X-Sum\r\n"
+        b"Upgrade: h2c\r\nTE: trailers\r\nX-End: kept\r\nContent-Type: text/plain\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+        b"%x\r\n%b\r\n0\r\n\r\n" % (len(head), head)
+    )
+    await writer.drain()
+
+
+def streamer(release: threading.Event) -> Handler:
+    """Sends a chunked response whose last chunk waits for ``release``."""
+
+    async def handler(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        await _read_head(fake, reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, release.wait, 10)
+        writer.write(b"4\r\nlast\r\n0\r\n\r\n")
+        await writer.drain()
+
+    return handler
+
+
+async def drip(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Starts a chunked response, then sends nothing more until the proxy hangs up."""
+    await _read_head(fake, reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+    await writer.drain()
+    while await reader.read(65536):
+        pass
+    fake.eofs += 1
+
+
+BIG = bytes(range(256)) * (8 * 4096)  # 8 MiB: more than the socket buffers hold
+
+
+async def big(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await _read_head(fake, reader)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BIG))
+    for i in range(0, len(BIG), 65536):
+        writer.write(BIG[i : i + 65536])
+        await writer.drain()
+
+
+def answer(response: bytes) -> Handler:
+    """Reads a request head, writes ``response`` as it is, hangs up."""
+
+    async def handler(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        await _read_head(fake, reader)
+        writer.write(response)
+        await writer.drain()
+
+    return handler
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[tuple[str, int]]:
+    port = _free_port()
+    proc = _start_runtime(port)
+    yield ("127.0.0.1", port)
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    fakes = Fakes()
+    yield fakes
+    fakes.close()
+
+
+@pytest.fixture(scope="module", params=list(ProxyServer.MODES))
+def proxy(request: pytest.FixtureRequest) -> Iterator[ProxyServer]:
+    server = ProxyServer(request.param)
+    yield server
+    server.stop()
+
+
+_names = iter(range(1_000_000))
+
+
+@pytest.fixture
+def route(proxy: ProxyServer) -> Iterator[Callable[..., str]]:
+    """``route(*upstreams, timeout=5, env="prod") -> name``: a function only this test uses."""
+    added: list[tuple[str, str]] = []
+
+    def add(*upstreams: tuple[str, int], timeout: float = 5, env: str = "prod") -> str:
+        name = f"fn-{next(_names)}"
+        proxy.routes.set(Route(env, name, timeout, tuple(upstreams)))
+        added.append((env, name))
+        return name
+
+    yield add
+    for env, name in added:
+        proxy.routes.remove(env, name)
+
+
+def _assert_json_error(reply: Reply, status: int, env: str, name: str) -> dict:
+    assert reply.status == status, reply.body
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["x-request-id"]
+    body = reply.json()
+    assert body["function"] == name and body["env"] == env and body["error"]
+    return body
+
+
+# --------------------------------------------------------------------------- forwarding
+
+
+def test_json_body_path_and_query_reach_the_handler(proxy, route, runtime):
+    name = route(runtime)
+    reply = proxy.request(
+        "POST", f"/fn/prod/{name}/add?title=x", json.dumps({"a": 1}).encode(), {"X-Custom": "yes"}
+    )
+    assert reply.status == 200, reply.body
+    event = reply.json()["event"]
+    assert event["a"] == 1
+    assert event["_path"] == "/add"
+    assert event["_query"] == {"title": "x"}
+    assert event["_method"] == "POST"
+    assert event["_headers"]["x-custom"] == "yes"
+    record = proxy.recorded(reply)
+    assert (record.env, record.name, record.method, record.path) == (
+        "prod",
+        name,
+        "POST",
+        "/add?title=x",
+    )
+    assert record.duration_ms > 0 and abs(record.time - time.time()) < 10
+
+
+@pytest.mark.parametrize("suffix", ["", "/"], ids=["no-slash", "slash"])
+def test_no_sub_path_is_root(proxy, route, runtime, suffix):
+    name = route(runtime)
+    reply = proxy.request("GET", f"/fn/prod/{name}{suffix}")
+    assert reply.status == 200
+    assert reply.json()["event"]["_path"] == "/"
+    assert proxy.recorded(reply).path == "/"
+
+
+def test_sub_path_keeps_its_percent_encoding(proxy, route, fakes):
+    fake = fakes.start(hop)
+    name = route(("127.0.0.1", fake.port))
+    reply = raw(
+        proxy.port, f"GET /fn/prod/{name}/a%2Fb/c%20d?q=%2F&r HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    )
+    assert reply.status == 200
+    assert fake.requests[0].startswith(b"GET /a%2Fb/c%20d?q=%2F&r HTTP/1.1\r\n")
+
+
+def test_chunked_request_body_is_streamed_to_the_handler(proxy, route, runtime):
+    name = route(runtime)
+    parts = [b'{"numbers": [', b"1, 2, ", b"3]}"]
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    try:
+        conn.request("POST", f"/fn/prod/{name}/sum", body=iter(parts), encode_chunked=True)
+        response = conn.getresponse()
+        reply = Reply(response.status, response.headers, response.read())
+    finally:
+        conn.close()
+    assert reply.status == 200, reply.body
+    assert reply.json()["event"]["numbers"] == [1, 2, 3]
+    proxy.recorded(reply)
+
+
+def test_head_request(proxy, route, runtime):
+    name = route(runtime)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    try:
+        conn.request("HEAD", f"/fn/prod/{name}/")
+        head = conn.getresponse()
+        assert head.status == 200 and head.read() == b""
+        assert int(head.headers["content-length"]) > 0
+        conn.request("GET", f"/fn/prod/{name}/again")  # the connection is still usable
+        again = conn.getresponse()
+        assert json.loads(again.read())["event"]["_path"] == "/again"
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+CRAFTED = [
+    pytest.param("/fn/prod/..%2f..", id="encoded-slash"),
+    pytest.param("/fn/prod/%2e%2e/admin", id="encoded-dots"),
+    pytest.param("/fn/prod/a/../../x", id="dot-segments"),
+    pytest.param("/fn/PROD/x", id="upper-case-env"),
+    pytest.param("/fn/prod", id="no-name"),
+    pytest.param("/fn/prod/", id="empty-name"),
+    pytest.param("/fn//prod/x", id="empty-env"),
+    pytest.param("/fn/prod/x%00", id="nul"),
+    pytest.param("/fn/prod/-x/", id="leading-dash"),
+]
+
+
+@pytest.mark.parametrize("path", CRAFTED)
+def test_unknown_or_crafted_path_is_404_and_reaches_nothing(proxy, fakes, path):
+    fake = fakes.start(hop)
+    for name in ("x", "admin", "a-x"):  # what a lenient parser might turn these paths into
+        proxy.routes.set(Route("prod", name, 5, (("127.0.0.1", fake.port),)))
+    try:
+        reply = raw(proxy.port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    finally:
+        for name in ("x", "admin", "a-x"):
+            proxy.routes.remove("prod", name)
+    assert reply.status == 404, reply.body
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json()["error"] == "function not found"
+    assert fake.accepted == 0
+    proxy.recorded(reply)
+
+
+def test_unknown_function_is_404(proxy):
+    reply = proxy.request("GET", "/fn/prod/no-such-function/x", headers={"X-Request-Id": "r-404"})
+    _assert_json_error(reply, 404, "prod", "no-such-function")
+    assert reply.headers["x-request-id"] == "r-404"
+    assert proxy.recorded(reply).name == "no-such-function"
+
+
+def test_removed_route_is_404_at_once(proxy, route, runtime):
+    name = route(runtime)
+    assert proxy.request("GET", f"/fn/prod/{name}/").status == 200
+    proxy.routes.remove("prod", name)
+    _assert_json_error(proxy.request("GET", f"/fn/prod/{name}/"), 404, "prod", name)
+
+
+def test_route_without_upstreams_is_503(proxy, route):
+    name = route()
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    _assert_json_error(reply, 503, "prod", name)
+    proxy.recorded(reply)
+
+
+def test_connection_refused_is_502(proxy, route):
+    name = route(("127.0.0.1", _free_port()))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    _assert_json_error(reply, 502, "prod", name)
+    proxy.recorded(reply)
+
+
+def test_upstream_hanging_up_before_answering_is_502(proxy, route, fakes):
+    fake = fakes.start(closer)
+    name = route(("127.0.0.1", fake.port))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    _assert_json_error(reply, 502, "prod", name)
+    proxy.recorded(reply)
+
+
+def test_no_answer_within_the_route_timeout_is_504(proxy, route, fakes):
+    fake = fakes.start(silent)
+    name = route(("127.0.0.1", fake.port), timeout=1)
+    started = time.monotonic()
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    elapsed = time.monotonic() - started
+    _assert_json_error(reply, 504, "prod", name)
+    assert 0.9 < elapsed < 2.0
+    proxy.recorded(reply)
+    _wait_for(lambda: fake.eofs == 1)  # the stuck upstream connection is not kept
+
+
+def test_content_length_over_the_limit_is_413_before_the_upstream(proxy, route, fakes):
+    fake = fakes.start(silent)
+    name = route(("127.0.0.1", fake.port))
+    head = f"POST /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY + 1}\r\n"
+    reply = raw(proxy.port, head.encode() + b"\r\n")
+    _assert_json_error(reply, 413, "prod", name)
+    assert reply.headers["connection"] == "close"
+    assert fake.accepted == 0
+    proxy.recorded(reply)
+
+
+def test_streamed_body_over_the_limit_is_413_and_drops_the_upstream(proxy, route, fakes):
+    fake = fakes.start(silent)
+    name = route(("127.0.0.1", fake.port))
+    chunk = b"x" * 16384
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        head = f"POST /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        sock.sendall(head.encode() + b"\r\n")
+        for _ in range(MAX_BODY // len(chunk) + 4):
+            # Stop sending once the answer is there, so the proxy's close is a clean FIN.
+            if select.select([sock], [], [], 0.05)[0]:
+                break
+            sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        reply = _read_reply(sock)
+    _assert_json_error(reply, 413, "prod", name)
+    proxy.recorded(reply)
+    _wait_for(lambda: fake.eofs == 1)
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def test_hop_by_hop_request_headers_are_stripped(proxy, route, runtime):
+    name = route(runtime)
+    hop_headers = {
+        "Connection": "keep-alive, X-Secret",
+        "X-Secret": "1",
+        "Keep-Alive": "timeout=5",
+        "Proxy-Connection": "keep-alive",
+        "Proxy-Authorization": "Basic c2VjcmV0",
+        "TE": "trailers",
+        "Trailer": "X-Sum",
+        "Upgrade": "h2c",
+        "X-End": "kept",
+    }
+    reply = proxy.request("POST", f"/fn/prod/{name}/", b"{}", hop_headers)
+    assert reply.status == 200, reply.body
+    seen = reply.json()["event"]["_headers"]
+    for header in hop_headers:
+        if header != "X-End":
+            assert header.lower() not in seen, header
+    assert seen["x-end"] == "kept"
+    assert seen["content-length"] == "2"
+    assert "connection" not in reply.headers
+
+
+def test_hop_by_hop_response_headers_are_stripped(proxy, route, fakes):
+    fake = fakes.start(hop)
+    name = route(("127.0.0.1", fake.port))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    assert reply.status == 200
+    for header in ("x-hop", "keep-alive", "proxy-connection", "proxy-authenticate", "trailer"):
+        assert header not in reply.headers, header
+    for header in ("upgrade", "te", "connection"):
+        assert header not in reply.headers, header
+    # The proxy frames the body itself: chunked again, since the upstream gave no length.
+    assert reply.headers.get_all("transfer-encoding") == ["chunked"]
+    assert reply.headers["x-end"] == "kept"
+    assert reply.body == fake.requests[0]
+    proxy.recorded(reply)
+
+
+def test_forwarded_headers(proxy, route, runtime):
+    name = route(runtime)
+    reply = proxy.request(
+        "GET",
+        f"/fn/prod/{name}/",
+        headers={
+            "X-Forwarded-For": "203.0.113.7",
+            "X-Forwarded-Host": "spoofed.example",
+            "X-Forwarded-Prefix": "/spoofed",
+            "X-Forwarded-Proto": "gopher",
+        },
+    )
+    seen = reply.json()["event"]["_headers"]
+    assert seen["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+    assert seen["x-forwarded-host"] == f"127.0.0.1:{proxy.port}"
+    assert seen["x-forwarded-proto"] == "http"
+    assert seen["x-forwarded-prefix"] == f"/fn/prod/{name}"
+    assert seen["host"] == f"127.0.0.1:{proxy.port}"
+
+
+def test_forwarded_for_without_client_header(proxy, route, runtime):
+    name = route(runtime)
+    seen = proxy.request("GET", f"/fn/prod/{name}/").json()["event"]["_headers"]
+    assert seen["x-forwarded-for"] == "127.0.0.1"
+
+
+def test_client_request_id_is_kept(proxy, route, runtime):
+    name = route(runtime)
+    reply = proxy.request("GET", f"/fn/prod/{name}/", headers={"X-Request-Id": "abc-1.2_Z"})
+    assert reply.headers["x-request-id"] == "abc-1.2_Z"
+    assert reply.json()["event"]["_headers"]["x-request-id"] == "abc-1.2_Z"
+    assert reply.json()["request_id"] == "abc-1.2_Z"
+    assert proxy.recorded(reply).request_id == "abc-1.2_Z"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param(None, id="none"),
+        pytest.param("has space", id="space"),
+        pytest.param("a/b", id="slash"),
+        pytest.param("x" * 129, id="too-long"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_missing_or_bad_request_id_is_replaced(proxy, route, runtime, given):
+    name = route(runtime)
+    reply = proxy.request(
+        "GET", f"/fn/prod/{name}/", headers={} if given is None else {"X-Request-Id": given}
+    )
+    request_id = reply.headers["x-request-id"]
+    assert HEX_ID.fullmatch(request_id)
+    assert reply.json()["event"]["_headers"]["x-request-id"] == request_id
+    proxy.recorded(reply)
+
+
+# --------------------------------------------------------------------------- streaming and pooling
+
+
+def test_response_is_streamed_as_it_arrives(proxy, route, fakes):
+    release = threading.Event()
+    fake = fakes.start(streamer(release))
+    name = route(("127.0.0.1", fake.port))
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            sock.sendall(f"GET /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            received = b""
+            while b"first" not in received:  # the last chunk is not sent yet
+                data = sock.recv(65536)
+                assert data, received
+                received += data
+            assert b"last" not in received
+            release.set()
+            while not received.endswith(b"0\r\n\r\n"):
+                data = sock.recv(65536)
+                assert data, received
+                received += data
+    finally:
+        release.set()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert body == b"5\r\nfirst\r\n4\r\nlast\r\n0\r\n\r\n"
+
+
+def test_keep_alive_reuses_upstream_connections(proxy, route, runtime):
+    name = route(runtime)
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    try:
+        conn.request("GET", f"/fn/prod/{name}/warm-up")
+        conn.getresponse().read()
+        opened = proxy.app.upstream_connections_opened
+        for i in range(30):
+            conn.request("GET", f"/fn/prod/{name}/{i}")
+            response = conn.getresponse()
+            assert json.loads(response.read())["event"]["_path"] == f"/{i}"
+    finally:
+        conn.close()
+    assert proxy.app.upstream_connections_opened - opened <= 1
+
+
+def test_restarted_upstream_is_reached_on_a_new_connection(proxy, route):
+    port = _free_port()
+    name = route(("127.0.0.1", port))
+    proc = _start_runtime(port)
+    try:
+        assert proxy.request("GET", f"/fn/prod/{name}/").status == 200
+        _stop(proc)  # the pooled connection to it is now dead
+        proc = _start_runtime(port)
+        reply = proxy.request("GET", f"/fn/prod/{name}/")
+        assert reply.status == 200, reply.body
+    finally:
+        _stop(proc)
+
+
+def test_every_call_counts_in_metrics(proxy, route, runtime):
+    name = route(runtime)
+    counts = METRICS.invocations.values
+    key = (("env", "prod"), ("name", name), ("status", "200"))
+    unknown = (("env", ""), ("name", ""), ("status", "404"))
+    before_unknown = counts.get(unknown, 0)
+    for _ in range(3):
+        proxy.request("GET", f"/fn/prod/{name}/")
+    proxy.request("GET", "/fn/prod/nothing-here/")
+    _wait_for(lambda: counts.get(key) == 3 and counts.get(unknown, 0) == before_unknown + 1)
+
+
+# --------------------------------------------------------------------------- HTTP corners
+
+
+def test_expect_100_continue(proxy, route, runtime):
+    name = route(runtime)
+    body = json.dumps({"late": True}).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        head = (
+            f"POST /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            interim += sock.recv(1)  # byte by byte: the final response must stay unread
+        assert interim.startswith(b"HTTP/1.1 100 Continue\r\n")
+        sock.sendall(body)
+        reply = _read_reply(sock)
+    assert reply.status == 200, reply.body
+    event = reply.json()["event"]
+    assert event["late"] is True
+    assert "expect" not in event["_headers"]
+
+
+def test_pipelined_requests_are_answered_in_order(proxy, route, runtime):
+    name = route(runtime)
+    requests = b"".join(
+        f"GET /fn/prod/{name}/{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(3)
+    )
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(requests)
+        stream = sock.makefile("rb")
+        try:
+            paths = []
+            for _ in range(3):
+                assert stream.readline().startswith(b"HTTP/1.1 200")
+                length = 0
+                while (line := stream.readline()) != b"\r\n":
+                    name_, _, value = line.partition(b":")
+                    if name_.lower() == b"content-length":
+                        length = int(value)
+                paths.append(json.loads(stream.read(length))["event"]["_path"])
+        finally:
+            stream.close()
+    assert paths == ["/0", "/1", "/2"]
+
+
+def test_client_leaving_mid_stream_drops_the_upstream(proxy, route, fakes):
+    fake = fakes.start(drip)
+    name = route(("127.0.0.1", fake.port))
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(f"GET /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        received = b""
+        while b"first" not in received:
+            received += sock.recv(65536)
+    _wait_for(lambda: fake.eofs == 1)
+    request_id = re.search(rb"x-request-id: (\S+)", received).group(1).decode()
+    _wait_for(lambda: any(r.request_id == request_id for r in proxy.records))
+    assert [r.status for r in proxy.records if r.request_id == request_id] == [200]
+
+
+def test_big_response_to_a_slow_reader_arrives_whole(proxy, route, fakes):
+    fake = fakes.start(big)
+    name = route(("127.0.0.1", fake.port))
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(f"GET /fn/prod/{name}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        time.sleep(0.3)  # the proxy must stop reading the upstream, not buffer 8 MiB
+        reply = _read_reply(sock)
+    assert reply.status == 200
+    assert reply.body == BIG
+
+
+def test_http10_client_gets_the_whole_body(proxy, route, fakes):
+    fake = fakes.start(hop)  # chunked, no length: an HTTP/1.0 client cannot take chunks
+    name = route(("127.0.0.1", fake.port))
+    reply = raw(proxy.port, f"GET /fn/prod/{name}/ HTTP/1.0\r\n\r\n".encode())
+    assert reply.status == 200
+    assert reply.body == fake.requests[0]
+
+
+@pytest.mark.parametrize(
+    ("response", "status", "body"),
+    [
+        pytest.param(
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+            b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+            201,
+            b"ok",
+            id="interim-1xx",
+        ),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end",
+            200,
+            b"until the end",
+            id="ends-at-close",
+        ),
+        pytest.param(b"HTTP/1.1 204 No Content\r\n\r\n", 204, b"", id="no-content"),
+    ],
+)
+def test_upstream_response_framings(proxy, route, fakes, response, status, body):
+    fake = fakes.start(answer(response))
+    name = route(("127.0.0.1", fake.port))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    assert (reply.status, reply.body) == (status, body)
+    assert "link" not in reply.headers
+    proxy.recorded(reply)
+
+
+def test_malformed_upstream_response_is_502(proxy, route, fakes):
+    fake = fakes.start(answer(b"SPDY/9 what\r\n\r\n"))
+    name = route(("127.0.0.1", fake.port))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    _assert_json_error(reply, 502, "prod", name)
+    proxy.recorded(reply)
+
+
+def _api_in_front(proxy: ProxyApp) -> Callable:
+    """The lead's arrangement: /fn/ to the proxy, the rest to the API (here an echo)."""
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
+            await proxy(scope, receive, send)
+            return
+        if scope["type"] == "lifespan":
+            await proxy(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        reply = json.dumps({"api": scope["path"], "body": body.decode()}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(reply))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": reply})
+
+    return app
+
+
+@pytest.mark.parametrize("mode", list(ProxyServer.MODES))
+def test_api_and_proxy_share_connections(runtime, mode):
+    server = ProxyServer(mode, front=_api_in_front)
+    server.routes.set(Route("prod", "echo", 5, (runtime,)))
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        for i in range(3):  # one keep-alive connection, alternating between the two
+            conn.request("GET", f"/fn/prod/echo/{i}")
+            assert json.loads(conn.getresponse().read())["event"]["_path"] == f"/{i}"
+            conn.request("POST", f"/api/v1/{i}", body=b"payload")
+            assert json.loads(conn.getresponse().read()) == {
+                "api": f"/api/v1/{i}",
+                "body": "payload",
+            }
+    finally:
+        conn.close()
+        server.stop()
+    assert [r.path for r in server.records] == ["/0", "/1", "/2"]
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 3) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
