@@ -10,10 +10,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from . import gitserver
@@ -459,3 +463,47 @@ def test_stopping_the_server_stops_every_process_it_started(setup, tmp_path):
     assert len(_processes_under(tmp_path / "state")) >= 2
     server.stop()
     assert _processes_under(tmp_path / "state") == []
+
+
+def test_a_replica_that_dies_is_restarted(setup, tmp_path):
+    setup.push(http_function("phoenix", "alive"))
+    server = setup.serve()
+    (first,) = _processes_under(tmp_path / "state" / "artifacts")
+    os.kill(first, signal.SIGKILL)
+    server.wait(
+        lambda: (pids := _processes_under(tmp_path / "state" / "artifacts")) and pids != [first],
+        "a new replica",
+        15,
+    )
+    server.wait(lambda: server.call("phoenix").status_code == 200, "the function to answer", 15)
+    assert server.call("phoenix").json()["message"] == "alive"
+
+
+def test_a_redeploy_drops_no_request(setup):
+    setup.push(http_function("busy", "v1"))
+    server = setup.serve()
+    statuses: list[int] = []
+    messages: set[str] = set()
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with httpx.Client(base_url=server.base, timeout=10) as client:
+            while not stop.is_set():
+                response = client.get("/fn/prod/busy/")
+                statuses.append(response.status_code)
+                if response.status_code == 200:
+                    messages.add(response.json()["message"])
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        for version in ("v2", "v3"):
+            setup.push(http_function("busy", version))
+            server.sync()
+        time.sleep(1.5)  # past the old replicas' drain
+    finally:
+        stop.set()
+        thread.join()
+    assert len(statuses) > 50
+    assert set(statuses) == {200}
+    assert {"v1", "v3"} <= messages
