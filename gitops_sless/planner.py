@@ -26,6 +26,7 @@ class Observed:
     finished_runs: frozenset[tuple[str, int]]  # (job, runId) runs that ended, either way
     job_results: Mapping[str, str]  # job -> the result dependents receive
     deployed: Mapping[str, str]  # function -> spec hash of what runs
+    job_errors: Mapping[str, str] = field(default_factory=dict)  # job -> why its run failed
 
 
 @dataclass
@@ -60,10 +61,17 @@ def _plan_jobs(out: Plan, fn: Function, observed: Observed, all_jobs: Mapping[st
         out.jobs.append((fn, job))
 
 
-def _waiting_reason(missing: list[str], all_jobs: Mapping[str, Job]) -> str:
+def _waiting_reason(missing: list[str], all_jobs: Mapping[str, Job], observed: Observed) -> str:
     never = [name for name in missing if name in all_jobs and all_jobs[name].run_id == 0]
     if never:
         return f"waiting for job {', '.join(never)}, which has runId 0 and never runs"
+    failed = [name for name in missing if name in observed.job_errors]
+    if failed:
+        name = failed[0]
+        return (
+            f"waiting for job {name}, whose run {all_jobs[name].run_id} failed: "
+            f"{observed.job_errors[name]} (fix it and bump runId)"
+        )
     return f"waiting for the result of job {', '.join(missing)}"
 
 
@@ -83,7 +91,7 @@ def plan(desired: DesiredState, env: str, observed: Observed) -> Plan:
         _plan_jobs(out, fn, observed, all_jobs)
         missing = _missing_results(fn, env, observed)
         if missing:
-            out.waiting[fn.name] = _waiting_reason(missing, all_jobs)
+            out.waiting[fn.name] = _waiting_reason(missing, all_jobs, observed)
             continue
         deployment = deployment_for(env, fn, observed.job_results)
         if observed.deployed.get(fn.name) == deployment.spec_hash:

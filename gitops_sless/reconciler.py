@@ -186,7 +186,17 @@ class Reconciler:
             finished_runs=finished,
             job_results=self._job_results(desired, runs),
             deployed=self.backend.deployed(self.env),
+            job_errors=self._job_errors(desired, runs),
         )
+
+    def _job_errors(self, desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
+        """Why the current runId of a job failed, for the jobs whose current run did."""
+        current = {job.name: job.run_id for job in desired.jobs.values()}
+        return {
+            run["name"]: run["error"] or "failed"
+            for run in runs
+            if run["phase"] == "Failed" and current.get(run["name"]) == run["run_id"]
+        }
 
     def _job_results(self, desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
         """The result each job hands on: the current runId's, else the newest that succeeded."""

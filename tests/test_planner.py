@@ -154,3 +154,19 @@ def test_replicas_and_enabled_change_the_spec_hash(desired):
     assert deployment_for("prod", replace(fn, replicas=2), {}).spec_hash != base
     assert deployment_for("prod", replace(fn, enabled=False), {}).spec_hash != base
     assert deployment_for("pr-1", fn, {}).spec_hash == base  # same spec, another environment
+
+
+def test_a_failed_job_is_named_in_the_waiting_reason(desired):
+    p = plan(
+        desired,
+        "prod",
+        observed(
+            built=all_built(desired),
+            finished_runs=frozenset({("clock", 2)}),
+            job_errors={"clock": "clocker: exited with code 1: ValueError: no"},
+        ),
+    )
+    assert p.waiting["web"] == (
+        "waiting for job clock, whose run 2 failed: clocker: exited with code 1: "
+        "ValueError: no (fix it and bump runId)"
+    )
