@@ -116,3 +116,19 @@ def test_render_prints_multi_document_yaml_for_the_environment():
     assert result.stderr.splitlines() == [
         "# time-display-js: not rendered, waits for the result of job get-time-js"
     ]
+
+
+def test_serve_usage_errors_exit_two_before_anything_starts(tmp_path):
+    cases = [
+        (["--listen", "8080"], "--listen '8080': expected HOST:PORT"),
+        (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
+        (["--poll-interval", "0"], "--poll-interval 0: must be greater than 0"),
+        (["--env", "Prod"], "--env 'Prod': must be a DNS-1123 label"),
+        (["--max-builds", "-1"], "--max-builds -1: must be greater than 0"),
+    ]
+    for extra, message in cases:
+        state = tmp_path / "state"
+        result = _cli("serve", "--repo", str(SAMPLE), "--state-dir", str(state), *extra)
+        assert result.returncode == 2, (extra, result.stderr)
+        assert message in result.stderr, (extra, result.stderr)
+        assert not state.exists()
