@@ -22,6 +22,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from . import mirror as mirror_mod
 from . import proxy as proxy_mod
+from . import seed
 from .api import create_api
 from .local.backend import CronRun, LocalBackend
 from .local.secrets import SecretsDir
@@ -122,9 +123,9 @@ def _dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
 def resolve_repository(repo: str, state_dir: Path) -> tuple[str, Path | None]:
     """The URL to follow; a plain directory becomes a seeded bare repository first."""
     path = Path(repo)
-    if "://" in repo or not path.is_dir() or mirror_mod.is_repository(path):
+    if "://" in repo or not path.is_dir() or seed.is_repository(path):
         return repo, None
-    bare = mirror_mod.seed_repository(path, state_dir / "repos" / f"{path.resolve().name}.git")
+    bare = seed.seed_repository(path, state_dir / "repos" / f"{path.resolve().name}.git")
     return str(bare), bare
 
 

@@ -26,6 +26,7 @@ RANKS = {
     "schema": 2,
     "templates": 2,
     "mirror": 2,
+    "seed": 2,
     "manifest": 3,
     "reference": 3,
     "renderer": 4,

@@ -22,10 +22,9 @@ from gitops_sless.mirror import (
     Mirror,
     _AuthFailed,
     _Callbacks,
-    is_repository,
     redact,
-    seed_repository,
 )
+from gitops_sless.seed import is_repository, seed_repository
 from gitops_sless.source import DirectorySnapshot
 
 from . import gitserver
