@@ -149,10 +149,6 @@ class Supervisor:
         if old:
             self._stop_later(old.replicas)
 
-    def record_only(self, spec: ProcessSpec, spec_hash: str) -> None:
-        """Remember a function that runs no server (cron or jobs only, or disabled)."""
-        self.apply(spec, spec_hash, 0)
-
     def remove(self, env: str, name: str) -> None:
         with self._lock:
             unit = self._units.pop((env, name), None)

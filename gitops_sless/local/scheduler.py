@@ -75,9 +75,5 @@ class CronScheduler:
             if self._scheduler.get_job(job_id):
                 self._scheduler.remove_job(job_id)
 
-    def next_runs(self, env: str, name: str) -> list[datetime]:
-        jobs = (self._scheduler.get_job(i) for i in self._ids.get((env, name), []))
-        return [job.next_run_time for job in jobs if job and job.next_run_time]
-
     def close(self) -> None:
         self._scheduler.shutdown(wait=False)
