@@ -50,7 +50,7 @@ def _missing_results(fn: Function, env: str, observed: Observed) -> list[str]:
     return [job for job in fn.job_dependencies(env) if job not in observed.job_results]
 
 
-def _plan_jobs(out: Plan, fn: Function, observed: Observed, all_jobs: Mapping[str, Job]) -> None:
+def _plan_jobs(out: Plan, fn: Function, observed: Observed) -> None:
     for job in fn.jobs:
         if job.run_id == 0 or (job.name, job.run_id) in observed.finished_runs:
             continue
@@ -88,7 +88,7 @@ def plan(desired: DesiredState, env: str, observed: Observed) -> Plan:
                 tags_planned.add(fn.build_tag)
                 out.builds.append(fn)
             continue
-        _plan_jobs(out, fn, observed, all_jobs)
+        _plan_jobs(out, fn, observed)
         missing = _missing_results(fn, env, observed)
         if missing:
             out.waiting[fn.name] = _waiting_reason(missing, all_jobs, observed)

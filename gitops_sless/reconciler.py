@@ -146,10 +146,9 @@ class Reconciler:
         return desired
 
     def _converge(self, desired: DesiredState, snapshot: Snapshot) -> Plan:
-        self._report_invalid(desired)
         current = plan(desired, self.env, self._observe(desired))
         for _ in range(MAX_ROUNDS):
-            self._report_plan(current, desired, snapshot.revision)
+            self._report(current, desired)
             self._run_all(lambda fn: self._build(fn, snapshot), current.builds)
             self._run_all(lambda item: self._run_job(*item), current.jobs)
             self._run_all(lambda d: self._apply(d, snapshot.revision), current.applies)
@@ -290,23 +289,21 @@ class Reconciler:
     def url(self, fn: Function) -> str | None:
         return f"{self.public_url}/fn/{self.env}/{fn.name}/" if fn.http else None
 
-    def _report_invalid(self, desired: DesiredState) -> None:
-        for name, path in desired.invalid_names.items():
-            self.store.set_function(
-                self.env, name, phase="Invalid", manifest=path, message=str(desired.invalid[path])
-            )
-
-    def _report_plan(self, current: Plan, desired: DesiredState, revision: str) -> None:
+    def _report(self, current: Plan, desired: DesiredState) -> None:
+        """Write each function's phase and message, only where they changed."""
         records = {r["name"]: r for r in self.store.functions(self.env)}  # one query, not N
-        for name, reason in current.waiting.items():
-            record = records.get(name, {})
-            if (record.get("phase"), record.get("message")) != ("Pending", reason):
-                self.store.set_function(self.env, name, phase="Pending", message=reason)
-        for name, reason in current.failed.items():
-            if records.get(name, {}).get("phase") != "Failed":
-                self.store.set_function(self.env, name, phase="Failed", message=reason)
-        for fn in desired.functions.values():
-            record = records.get(fn.name)
-            fields = {"manifest": fn.manifest, "url": self.url(fn)}
+
+        def update(name: str, **fields: Any) -> None:
+            record = records.get(name)
             if record is None or any(record.get(k) != v for k, v in fields.items()):
-                self.store.set_function(self.env, fn.name, **fields)
+                self.store.set_function(self.env, name, **fields)
+
+        for name, path in desired.invalid_names.items():
+            update(name, phase="Invalid", manifest=path, message=str(desired.invalid[path]))
+        for name, reason in current.waiting.items():
+            update(name, phase="Pending", message=reason)
+        for name, reason in current.failed.items():
+            if records.get(name, {}).get("phase") != "Failed":  # keep the build's log tail
+                update(name, phase="Failed", message=reason)
+        for fn in desired.functions.values():
+            update(fn.name, manifest=fn.manifest, url=self.url(fn))

@@ -103,7 +103,7 @@ def _function_labels(fn: Function, environment: str) -> dict[str, str]:
     }
 
 
-def _env_var(name: str, value: str | SecretRef, job_results: Mapping[str, str]) -> dict[str, Any]:
+def _env_var(name: str, value: str | SecretRef) -> dict[str, Any]:
     if isinstance(value, SecretRef):
         ref = {"name": value.secret, "key": value.key}
         return {"name": name, "valueFrom": {"secretKeyRef": ref}}
@@ -135,7 +135,7 @@ class _EnvironmentRenderer:
         }
         for name, value in fn.env_for(self.environment).items():
             values[name] = self.job_results[value.job] if isinstance(value, JobRef) else value
-        return [_env_var(k, v, self.job_results) for k, v in sorted(values.items())]
+        return [_env_var(k, v) for k, v in sorted(values.items())]
 
     def pod_spec(self, fn: Function, role: str, extra_env: Mapping[str, str]) -> Any:
         runtime = runtimes.get(fn.runtime)

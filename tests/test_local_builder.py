@@ -38,6 +38,8 @@ from gitops_sless.local.builder import (
 from gitops_sless.manifest import Function
 from gitops_sless.source import DirectorySnapshot, Snapshot, open_snapshot
 
+from .gitserver import git
+
 WHEEL_NAME = "sless_tinypkg-1.0-py3-none-any.whl"
 PY_HANDLER = "import sless_tinypkg\n\ndef main(event):\n    return sless_tinypkg.ANSWER\n"
 
@@ -115,24 +117,11 @@ def write(root: Path, files: Mapping[str, str | bytes]) -> Path:
     return root
 
 
-def git(root: Path, *args: str) -> None:
-    env = {
-        **os.environ,
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "test",
-        "GIT_AUTHOR_EMAIL": "test@example.invalid",
-        "GIT_COMMITTER_NAME": "test",
-        "GIT_COMMITTER_EMAIL": "test@example.invalid",
-    }
-    subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True)
-
-
 def commit(root: Path, message: str = "change") -> None:
     if not (root / ".git").exists():
-        git(root, "init", "-q", "-b", "main")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", message)
+        git("init", "-q", "-b", "main", cwd=root)
+    git("add", "-A", cwd=root)
+    git("commit", "-q", "-m", message, cwd=root)
 
 
 def load(snapshot: Snapshot) -> dict[str, Function]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from gitops_sless import manifest
 from gitops_sless.manifest import CronTrigger, DesiredState, Job, JobRef, SecretRef
 from gitops_sless.source import DirectorySnapshot, GitSnapshot, open_snapshot
+
+from .gitserver import git
 
 HANDLER = "def main(event):\n    return event\n"
 NODE_HANDLER = "exports.main = async (event) => event;\n"
@@ -56,24 +57,12 @@ def make_links(root: Path, links: Mapping[str, str]) -> None:
 
 def git_commit_all(root: Path) -> None:
     """Make ``root`` a git repository whose HEAD commit holds every file in it."""
-    env = {
-        **os.environ,
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "test",
-        "GIT_AUTHOR_EMAIL": "test@example.invalid",
-        "GIT_COMMITTER_NAME": "test",
-        "GIT_COMMITTER_EMAIL": "test@example.invalid",
-    }
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "test"]):
-        subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True)
+        git(*args, cwd=root)
 
 
 def git_tree_of(root: Path, folder: str) -> str:
-    out = subprocess.run(
-        ["git", "rev-parse", f"HEAD:{folder}"], cwd=root, check=True, capture_output=True
-    )
-    return out.stdout.decode().strip()
+    return git("rev-parse", f"HEAD:{folder}", cwd=root)
 
 
 def problem_lines(state: DesiredState) -> list[str]:

@@ -56,20 +56,13 @@ class LocalBackend(Backend):
         )
         self._http: dict[tuple[str, str], float] = {}  # http functions -> timeout
         self._on_cron = on_cron
-        self._built: set[str] = set()
         self.supervisor = Supervisor(state_dir, self._upstreams_changed)
         self.crons = CronScheduler()
 
     # --- building ---------------------------------------------------------------------
 
     def is_built(self, fn: Function) -> bool:
-        # a tag, once built, stays built (artifacts are immutable): remember it
-        if fn.build_tag in self._built:
-            return True
-        if self.builder.is_built(fn.build_tag):
-            self._built.add(fn.build_tag)
-            return True
-        return False
+        return self.builder.is_built(fn.build_tag)
 
     def build(self, fn: Function, snapshot: Snapshot) -> str:
         return self.builder.build(fn, snapshot).log

@@ -169,6 +169,7 @@ class LocalBuilder:
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
+        self._built: set[str] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         # installers of a killed predecessor must not finish a build this process redoes
         self.groups = groups or ProcessGroups(self.root.parent / "pids" / "builds")
@@ -189,11 +190,16 @@ class LocalBuilder:
 
     def is_built(self, tag: str) -> bool:
         """True only for a complete artifact: its marker is written after everything else."""
+        if tag in self._built:  # artifacts are immutable: no need to read the marker again
+            return True
         try:
             marker = json.loads((self.path(tag) / MARKER).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return False
-        return isinstance(marker, dict) and marker.get("tag") == tag
+        built = isinstance(marker, dict) and marker.get("tag") == tag
+        if built:
+            self._built.add(tag)
+        return built
 
     def tags(self) -> list[str]:
         """Every built tag."""
@@ -214,6 +220,7 @@ class LocalBuilder:
         with self._lock:
             if tag in self._pending:
                 raise RuntimeError(f"{tag} is being built; it cannot be removed now")
+            self._built.discard(tag)
             if target.exists():
                 (target / MARKER).unlink(missing_ok=True)
                 doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-rm-", dir=self.root))
