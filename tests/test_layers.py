@@ -15,6 +15,7 @@ RANKS = {
     "errors": 0,
     "paths": 0,
     "metrics": 0,
+    "logs": 0,
     "yamldoc": 1,
     "cron": 1,
     "source": 1,
