@@ -12,9 +12,17 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["Route", "RouteTable"]
+__all__ = ["Declared", "Route", "RouteTable"]
 
 Upstream = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A function the repository declares, as the status store sees it."""
+
+    phase: str  # Pending, Building, Ready, Failed, Invalid, Disabled
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,9 @@ class Route:
     name: str
     timeout_sec: float
     upstreams: tuple[Upstream, ...] = ()
+    # why the last replica that left the route ended (e.g. "OOMKilled: ..."), so a call it
+    # was answering can say why it got a 502
+    last_exit: str | None = None
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
 
     def pick(self) -> Upstream | None:
@@ -35,9 +46,27 @@ class Route:
 
 
 class RouteTable:
+    """Routes (where a function answers) and declarations (what the repository names).
+
+    A name with a route is served; a declared name without a serving route
+    answers 503 with its phase and message; any other name is 404.
+    """
+
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], Route] = {}
+        self._declared: dict[str, dict[str, Declared]] = {}
         self._write = threading.Lock()
+
+    def declared(self, env: str, name: str) -> Declared | None:
+        return self._declared.get(env, {}).get(name)
+
+    def declare(self, env: str, functions: dict[str, Declared]) -> None:
+        """Replace what ``env`` declares, whole (an empty mapping forgets the environment)."""
+        with self._write:
+            declared = {**self._declared, env: dict(functions)}
+            if not functions:
+                declared.pop(env)
+            self._declared = declared
 
     def get(self, env: str, name: str) -> Route | None:
         return self._routes.get((env, name))

@@ -59,6 +59,11 @@ class ServeConfig:
     build_timeout: float = 600.0
     fetch_timeout: float = 60.0
     max_body_bytes: int = 1 << 20
+    log_format: str = "text"  # text | json (gitops_sless.logs)
+    log_level: str = "info"
+    keep_builds: int = 3  # builds kept per function folder beyond those in use
+    gc_interval: float = 3600.0  # seconds between garbage collections of the state folder
+    trusted_proxies: tuple[str, ...] = ()  # CIDRs whose forwarding headers are kept
 
     @property
     def public_url(self) -> str:

@@ -21,9 +21,10 @@ __all__ = ["FUNCTION_PHASES", "JOB_PHASES", "Store"]
 FUNCTION_PHASES = ("Pending", "Building", "Ready", "Failed", "Invalid", "Disabled")
 JOB_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Skipped")
 BUILD_PHASES = ("Building", "Succeeded", "Failed")
-MAX_INVOCATIONS = 5000
+MAX_INVOCATIONS_PER_FUNCTION = 500  # per function: a flood on one never evicts another's
 MAX_SYNCS = 1000
 LOG_TAIL_CHARS = 4000
+MAX_STORED_PATH = 256  # bytes of an invocation's path and query kept; the rest is cut
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS syncs (
@@ -34,7 +35,9 @@ CREATE TABLE IF NOT EXISTS syncs (
     finished REAL,
     revision TEXT,
     result TEXT NOT NULL,
-    error TEXT
+    error TEXT,
+    count INTEGER NOT NULL DEFAULT 1,
+    last_seen REAL
 );
 CREATE TABLE IF NOT EXISTS functions (
     env TEXT NOT NULL,
@@ -57,7 +60,8 @@ CREATE TABLE IF NOT EXISTS builds (
     started REAL NOT NULL,
     finished REAL,
     log TEXT NOT NULL DEFAULT '',
-    error TEXT
+    error TEXT,
+    folder TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS jobs (
     env TEXT NOT NULL,
@@ -69,6 +73,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     error TEXT,
     started REAL,
     finished REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (env, name, run_id)
 );
 CREATE TABLE IF NOT EXISTS invocations (
@@ -80,13 +85,23 @@ CREATE TABLE IF NOT EXISTS invocations (
     status INTEGER NOT NULL,
     duration_ms REAL NOT NULL,
     time REAL NOT NULL,
-    request_id TEXT NOT NULL
+    request_id TEXT NOT NULL,
+    truncated INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS invocations_by_function ON invocations (env, name, id);
 """
 
+# columns added after the first release: (table, column, definition) for older databases
+_ADDED_COLUMNS = (
+    ("syncs", "count", "INTEGER NOT NULL DEFAULT 1"),
+    ("syncs", "last_seen", "REAL"),
+    ("builds", "folder", "TEXT NOT NULL DEFAULT ''"),
+    ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
+    ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
+)
+
 _FUNCTION_FIELDS = ("phase", "build_tag", "revision", "url", "message", "manifest", "spec")
-_JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished")
+_JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
 
 def _row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
@@ -109,6 +124,13 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        for table, column, definition in _ADDED_COLUMNS:
+            columns = {row["name"] for row in self._all(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         with self._lock:
@@ -135,11 +157,11 @@ class Store:
 
     # --- syncs ---------------------------------------------------------------------
 
-    def begin_sync(self, env: str, trigger: str) -> int:
+    def begin_sync(self, env: str, trigger: str, started: float | None = None) -> int:
         with self._tx() as db:
             cursor = db.execute(
                 "INSERT INTO syncs (env, trigger, started, result) VALUES (?, ?, ?, 'Running')",
-                (env, trigger, time.time()),
+                (env, trigger, started or time.time()),
             )
             db.execute(
                 "DELETE FROM syncs WHERE id <= (SELECT MAX(id) FROM syncs) - ?", (MAX_SYNCS,)
@@ -155,6 +177,37 @@ class Store:
                 " error = ? WHERE id = ?",
                 (time.time(), result, revision, error, sync_id),
             )
+
+    def repeat_sync(
+        self,
+        env: str,
+        trigger: str,
+        started: float,
+        result: str,
+        revision: str | None,
+        error: str | None,
+    ) -> int:
+        """Record a pass that changed nothing: the previous row counts it if it says the same.
+
+        So polls that find nothing new never push the pass that mattered out of
+        the history; a pass whose outcome differs gets a row of its own.
+        """
+        last = self.last_sync(env)
+        same = last and (last["result"], last["revision"], last["error"]) == (
+            result,
+            revision,
+            error,
+        )
+        if not same:
+            sync_id = self.begin_sync(env, trigger, started)
+            self.finish_sync(sync_id, result, revision, error)
+            return sync_id
+        with self._tx() as db:
+            db.execute(
+                "UPDATE syncs SET count = count + 1, last_seen = ? WHERE id = ?",
+                (time.time(), last["id"]),
+            )
+        return int(last["id"])
 
     def syncs(self, limit: int = 50, env: str | None = None) -> list[dict[str, Any]]:
         if env is None:
@@ -200,6 +253,7 @@ class Store:
     def delete_function(self, env: str, name: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM functions WHERE env = ? AND name = ?", (env, name))
+            db.execute("DELETE FROM invocations WHERE env = ? AND name = ?", (env, name))
 
     def environments(self) -> list[str]:
         rows = self._all(
@@ -212,14 +266,19 @@ class Store:
     def build(self, tag: str) -> dict[str, Any] | None:
         return self._one("SELECT * FROM builds WHERE tag = ?", tag)
 
-    def start_build(self, tag: str, runtime: str, source_id: str) -> None:
+    def start_build(self, tag: str, runtime: str, source_id: str, folder: str = "") -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO builds (tag, runtime, source_id, phase, started) "
-                "VALUES (?, ?, ?, 'Building', ?) ON CONFLICT (tag) DO UPDATE SET "
-                "phase = 'Building', started = excluded.started, finished = NULL, error = NULL",
-                (tag, runtime, source_id, time.time()),
+                "INSERT INTO builds (tag, runtime, source_id, phase, started, folder) "
+                "VALUES (?, ?, ?, 'Building', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
+                "phase = 'Building', started = excluded.started, finished = NULL, error = NULL,"
+                " folder = excluded.folder",
+                (tag, runtime, source_id, time.time(), folder),
             )
+
+    def delete_builds(self, tags: Iterable[str]) -> None:
+        with self._tx() as db:
+            db.executemany("DELETE FROM builds WHERE tag = ?", [(tag,) for tag in tags])
 
     def finish_build(self, tag: str, phase: str, log: str, error: str | None = None) -> None:
         if phase not in BUILD_PHASES:
@@ -278,20 +337,27 @@ class Store:
     # --- invocations ------------------------------------------------------------------------
 
     def record_invocations(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Rows of (env, name, method, path, status, duration_ms, time, request_id)."""
-        rows = list(rows)
-        if not rows:
+        """Rows of (env, name, method, path, status, duration_ms, time, request_id).
+
+        A path longer than MAX_STORED_PATH bytes is cut there and marked
+        truncated; each function keeps its last MAX_INVOCATIONS_PER_FUNCTION calls.
+        """
+        stored = [_bounded_invocation(row) for row in rows]
+        if not stored:
             return
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO invocations (env, name, method, path, status, duration_ms, time,"
-                " request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
+                " request_id, truncated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                stored,
             )
-            db.execute(
-                "DELETE FROM invocations WHERE id <= (SELECT MAX(id) FROM invocations) - ?",
-                (MAX_INVOCATIONS,),
-            )
+            for env, name in {(row[0], row[1]) for row in stored}:
+                db.execute(
+                    "DELETE FROM invocations WHERE env = ? AND name = ? AND id <= ("
+                    "SELECT id FROM invocations WHERE env = ? AND name = ? "
+                    "ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (env, name, env, name, MAX_INVOCATIONS_PER_FUNCTION),
+                )
 
     def invocations(self, env: str, name: str, limit: int = 20) -> list[dict[str, Any]]:
         return self._all(
@@ -300,3 +366,18 @@ class Store:
             name,
             limit,
         )
+
+
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    raw = text.encode("utf-8", "surrogateescape")
+    if len(raw) <= limit:
+        return text, False
+    return raw[:limit].decode("utf-8", "ignore"), True
+
+
+def _bounded_invocation(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    env, name, method, path, status, duration_ms, at, request_id = row
+    path, cut = _cut(str(path), MAX_STORED_PATH)
+    method, _ = _cut(str(method), 32)
+    request_id, _ = _cut(str(request_id), 200)
+    return (env, name, method, path, status, duration_ms, at, request_id, int(cut))

@@ -50,16 +50,57 @@ def test_unknown_phases_and_fields_are_refused(tmp_path):
         store.set_job_run("prod", "j", 1, phase="Ready")
 
 
-def test_invocations_are_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "MAX_INVOCATIONS", 10)
+def test_invocations_are_bounded_per_function(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "MAX_INVOCATIONS_PER_FUNCTION", 10)
     store = Store(tmp_path / "s.db")
+    store.record_invocations([("prod", "quiet", "GET", "/kept", 200, 1.0, 0.0, "q")])
     for batch in range(3):
         store.record_invocations(
             ("prod", "f", "GET", f"/{batch}-{i}", 200, 1.0, 0.0, "r") for i in range(8)
         )
     rows = store.invocations("prod", "f", limit=100)
-    assert 8 <= len(rows) <= 11
+    assert len(rows) == 10
     assert rows[0]["path"] == "/2-7"  # newest first
+    # a flood on one function never evicts another's history
+    assert [r["path"] for r in store.invocations("prod", "quiet")] == ["/kept"]
+
+
+def test_long_invocation_paths_are_cut_and_marked(tmp_path):
+    store = Store(tmp_path / "s.db")
+    store.record_invocations([("prod", "f", "GET", "/" + "é" * 5000, 200, 1.0, 0.0, "r")])
+    (row,) = store.invocations("prod", "f")
+    assert row["truncated"] == 1
+    assert len(row["path"].encode()) <= store_mod.MAX_STORED_PATH
+    assert row["path"].startswith("/éé")
+
+
+def test_a_pass_that_says_the_same_counts_on_the_previous_row(tmp_path):
+    store = Store(tmp_path / "s.db")
+    first = store.begin_sync("prod", "startup")
+    store.finish_sync(first, "Succeeded", "abc")
+    for _ in range(5):
+        assert store.repeat_sync("prod", "poll", 1.0, "Succeeded", "abc", None) == first
+    store.repeat_sync("prod", "poll", 2.0, "Failed", "abc", "remote unreachable")
+    store.repeat_sync("prod", "poll", 3.0, "Failed", "abc", "remote unreachable")
+    rows = store.syncs(env="prod")
+    assert [(r["result"], r["count"]) for r in rows] == [("Failed", 2), ("Succeeded", 6)]
+    assert rows[1]["last_seen"] is not None
+
+
+def test_an_old_database_gains_the_new_columns(tmp_path):
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "old.db")
+    db.execute(
+        "CREATE TABLE syncs (id INTEGER PRIMARY KEY AUTOINCREMENT, env TEXT NOT NULL,"
+        " trigger TEXT NOT NULL, started REAL NOT NULL, finished REAL, revision TEXT,"
+        " result TEXT NOT NULL, error TEXT)"
+    )
+    db.execute("INSERT INTO syncs (env, trigger, started, result) VALUES ('prod', 'x', 1, 'Ok')")
+    db.commit()
+    db.close()
+    store = Store(tmp_path / "old.db")
+    assert store.last_sync("prod")["count"] == 1
 
 
 def test_jobs_runs_are_per_environment(tmp_path):
