@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-__all__ = ["FORMATS", "LEVELS", "configure", "event", "register_secret", "redact"]
+__all__ = ["FORMATS", "LEVELS", "configure", "event", "redact", "register_secret"]
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
