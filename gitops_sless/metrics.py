@@ -75,13 +75,25 @@ class Registry:
         self.invocations = Counter(
             "sless_invocations_total", "Calls through /fn/ by environment, function and status."
         )
+        self.gc_runs = Counter("sless_gc_runs_total", "Garbage collections of the state folder.")
+        self.gc_reclaimed = Counter(
+            "sless_gc_reclaimed_bytes_total",
+            "Bytes of artifacts and logs the garbage collector deleted.",
+        )
         self.proxy_latency = Histogram(
             "sless_proxy_latency_seconds", "Time from request to upstream response headers."
         )
 
     def render(self) -> str:
         with self._lock:
-            parts = [self.syncs, self.builds, self.invocations, self.proxy_latency]
+            parts = [
+                self.syncs,
+                self.builds,
+                self.invocations,
+                self.gc_runs,
+                self.gc_reclaimed,
+                self.proxy_latency,
+            ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 
 
