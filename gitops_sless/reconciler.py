@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import manifest
+from . import logs, manifest
 from .backend import Backend, BuildFailed, Deployment, deployment_for
 from .errors import SlessError
 from .manifest import DesiredState, Function, Job
 from .metrics import METRICS
 from .planner import Observed, Plan, plan
+from .routes import Declared, RouteTable
 from .source import Snapshot
 from .store import Store
 
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 FINISHED = ("Succeeded", "Failed", "Skipped")
 MAX_ROUNDS = 5  # plan again after jobs finish, so their dependents deploy in the same pass
+# a run interrupted by a reconciler crash runs again, as Kubernetes reruns a Job whose pod
+# vanished (at-least-once), up to this many attempts in all
+MAX_JOB_ATTEMPTS = 3
 
 
 class Source(Protocol):
@@ -50,6 +54,29 @@ class PassResult:
     error: str | None
 
 
+@dataclass
+class _Pass:
+    """One pass while it runs: its history row is written only once it changes something."""
+
+    trigger: str
+    started: float
+    sync_id: int | None = None
+    revision: str | None = None
+    builds: int = 0
+    applies: int = 0
+    prunes: int = 0
+    jobs: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.sync_id is not None
+
+    @property
+    def quiet(self) -> bool:
+        """A poll at a known commit that did nothing: not worth an info line."""
+        return self.trigger == "poll" and not self.changed
+
+
 class Reconciler:
     def __init__(
         self,
@@ -60,11 +87,13 @@ class Reconciler:
         public_url: str = "http://127.0.0.1:8080",
         build_retry_sec: float = 300.0,
         workers: int = 4,
+        routes: RouteTable | None = None,
     ) -> None:
         self.source = source
         self.backend = backend
         self.store = store
         self.env = env
+        self.routes = routes
         self.public_url = public_url.rstrip("/")
         self.build_retry_sec = build_retry_sec
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
@@ -75,7 +104,11 @@ class Reconciler:
         self._stopping = threading.Event()
         self._idle = threading.Condition()
         self._passes = 0
+        self._exclusive = threading.Lock()  # one pass, or one maintenance task, at a time
+        self._logged_problems: frozenset[str] = frozenset()
+        self._last_revision: str | None = None
         self._interrupted_runs()
+        self.publish()
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -105,59 +138,137 @@ class Reconciler:
         self._stopping.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def exclusively(self, task: Callable[[], Any]) -> Any:
+        """Run ``task`` between passes (garbage collection must not race a deploy)."""
+        with self._exclusive:
+            return task()
+
     # --- one pass ------------------------------------------------------------------------
 
     def sync(self, trigger: str = "manual") -> PassResult:
-        sync_id = self.store.begin_sync(self.env, trigger)
-        revision = None
+        with self._exclusive:
+            try:
+                return self._sync(_Pass(trigger, time.time()))
+            finally:
+                with self._idle:
+                    self._passes += 1
+                    self._idle.notify_all()
+
+    def _sync(self, current: _Pass) -> PassResult:
+        level = logging.DEBUG if current.trigger == "poll" else logging.INFO
+        logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
             fetched = self.source.fetch()
             snapshot = self.source.snapshot(getattr(fetched, "commit", None))
-            revision = snapshot.revision
+            current.revision = snapshot.revision
             desired = self._load(snapshot)
-            last = self._converge(desired, snapshot)
+            self._log_problems(desired)
+            last = self._converge(desired, snapshot, current)
             result = "Succeeded" if not desired.invalid else "Invalid"
             error = "; ".join(str(e).splitlines()[0] for e in desired.invalid.values()) or None
-            self.store.finish_sync(sync_id, result, revision, error)
-            METRICS.syncs.inc(env=self.env, result=result)
-            return PassResult(revision, last, error)
+            self._finish(current, result, error)
+            return PassResult(current.revision, last, error)
         except SlessError as exc:
-            return self._failed(sync_id, revision, str(exc))
+            return self._failed(current, str(exc))
         except Exception as exc:  # a bug must not stop the loop or what is running
             log.exception("sync pass crashed")
-            return self._failed(sync_id, revision, f"internal error: {type(exc).__name__}: {exc}")
+            return self._failed(current, f"internal error: {type(exc).__name__}: {exc}")
         finally:
-            with self._idle:
-                self._passes += 1
-                self._idle.notify_all()
+            self.publish()
 
-    def _failed(self, sync_id: int, revision: str | None, error: str) -> PassResult:
-        log.warning("sync failed: %s", error)
-        self.store.finish_sync(sync_id, "Failed", revision, error)
-        METRICS.syncs.inc(env=self.env, result="Failed")
-        return PassResult(revision, None, error)
+    def _begin_row(self, current: _Pass) -> None:
+        if current.sync_id is None:
+            current.sync_id = self.store.begin_sync(self.env, current.trigger, current.started)
+
+    def _finish(self, current: _Pass, result: str, error: str | None) -> None:
+        previous = self.store.last_sync(self.env)
+        if current.sync_id is None:
+            self.store.repeat_sync(
+                self.env, current.trigger, current.started, result, current.revision, error
+            )
+        else:
+            self.store.finish_sync(current.sync_id, result, current.revision, error)
+        METRICS.syncs.inc(env=self.env, result=result)
+        new_outcome = previous is None or (previous["result"], previous["error"]) != (result, error)
+        quiet = current.quiet and current.revision == self._last_revision and not new_outcome
+        self._last_revision = current.revision or self._last_revision
+        took = time.time() - current.started
+        did = (
+            f"{current.builds} built, {current.applies} deployed, "
+            f"{current.prunes} pruned, {current.jobs} jobs run"
+        )
+        logs.event(
+            log,
+            "sync.finished" if result != "Failed" else "sync.failed",
+            f"{result} in {took:.2f}s ({did})" + (f": {error}" if error else ""),
+            level=logging.DEBUG if quiet else (logging.WARNING if error else logging.INFO),
+            env=self.env,
+            revision=_short(current.revision),
+            syncId=current.sync_id,
+            trigger=current.trigger,
+            result=result,
+        )
+
+    def _failed(self, current: _Pass, error: str) -> PassResult:
+        self._finish(current, "Failed", error)
+        return PassResult(current.revision, None, error)
+
+    def _log_problems(self, desired: DesiredState) -> None:
+        """Each manifest problem once, when it appears (not on every poll)."""
+        problems = frozenset(str(p) for p in desired.problems)
+        for line in sorted(problems - self._logged_problems):
+            logs.event(
+                log,
+                "manifest.invalid",
+                line,
+                level=logging.WARNING,
+                env=self.env,
+                revision=_short(desired.revision),
+            )
+        self._logged_problems = problems
 
     def _load(self, snapshot: Snapshot) -> DesiredState:
         cached = self._desired
         if cached is not None and cached.revision == snapshot.revision:
             return cached
         desired = manifest.load(snapshot, self._manifests)
+        self._keep_last_good_names(desired)
         self._desired = desired
         return desired
 
-    def _converge(self, desired: DesiredState, snapshot: Snapshot) -> Plan:
-        current = plan(desired, self.env, self._observe(desired))
+    def _keep_last_good_names(self, desired: DesiredState) -> None:
+        """An invalid manifest keeps every function it last declared, however broken it is.
+
+        A file that cannot be read at all (YAML syntax, encoding, size, a
+        symlink) yields no names of its own, so the names come from the
+        functions the store last saw deployed from that path; only deleting
+        the file removes them.
+        """
+        for record in self.store.functions(self.env):
+            path = record["manifest"]
+            if path in desired.invalid and record["name"] not in desired.functions:
+                desired.invalid_names.setdefault(record["name"], path)
+
+    def _converge(self, desired: DesiredState, snapshot: Snapshot, current: _Pass) -> Plan:
+        planned = plan(desired, self.env, self._observe(desired))
         for _ in range(MAX_ROUNDS):
-            self._report(current, desired)
-            self._run_all(lambda fn: self._build(fn, snapshot), current.builds)
-            self._run_all(lambda item: self._run_job(*item), current.jobs)
-            self._run_all(lambda d: self._apply(d, snapshot.revision), current.applies)
-            for name in current.prunes:
+            if self._report(planned, desired) or not planned.is_empty:
+                self._begin_row(current)
+            current.builds += len(planned.builds)
+            current.jobs += len(planned.jobs)
+            current.applies += len(planned.applies)
+            current.prunes += len(planned.prunes)
+            self._run_all(lambda fn: self._build(fn, snapshot), planned.builds)
+            if planned.builds:
+                self.publish()
+            self._run_all(lambda item: self._run_job(*item), planned.jobs)
+            self._run_all(lambda d: self._apply(d, snapshot.revision), planned.applies)
+            for name in planned.prunes:
                 self._prune(name)
-            if not (current.builds or current.jobs):
+            if not (planned.builds or planned.jobs):
                 break
-            current = plan(desired, self.env, self._observe(desired))
-        return current
+            planned = plan(desired, self.env, self._observe(desired))
+        return planned
 
     def _run_all(self, step: Callable[[Any], None], items: Iterable[Any]) -> None:
         for future in [self._pool.submit(step, item) for item in items]:
@@ -210,65 +321,115 @@ class Reconciler:
         return results
 
     def _interrupted_runs(self) -> None:
-        """Runs left 'Running' by a killed reconciler ended without a result: never rerun them."""
+        """Runs left 'Running' by a killed reconciler run again, up to MAX_JOB_ATTEMPTS."""
         for env in self.store.environments():
             for run in self.store.jobs(env):
-                if run["phase"] == "Running":
-                    self.store.set_job_run(
-                        env,
-                        run["name"],
-                        run["run_id"],
-                        phase="Failed",
-                        error="interrupted: the reconciler stopped while the job ran; "
-                        "bump runId to run it again",
-                        finished=time.time(),
+                if run["phase"] != "Running":
+                    continue
+                attempts = run["attempts"] or 1
+                if attempts >= MAX_JOB_ATTEMPTS:
+                    phase = "Failed"
+                    error = (
+                        f"interrupted: the reconciler stopped during each of {attempts} "
+                        "attempts; bump runId to run it again"
                     )
+                else:
+                    phase = "Pending"
+                    error = (
+                        f"interrupted: the reconciler stopped during attempt {attempts}; "
+                        "it runs again"
+                    )
+                self.store.set_job_run(env, run["name"], run["run_id"], phase=phase, error=error)
+                logs.event(
+                    log,
+                    "job.interrupted",
+                    error,
+                    level=logging.WARNING,
+                    env=env,
+                    job=run["name"],
+                    runId=run["run_id"],
+                )
 
     # --- steps ---------------------------------------------------------------------------------
 
     def _build(self, fn: Function, snapshot: Snapshot) -> None:
         users = [f for f in self._desired_functions() if f.build_tag == fn.build_tag]
+        names = ", ".join(user.name for user in users)
         for user in users:
             self.store.set_function(self.env, user.name, phase="Building", build_tag=fn.build_tag)
-        self.store.start_build(fn.build_tag, fn.runtime, fn.source_id)
+        self.store.start_build(fn.build_tag, fn.runtime, fn.source_id, fn.folder)
+        where = {"env": self.env, "function": names, "tag": fn.build_tag}
+        logs.event(log, "build.started", f"{fn.build_tag} ({fn.folder or '.'})", **where)
+        started = time.monotonic()
         try:
             build_log = self.backend.build(fn, snapshot)
         except BuildFailed as exc:
+            took = time.monotonic() - started
             self.store.finish_build(fn.build_tag, "Failed", exc.log_tail, str(exc))
             METRICS.builds.inc(runtime=fn.runtime, result="Failed")
+            logs.event(
+                log, "build.failed", f"{exc} after {took:.1f}s", level=logging.ERROR, **where
+            )
             message = f"{exc}\n{exc.log_tail[-1500:]}"
             for user in users:
                 self.store.set_function(self.env, user.name, phase="Failed", message=message)
             return
+        took = time.monotonic() - started
         self.store.finish_build(fn.build_tag, "Succeeded", build_log)
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
+        logs.event(log, "build.finished", f"{fn.build_tag} in {took:.1f}s", **where)
 
     def _desired_functions(self) -> list[Function]:
         return list(self._desired.functions.values()) if self._desired else []
 
     def _run_job(self, fn: Function, job: Job) -> None:
+        before = self.store.job_run(self.env, job.name, job.run_id)
+        attempt = (before["attempts"] if before else 0) + 1
         self.store.set_job_run(
-            self.env, job.name, job.run_id, function=fn.name, phase="Running", started=time.time()
+            self.env,
+            job.name,
+            job.run_id,
+            function=fn.name,
+            phase="Running",
+            started=time.time(),
+            finished=None,
+            attempts=attempt,
         )
+        where = {"env": self.env, "function": fn.name, "job": job.name, "runId": job.run_id}
+        logs.event(log, "job.started", f"{job.name} run {job.run_id}, attempt {attempt}", **where)
         results = self._job_results(self._desired or DesiredState(""), self.store.jobs(self.env))
         try:
             deployment = deployment_for(self.env, fn, results)
             result = self.backend.run_job(self.env, fn, job, deployment.env_vars)
         except SlessError as exc:
+            if self._stopping.is_set():  # killed by the shutdown: the next start runs it again
+                logs.event(log, "job.interrupted", f"{job.name}: {exc}", **where)
+                return
             self.store.set_job_run(
                 self.env, job.name, job.run_id, phase="Failed", error=str(exc), finished=time.time()
             )
+            logs.event(log, "job.failed", f"{job.name}: {exc}", level=logging.ERROR, **where)
             return
         self.store.set_job_run(
-            self.env, job.name, job.run_id, phase="Succeeded", result=result, finished=time.time()
+            self.env,
+            job.name,
+            job.run_id,
+            phase="Succeeded",
+            result=result,
+            error=None,
+            finished=time.time(),
         )
+        logs.event(log, "job.succeeded", f"{job.name}: {_clip(result)}", **where)
 
     def _apply(self, deployment: Deployment, revision: str) -> None:
         fn = deployment.function
+        where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
+        replacing = fn.name in self.backend.deployed(self.env)
         try:
             self.backend.apply(deployment)
         except SlessError as exc:
             self.store.set_function(self.env, fn.name, phase="Failed", message=str(exc))
+            logs.event(log, "deploy.failed", str(exc), level=logging.ERROR, **where)
             return
         self.store.set_function(
             self.env,
@@ -277,26 +438,63 @@ class Reconciler:
             build_tag=fn.build_tag,
             revision=revision,
             message=None,
+            restarts=0,
+            last_exit=None,
             spec={"hash": deployment.spec_hash, "replicas": fn.replicas, "http": fn.http},
         )
+        what = "replaced" if replacing else "deployed"
+        state = "" if fn.enabled else ", disabled"
+        logs.event(log, f"function.{what}", f"{fn.name} {what} ({fn.build_tag}{state})", **where)
 
     def _prune(self, name: str) -> None:
         self.backend.remove(self.env, name)
         self.store.delete_function(self.env, name)
+        logs.event(log, "function.pruned", f"{name} removed", env=self.env, function=name)
+
+    # --- what the running functions report ------------------------------------------------
+
+    def replica_event(self, env: str, name: str, kind: str, reason: str | None) -> None:
+        """A replica of ``name`` ended (``exited``, with why) or is healthy again."""
+        record = self.store.function(env, name)
+        if record is None:
+            return
+        if kind == "exited":
+            self.store.set_function(
+                env,
+                name,
+                restarts=(record["restarts"] or 0) + 1,
+                last_exit=reason,
+                message=f"a replica ended: {reason}; restarting",
+            )
+        elif record["message"] and record["message"].startswith("a replica ended"):
+            self.store.set_function(env, name, message=None)
+        self.publish()
 
     # --- status ----------------------------------------------------------------------
 
     def url(self, fn: Function) -> str | None:
         return f"{self.public_url}/fn/{self.env}/{fn.name}/" if fn.http else None
 
-    def _report(self, current: Plan, desired: DesiredState) -> None:
-        """Write each function's phase and message, only where they changed."""
+    def publish(self) -> None:
+        """Tell the proxy what the repository declares, so a name it knows is 503, not 404."""
+        if self.routes is None:
+            return
+        records = self.store.functions(self.env)
+        self.routes.declare(
+            self.env, {r["name"]: Declared(r["phase"], r["message"]) for r in records}
+        )
+
+    def _report(self, current: Plan, desired: DesiredState) -> int:
+        """Write each function's phase and message, only where they changed; count writes."""
         records = {r["name"]: r for r in self.store.functions(self.env)}  # one query, not N
+        writes = 0
 
         def update(name: str, **fields: Any) -> None:
+            nonlocal writes
             record = records.get(name)
             if record is None or any(record.get(k) != v for k, v in fields.items()):
                 self.store.set_function(self.env, name, **fields)
+                writes += 1
 
         for name, path in desired.invalid_names.items():
             update(name, phase="Invalid", manifest=path, message=str(desired.invalid[path]))
@@ -307,3 +505,12 @@ class Reconciler:
                 update(name, phase="Failed", message=reason)
         for fn in desired.functions.values():
             update(fn.name, manifest=fn.manifest, url=self.url(fn))
+        return writes
+
+
+def _short(revision: str | None) -> str | None:
+    return revision[:12] if revision else None
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -20,10 +20,11 @@ from typing import Any
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from . import logs, seed
 from . import mirror as mirror_mod
 from . import proxy as proxy_mod
-from . import seed
 from .api import create_api
+from .local import gc
 from .local.backend import CronRun, LocalBackend
 from .local.secrets import SecretsDir
 from .metrics import METRICS
@@ -158,7 +159,12 @@ class Server:
             timeout_sec=config.fetch_timeout,
         )
         self.reconciler = Reconciler(
-            self.mirror, self.backend, self.store, env=config.env, public_url=config.public_url
+            self.mirror,
+            self.backend,
+            self.store,
+            env=config.env,
+            public_url=config.public_url,
+            routes=self.routes,
         )
         self.proxy = proxy_mod.ProxyApp(
             self.routes, record=self.invocations.record, max_body_bytes=config.max_body_bytes
@@ -187,6 +193,9 @@ class Server:
             id="poll",
         )
         self.scheduler.add_job(self.invocations.flush, "interval", seconds=FLUSH_SEC, id="flush")
+        self.scheduler.add_job(
+            self.collect_garbage, "interval", seconds=self.config.gc_interval, id="gc"
+        )
         self.scheduler.start()
         self.reconciler.request_sync("startup")
 
@@ -205,17 +214,40 @@ class Server:
         await self.proxy.aclose()
         self.close()
 
+    def collect_garbage(self) -> gc.Collected:
+        """Delete artifacts and logs nothing uses (between passes, never during one)."""
+        return self.reconciler.exclusively(self._collect_garbage)
+
+    def _collect_garbage(self) -> gc.Collected:
+        records = [r for env in self.store.environments() for r in self.store.functions(env)]
+        in_use = {r["build_tag"] for r in records if r["build_tag"]}
+        in_use |= self.backend.tags_in_use()
+        live = {(r["env"], r["name"]) for r in records}
+        collected = gc.collect(
+            self.backend.builder,
+            self.config.state_dir / "logs",
+            in_use,
+            live,
+            self.config.keep_builds,
+        )
+        self.store.delete_builds(collected.removed_tags)
+        METRICS.gc_runs.inc()
+        METRICS.gc_reclaimed.inc(collected.reclaimed_bytes)
+        return collected
+
     def close(self) -> None:
         """Stop the loop and every process this server started (safe to call twice)."""
         if self._closed.is_set():
             return
         self._closed.set()
+        logs.event(log, "server.stopping", "stopping every process this server started")
         self.reconciler.stop()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.backend.close()
         self.invocations.flush()
         self.store.close()
+        logs.event(log, "server.stopped", "stopped")
 
     def _announce(self) -> None:
         if not self.reconciler.wait_for_pass(0, 600):

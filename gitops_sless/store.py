@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS functions (
     manifest TEXT,
     spec TEXT,
     updated REAL NOT NULL,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    last_exit TEXT,
     PRIMARY KEY (env, name)
 );
 CREATE TABLE IF NOT EXISTS builds (
@@ -94,13 +96,25 @@ CREATE INDEX IF NOT EXISTS invocations_by_function ON invocations (env, name, id
 # columns added after the first release: (table, column, definition) for older databases
 _ADDED_COLUMNS = (
     ("syncs", "count", "INTEGER NOT NULL DEFAULT 1"),
+    ("functions", "restarts", "INTEGER NOT NULL DEFAULT 0"),
+    ("functions", "last_exit", "TEXT"),
     ("syncs", "last_seen", "REAL"),
     ("builds", "folder", "TEXT NOT NULL DEFAULT ''"),
     ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
 )
 
-_FUNCTION_FIELDS = ("phase", "build_tag", "revision", "url", "message", "manifest", "spec")
+_FUNCTION_FIELDS = (
+    "phase",
+    "build_tag",
+    "revision",
+    "url",
+    "message",
+    "manifest",
+    "spec",
+    "restarts",
+    "last_exit",
+)
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..backend import BuildFailed
 from ..errors import TransientError
@@ -200,6 +200,19 @@ class LocalBuilder:
         if built:
             self._built.add(tag)
         return built
+
+    def marker(self, tag: str) -> dict[str, Any]:
+        """What the build of ``tag`` recorded (runtime, folder, finished); {} if unreadable."""
+        try:
+            marker = json.loads((self.path(tag) / MARKER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return marker if isinstance(marker, dict) else {}
+
+    def building(self) -> set[str]:
+        """Tags being built right now."""
+        with self._lock:
+            return set(self._pending)
 
     def tags(self) -> list[str]:
         """Every built tag."""
@@ -492,6 +505,7 @@ def _write_marker(
         "tag": tag,
         "runtime": fn.runtime,
         "source_id": fn.source_id,
+        "folder": fn.folder,
         "revision": snapshot.revision,
         "duration_sec": round(duration, 3),
         "finished": _now(),

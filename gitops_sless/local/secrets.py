@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import logs
 from ..errors import PermanentError
 from ..manifest import SecretRef
 
@@ -31,8 +32,10 @@ class SecretsDir:
         # the schema allows no '/' and no '..' in either name, so this stays inside root
         path = self.root / ref.secret / ref.key
         try:
-            return path.read_text().removesuffix("\n")
+            value = path.read_text().removesuffix("\n")
         except FileNotFoundError:
             raise SecretMissing(f"secret {ref.secret!r} key {ref.key!r}: no file {path}") from None
         except OSError as exc:
             raise SecretMissing(f"secret {ref.secret!r} key {ref.key!r}: {exc.strerror}") from exc
+        logs.register_secret(value)  # whatever prints it later, the log shows ***
+        return value
