@@ -29,6 +29,7 @@ class SlessServer:
         fetch_timeout: float = 10,
         env: dict[str, str] | None = None,
         token: str | None = TOKEN,
+        args: list[str] | None = None,
     ) -> None:
         self.repo = repo
         self.state_dir = state_dir
@@ -37,6 +38,7 @@ class SlessServer:
         self.fetch_timeout = fetch_timeout
         self.extra_env = env or {}
         self.token = token
+        self.extra_args = list(args or [])
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = state_dir.parent / f"serve-{self.port}.log"
@@ -66,7 +68,7 @@ class SlessServer:
             args += ["--api-token", self.token]
         if self.secrets_dir:
             args += ["--secrets-dir", str(self.secrets_dir)]
-        return args
+        return args + self.extra_args
 
     def start(self, wait_for_sync: bool = True) -> SlessServer:
         env = {**os.environ, **self.extra_env}
