@@ -1,0 +1,247 @@
+"""End to end: what a new user and a bad push hit, against a real ``serve`` and git server.
+
+A manifest that cannot be read keeps what it last declared; a declared
+function that does not serve answers 503, not 404; the log says what
+happened and never a secret; no-op polls do not fill the history; a job
+interrupted by a crash runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from . import gitserver
+from .sless_server import TOKEN, WEBHOOK_SECRET, SlessServer
+from .test_serve import HTTP, handler, http_function, manifest, setup
+
+git_root = gitserver.git_root
+git_daemon = gitserver.git_daemon
+__all__ = ["setup"]  # the fixture, shared with test_serve
+
+ALIAS_BOMB = (
+    "x-0: &x0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(f"x-{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 10)}]\n" for i in range(1, 10))
+    + manifest("keep", HTTP)
+)
+
+
+def _symlinked(work) -> dict[str, str | None]:
+    """sless.yaml becomes a symlink to a valid manifest next to it."""
+    (work.path / "keep" / "real.yaml").write_text(manifest("keep", HTTP))
+    target = work.path / "keep" / "sless.yaml"
+    target.unlink()
+    os.symlink("real.yaml", target)
+    return {}
+
+
+UNREADABLE = {
+    "yaml-syntax": lambda work: {"keep/sless.yaml": manifest("keep", HTTP, "    replicas: [1")},
+    "not-utf8": lambda work: {"keep/sless.yaml": b"functions:\n  - name: k\xfceep\n"},
+    "too-large": lambda work: {
+        "keep/sless.yaml": manifest("keep", HTTP) + "# " + "x" * (300 * 1024) + "\n"
+    },
+    "alias-bomb": lambda work: {"keep/sless.yaml": ALIAS_BOMB},
+    "symlink": _symlinked,
+}
+
+
+def test_a_manifest_that_cannot_be_read_keeps_its_functions_until_it_is_deleted(setup):
+    setup.push({**http_function("keep", "v1"), **http_function("other", "o")})
+    server = setup.serve()
+    first = server.function("keep")
+    assert server.call("keep").json()["message"] == "v1"
+
+    for what, breakage in UNREADABLE.items():
+        setup.push(breakage(setup.work), message=what)
+        assert server.sync()["result"] == "Invalid", what
+        status = server.function("keep")
+        assert status is not None, f"{what}: the function disappeared"
+        assert status["phase"] == "Invalid", what
+        assert status["message"].startswith("keep/sless.yaml:"), (what, status["message"])
+        assert status["revision"] == first["revision"], "it still serves the first revision"
+        assert server.call("keep").json()["message"] == "v1", what
+        listed = server.client.get("/api/v1/environments/prod/functions").json()
+        assert "keep" in {f["name"] for f in listed}, what
+
+    setup.push({"keep/sless.yaml": None, "keep/real.yaml": None})
+    server.sync()
+    assert server.function("keep") is None
+    assert server.call("keep").status_code == 404
+    assert server.call("other").json()["message"] == "o"
+
+
+def test_a_declared_function_that_does_not_serve_answers_503_with_its_phase(setup):
+    files = {
+        **http_function("ready", "up"),
+        "nosecret/handler.py": handler("never"),
+        "nosecret/sless.yaml": manifest("nosecret", HTTP, "    env: {DSN: {secret: db, key: k}}"),
+    }
+    setup.push(files)
+    server = setup.serve()
+    response = server.call("nosecret")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["phase"] == "Failed"
+    assert "secret 'db' key 'k'" in body["message"]
+    assert server.call("nobody-declares-this").status_code == 404
+
+    metrics = server.wait(
+        lambda: (
+            'name="nosecret",status="503"' in (text := server.client.get("/metrics").text) and text
+        ),
+        "the 503 to be counted",
+        timeout=10,
+    )
+    assert 'sless_invocations_total{env="prod",name="",' not in metrics
+
+
+def _json_lines(text: str) -> list[dict]:
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            lines.append(json.loads(line))
+    return lines
+
+
+JOB_SECRET = "s3cr3t-value-that-must-never-be-logged"
+
+
+def test_the_log_says_what_happened_in_json_and_never_a_secret(setup, tmp_path):
+    secrets = tmp_path / "secrets"
+    (secrets / "vault").mkdir(parents=True)
+    (secrets / "vault" / "token").write_text(JOB_SECRET + "\n")
+    leaky = "import os\ndef leak(event):\n    return {'token': os.environ['TOKEN']}\n"
+    files = {
+        **http_function("greet", "v1"),
+        "leaky/handler.py": leaky,
+        "leaky/sless.yaml": manifest(
+            "leaky",
+            "    env: {TOKEN: {secret: vault, key: token}}",
+            "    jobs: [{name: leak-it, runId: 1}]",
+            entrypoint="handler.leak",
+        ),
+    }
+    setup.push(files)
+    server = setup.serve(secrets_dir=secrets, args=["--log-format", "json"])
+    job = server.wait(
+        lambda: next((j for j in server.jobs() if j["phase"] == "Succeeded"), None), "the job"
+    )
+    assert JOB_SECRET in job["result"]  # the handler really returned it
+
+    revision = setup.push({"greet/sless.yaml": manifest("greet", HTTP, "    memoryMB: -5")})
+    server.sync()
+    setup.push(http_function("greet", "v2"))
+    server.sync()
+    setup.push({"greet/sless.yaml": None, "greet/handler.py": None})
+    server.sync()
+    server.stop()
+
+    output = server.output()
+    for secret in (JOB_SECRET, TOKEN, WEBHOOK_SECRET):
+        assert secret not in output
+    events = _json_lines(output)
+    assert events, output[-2000:]
+    for event in events:
+        assert {"time", "level", "event", "message"} <= set(event)
+        assert event["time"].endswith("Z")
+    by_name = {}
+    for event in events:
+        by_name.setdefault(event["event"], []).append(event)
+    for name in (
+        "sync.started",
+        "sync.finished",
+        "build.started",
+        "build.finished",
+        "function.deployed",
+        "function.replaced",
+        "function.pruned",
+        "job.started",
+        "job.succeeded",
+        "manifest.invalid",
+        "server.stopping",
+    ):
+        assert name in by_name, f"no {name} event in:\n{output[-3000:]}"
+    (invalid,) = by_name["manifest.invalid"]
+    assert invalid["message"] == (
+        "greet/sless.yaml:6: functions[0].memoryMB: -5 is less than the minimum of 64"
+    )
+    assert invalid["env"] == "prod" and invalid["revision"] == revision[:12]
+    build = by_name["build.finished"][0]
+    assert build["env"] == "prod" and build["tag"] and build["function"]
+    finished = by_name["sync.finished"][-1]
+    assert finished["syncId"] and finished["revision"] and finished["result"]
+    assert "***" in by_name["job.succeeded"][0]["message"]
+
+
+def test_polls_that_change_nothing_do_not_fill_the_history(setup):
+    setup.push(http_function("steady", "x"))
+    server = setup.serve(poll_interval=0.2)
+    time.sleep(3)
+    changed = setup.push(http_function("steady", "y"))
+    server.wait(lambda: server.call("steady").json()["message"] == "y", "the poll to deploy")
+    time.sleep(2)
+    syncs = server.client.get("/api/v1/syncs").json()
+    assert len(syncs) <= 3, syncs  # the first pass, the deploy, and the quiet polls after it
+    assert any(s["revision"] == changed for s in syncs)
+    assert sum(s["count"] for s in syncs) >= 10  # every poll is counted, on the rows it repeats
+    quiet = next(s for s in syncs if s["count"] > 1)
+    assert quiet["lastSeen"] >= quiet["finished"]
+
+
+def test_status_reports_the_fetched_revision_and_what_each_function_serves(setup):
+    good = setup.push(http_function("served", "v1"))
+    server = setup.serve()
+    broken = setup.push({"served/sless.yaml": manifest("served", HTTP, "    replicas: [1")})
+    server.sync()
+    status = server.client.get("/api/v1/status").json()
+    assert status["fetchedRevision"] == broken
+    assert status["lastGoodRevision"] == good
+    assert server.function("served")["revision"] == good
+
+
+SLOW_JOB = """
+import os, time
+
+def run(event):
+    with open(os.environ["MARKS"], "a") as f:
+        f.write("start\\n")
+    time.sleep(6)
+    return {"done": True}
+"""
+
+
+def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup, tmp_path):
+    marks = tmp_path / "marks"
+    setup.push(
+        {
+            "slow/handler.py": SLOW_JOB,
+            "slow/sless.yaml": manifest(
+                "slow",
+                f"    env: {{MARKS: {str(marks)!r}}}",
+                "    timeoutSec: 60",
+                "    jobs: [{name: six-seconds, runId: 1}]",
+                entrypoint="handler.run",
+            ),
+        }
+    )
+    server = SlessServer(setup.url, setup.tmp_path / "state")
+    setup.servers.append(server)
+    server.start(wait_for_sync=False)  # the first pass lasts as long as the job
+    server.wait(lambda: marks.exists() and marks.read_text(), "the job to start", timeout=60)
+    server.kill()
+
+    again = setup.serve()
+    run = again.wait(
+        lambda: next(
+            (j for j in again.jobs() if j["name"] == "six-seconds" and j["phase"] == "Succeeded"),
+            None,
+        ),
+        "the job to run again and succeed",
+        timeout=60,
+    )
+    assert run["runId"] == 1
+    assert run["attempts"] == 2
+    assert json.loads(run["result"]) == {"done": True}
+    assert marks.read_text().splitlines() == ["start", "start"]
