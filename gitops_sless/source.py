@@ -5,6 +5,10 @@ contains, and the git tree id of a folder. For a commit the answers come from
 git objects (never a checkout). For a plain directory they are computed the
 way git would, so the same content has the same tree id either way, and
 symlinks are read as links, never followed.
+
+``open_source`` is what ``validate`` and ``render`` read: the files on disk as
+``git add --all`` would stage them (``.gitignore`` honoured), or a commit when a
+ref is given. ``open_snapshot`` reads a repository at a commit (``HEAD`` by default).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "git_tree_id",
     "open_repository",
     "open_snapshot",
+    "open_source",
 ]
 
 Kind = Literal["tree", "blob", "link", "submodule"]
@@ -158,26 +163,117 @@ def git_tree_id(entries: list[Entry]) -> str:
     return _git_hash("tree", body)
 
 
+class _GitIgnore:
+    """git's ignore rules for the files below one folder, as libgit2 applies them.
+
+    In a git work tree (``folder`` may be any folder of it) the rules are every
+    ``.gitignore`` of the work tree, ``.git/info/exclude`` and ``core.excludesFile``;
+    files in the index are never ignored, as in git. A folder outside any work tree
+    is read through a repository without a git folder whose work dir is ``folder``:
+    its own ``.gitignore`` files and ``core.excludesFile`` apply, as they would
+    after ``git init``.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        repo = _enclosing_work_tree(folder)
+        self.tracked: frozenset[str] = frozenset()
+        self.tracked_dirs: frozenset[str] = frozenset()
+        if repo is None:
+            self.work_tree: Path | None = None
+            self._prefix = ""
+            # libgit2 reads ignore rules from the work dir and the config only; with no
+            # git folder there is no info/exclude, as for a folder git has never seen
+            repo = pygit2.Repository()
+            repo.workdir = str(folder)
+        else:
+            self.work_tree = Path(repo.workdir).resolve()
+            rel = folder.relative_to(self.work_tree).as_posix()
+            self._prefix = "" if rel == "." else f"{rel}/"
+            self._read_index(repo)
+        self._repo = repo
+
+    def _read_index(self, repo: pygit2.Repository) -> None:
+        try:
+            paths = [entry.path for entry in repo.index]
+        except (pygit2.GitError, OSError, UnicodeError):
+            return  # an unreadable index: ignore rules alone decide
+        tracked, dirs = set(), set()
+        for path in paths:
+            if not path.startswith(self._prefix):
+                continue
+            rel = path[len(self._prefix) :]
+            tracked.add(rel)
+            parent = rel.rpartition("/")[0]
+            while parent and parent not in dirs:
+                dirs.add(parent)
+                parent = parent.rpartition("/")[0]
+        self.tracked, self.tracked_dirs = frozenset(tracked), frozenset(dirs)
+
+    def ignored(self, rel: str) -> bool:
+        """Whether git ignores ``rel`` (relative to the folder) if it is not tracked."""
+        # libgit2 takes UTF-8 only: a byte that is not UTF-8 is matched as one unknown
+        # character (wildcards match it, a literal never does). libgit2 also follows a
+        # symlink to tell whether the path is a folder, so a link to a folder matches
+        # "name/" patterns where git would keep it: the one known difference from git.
+        path = (self._prefix + rel).encode("utf-8", "replace").decode("utf-8")
+        return self._repo.path_is_ignored(path)
+
+
+def _submodule(path: Path, name: str) -> Entry | None:
+    """A folder holding a repository, as ``git add`` stages it: a link to its ``HEAD``."""
+    try:
+        head = pygit2.Repository(str(path)).head.target
+    except (pygit2.GitError, KeyError):
+        return None  # no commit checked out: git refuses to add it
+    return Entry(name, "submodule", 0o160000, str(head))
+
+
+def _enclosing_work_tree(folder: Path) -> pygit2.Repository | None:
+    """The repository whose work tree holds ``folder`` (its root or any folder below)."""
+    try:
+        found = pygit2.discover_repository(str(folder))
+        repo = pygit2.Repository(found) if found else None
+    except pygit2.GitError:
+        return None
+    if repo is None or repo.is_bare or not repo.workdir:
+        return None
+    try:
+        rel = folder.relative_to(Path(repo.workdir).resolve())
+    except ValueError:
+        return None
+    return None if ".git" in rel.parts else repo
+
+
 class DirectorySnapshot(Snapshot):
     """A plain directory, hashed as git would hash it once committed.
 
     Empty folders are left out (git cannot hold them), as are ``.git`` and the
     build outputs a local run leaves behind (``SKIPPED``); sockets and devices
     are ignored, and symlinks are never followed.
+
+    With ``gitignore=True`` the directory is read as ``git add --all`` would stage
+    it: files git ignores are left out (tracked files never are, as in git), and a
+    folder holding its own repository is a submodule entry at that repository's
+    ``HEAD`` (left out when it has no commit). ``work_tree`` is then the root of the
+    git work tree holding the directory, or ``None`` outside of one.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, gitignore: bool = False) -> None:
         self.root = root.resolve()
         if not self.root.is_dir():
             raise SourceError(f"{root}: not a directory")
-        self._tree = self._scan(self.root)
+        self._ignore = _GitIgnore(self.root) if gitignore else None
+        self.work_tree = self._ignore.work_tree if self._ignore else None
+        self._tree = self._scan(self.root, "", False)
         self.revision = f"dir:{self._tree.oid}"
 
-    def _scan(self, folder: Path) -> _DirNode:
+    def _scan(self, folder: Path, rel: str, in_ignored: bool) -> _DirNode:
+        """``in_ignored``: ``folder`` is ignored, only its tracked files are kept."""
         node = _DirNode()
         with os.scandir(folder) as it:
             for item in it:
-                entry, child = self._scan_item(Path(item.path), item.name)
+                path = f"{rel}/{item.name}" if rel else item.name
+                entry, child = self._scan_item(Path(item.path), item.name, path, in_ignored)
                 if entry is None:
                     continue
                 node.entries[item.name] = entry
@@ -186,15 +282,28 @@ class DirectorySnapshot(Snapshot):
         node.oid = git_tree_id(list(node.entries.values()))
         return node
 
-    def _scan_item(self, path: Path, name: str) -> tuple[Entry | None, _DirNode | None]:
+    def _scan_item(
+        self, path: Path, name: str, rel: str, in_ignored: bool
+    ) -> tuple[Entry | None, _DirNode | None]:
         st = path.lstat()
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if is_dir and name in SKIPPED:
+            return None, None
+        ignore = self._ignore
+        if ignore is not None:
+            # a path in the index is never ignored (a folder: when it holds tracked files)
+            tracked = rel in ignore.tracked or (is_dir and rel in ignore.tracked_dirs)
+            in_ignored = in_ignored or ignore.ignored(rel)
+            if in_ignored and not tracked:
+                return None, None
+            if is_dir and os.path.lexists(path / ".git"):
+                return _submodule(path, name), None
+            # below an ignored folder that holds tracked files, only those files count
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(path).encode()
             return Entry(name, "link", 0o120000, _git_hash("blob", target)), None
-        if stat.S_ISDIR(st.st_mode):
-            if name in SKIPPED:
-                return None, None
-            child = self._scan(path)
+        if is_dir:
+            child = self._scan(path, rel, in_ignored)
             if not child.entries:
                 return None, None
             return Entry(name, "tree", 0o040000, child.oid), child
@@ -261,3 +370,33 @@ def open_snapshot(path: str | Path, ref: str | None = None) -> Snapshot:
     except (KeyError, pygit2.GitError, ValueError) as exc:
         raise SourceError(f"{path}: cannot resolve {ref or 'HEAD'} to a commit") from exc
     return GitSnapshot(repo, commit)
+
+
+def open_source(path: str | Path, ref: str | None = None) -> Snapshot:
+    """What ``validate`` and ``render`` read at ``path``.
+
+    Without ``ref``: the files on disk, as ``git add --all`` would stage them
+    (``DirectorySnapshot(gitignore=True)``), in a git work tree (its root or any
+    folder of it) or a plain directory alike; a bare repository has no files on
+    disk and is read at ``HEAD``. With ``ref``: that commit of the repository
+    whose root is ``path``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        raise SourceError(f"{path}: not a directory")
+    repo = open_repository(path)
+    if ref is None:
+        if repo is not None and repo.is_bare:
+            return open_snapshot(path)
+        return DirectorySnapshot(path, gitignore=True)
+    if repo is None:
+        work_tree = _enclosing_work_tree(path.resolve())
+        if work_tree is not None:
+            root = Path(work_tree.workdir).resolve()
+            raise SourceError(
+                f"{path}: --ref {ref} reads a whole commit; give the root of the git work "
+                f"tree, {root}, not a folder inside it"
+            )
+    return open_snapshot(path, ref)

@@ -6,20 +6,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from .gitserver import git
+import gitops_sless
+from gitops_sless import cli, logs
+
+from .gitserver import WorkRepo, git, git_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample-repo"
 
 
-def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, cwd: Path = ROOT, home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``home``: run with that HOME and no git config but the repository's own."""
+    env = None
+    if home is not None:
+        home.mkdir(exist_ok=True)
+        env = git_env({"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")})
     return subprocess.run(
         [sys.executable, "-m", "gitops_sless", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=env,
         timeout=60,
     )
 
@@ -132,3 +144,247 @@ def test_serve_usage_errors_exit_two_before_anything_starts(tmp_path):
         assert result.returncode == 2, (extra, result.stderr)
         assert message in result.stderr, (extra, result.stderr)
         assert not state.exists()
+
+
+HANDLER = "def main(e):\n    return e\n"
+
+
+def _fn(folder: str, name: str, entrypoint: str = "h.main", extra: str = "") -> dict[str, str]:
+    manifest = (
+        f"functions:\n  - name: {name}\n    runtime: python3.11\n"
+        f"    entrypoint: {entrypoint}\n{extra}"
+    )
+    return {f"{folder}/sless.yaml": manifest, f"{folder}/h.py": HANDLER}
+
+
+def _validate(tmp_path: Path, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return _cli("validate", str(path), *extra, home=tmp_path / "home")
+
+
+def _on_disk(path: Path) -> str:
+    return f"files on disk in the git work tree {path.resolve()}: uncommitted changes included"
+
+
+def test_validate_checks_the_files_on_disk_and_ref_checks_a_commit(tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("valid", _fn("hello", "hello"))
+    repo.write(_fn("hello", "hello", extra="    memoryMB: -5\n"))  # not committed
+    on_disk = _validate(tmp_path, repo.path)
+    assert on_disk.returncode == 1, on_disk.stderr
+    assert on_disk.stderr.splitlines() == [
+        "hello/sless.yaml:5: functions[0].memoryMB: -5 is less than the minimum of 64"
+    ]
+    assert on_disk.stdout == (
+        f"0 functions in 0 valid manifests, 1 invalid ({_on_disk(repo.path)}, "
+        "ignored files left out)\n"
+    )
+    committed = _validate(tmp_path, repo.path, "--ref", "HEAD")
+    assert committed.returncode == 0, committed.stderr
+    assert committed.stdout == (
+        f"1 functions in 1 valid manifests, 0 invalid (commit {repo.head()}, --ref HEAD)\n"
+    )
+
+
+def test_validate_counts_untracked_functions_and_leaves_out_ignored_files(tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("valid", {**_fn("hello", "hello"), ".gitignore": "scratch/\n"})
+    repo.write(
+        {
+            **_fn("new", "new-fn"),  # untracked, not ignored: validated
+            **_fn("broken-new", "broken-new", extra="    timeoutSec: 0\n"),
+            "scratch/sless.yaml": "functions: [{name: BAD}]\n",  # ignored: not a manifest
+        }
+    )
+    result = _validate(tmp_path, repo.path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "broken-new/sless.yaml:5: functions[0].timeoutSec: 0 is less than the minimum of 1"
+    ]
+    assert result.stdout.startswith("2 functions in 2 valid manifests, 1 invalid (")
+    repo.write({"broken-new/sless.yaml": None, "broken-new/h.py": None})
+    fixed = _validate(tmp_path, repo.path)
+    assert fixed.returncode == 0, fixed.stderr
+    assert fixed.stderr == ""
+
+
+def test_nested_gitignore_files_and_negations_decide_what_a_folder_holds(tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.write(
+        {
+            "fns/.gitignore": "wip-*/\n!wip-done/\n",
+            **_fn("fns/wip-broken", "wip-broken", extra="    replicas: lots\n"),
+            **_fn("fns/wip-done", "wip-done"),
+            "fns/web/.gitignore": "*.py\n!main.py\n",
+            **_fn("fns/web", "web-main", entrypoint="main.main"),
+            "fns/web/main.py": HANDLER,
+        }
+    )
+    repo.write(
+        {
+            # a second function of another folder whose handler is ignored
+            **_fn("fns/gen", "gen", entrypoint="generated.main"),
+            "fns/gen/.gitignore": "generated.py\n",
+            "fns/gen/generated.py": HANDLER,
+        }
+    )
+    result = _validate(tmp_path, repo.path)
+    assert result.returncode == 1
+    # the ignored handler does not count; the ignored wip-broken manifest is not read
+    assert result.stderr.splitlines() == [
+        "fns/gen/sless.yaml:4: functions[0].entrypoint: fns/gen/generated.py does not exist "
+        "(runtime python3.11)"
+    ]
+    assert result.stdout.startswith("2 functions in 2 valid manifests, 1 invalid")
+    # the same from a folder of the work tree: the work tree's rules still apply
+    sub = _validate(tmp_path, repo.path / "fns")
+    assert sub.stderr.splitlines() == [
+        "gen/sless.yaml:4: functions[0].entrypoint: gen/generated.py does not exist "
+        "(runtime python3.11)"
+    ]
+    assert (
+        f"(files on disk in {(repo.path / 'fns').resolve()}, in the git work tree "
+        f"{repo.path.resolve()}: uncommitted changes included" in sub.stdout
+    )
+
+
+def test_a_plain_folder_honours_its_gitignore(tmp_path):
+    plain = tmp_path / "plain"
+    for rel, text in {
+        **_fn("ok", "ok"),
+        **_fn("drafts/bad", "bad", extra="    memoryMB: 1\n"),
+        ".gitignore": "drafts/\n",
+    }.items():
+        (plain / rel).parent.mkdir(parents=True, exist_ok=True)
+        (plain / rel).write_text(text)
+    result = _validate(tmp_path, plain)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        "1 functions in 1 valid manifests, 0 invalid (files on disk in "
+        f"{plain.resolve()}, a plain directory: ignored files left out)\n"
+    )
+    (plain / ".gitignore").unlink()
+    assert _validate(tmp_path, plain).returncode == 1
+
+
+def test_ref_needs_the_root_of_a_git_repository(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    result = _validate(tmp_path, plain, "--ref", "main")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"gitops-sless validate: {plain}: --ref main given, but this is not a git repository\n"
+    )
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("valid", _fn("hello", "hello"))
+    inside = _cli("render", str(repo.path / "hello"), "--ref", "HEAD", home=tmp_path / "home")
+    assert inside.returncode == 2 and inside.stdout == ""
+    assert f"give the root of the git work tree, {repo.path.resolve()}" in inside.stderr
+
+
+def test_version():
+    result = _cli("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"gitops-sless {gitops_sless.__version__}\n"
+
+
+SECRET = "s3cr3t-token-value"
+
+
+class ServeRun:
+    """``cli.main(["serve", ...])`` in this process; the server and log setup are recorded."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.started: list[object] = []  # ServeConfig of each server started
+        self.configured: list[tuple[str, str, str]] = []  # format, level, SECRET as logged
+
+    def __call__(self, *extra: str) -> int:
+        return cli.main(["serve", "--repo", str(SAMPLE), "--state-dir", str(self.state), *extra])
+
+
+@pytest.fixture
+def serve_main(monkeypatch, tmp_path) -> ServeRun:
+    import gitops_sless.serve
+
+    run = ServeRun(tmp_path / "state")
+
+    class FakeServer:
+        def __init__(self, config: object) -> None:
+            run.started.append(config)
+
+        def run(self) -> None:
+            pass
+
+    def configure(fmt: str, level: str) -> None:
+        run.configured.append((fmt, level, logs.redact(SECRET)))
+
+    monkeypatch.setattr(gitops_sless.serve, "Server", FakeServer)
+    monkeypatch.setattr(logs, "configure", configure)
+    monkeypatch.setattr(logs, "_secrets", frozenset())  # the registered ones go with the test
+    for name in ("SLESS_LOG_FORMAT", "SLESS_LOG_LEVEL", "SLESS_TRUSTED_PROXIES"):
+        monkeypatch.delenv(name, raising=False)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "message"),
+    [
+        (["--log-format", "xml"], {}, "--log-format: invalid choice: 'xml'"),
+        (["--log-level", "verbose"], {}, "--log-level: invalid choice: 'verbose'"),
+        ([], {"SLESS_LOG_FORMAT": "yaml"}, "$SLESS_LOG_FORMAT 'yaml': use one of text, json"),
+        ([], {"SLESS_LOG_LEVEL": "trace"}, "$SLESS_LOG_LEVEL 'trace': use one of debug, info"),
+        (["--keep-builds", "-1"], {}, "--keep-builds -1: must be 0 or more"),
+        (["--keep-builds", "two"], {}, "--keep-builds: invalid int value: 'two'"),
+        (["--gc-interval", "0"], {}, "--gc-interval 0: must be greater than 0"),
+        (
+            ["--trusted-proxies", "10.0.0.0/8,not-a-net"],
+            {},
+            "--trusted-proxies 'not-a-net': not an IP network (CIDR)",
+        ),
+        (
+            [],
+            {"SLESS_TRUSTED_PROXIES": "10.0.0.0/33"},
+            "--trusted-proxies '10.0.0.0/33': not an IP network",
+        ),
+    ],
+)
+def test_serve_flag_errors_exit_two_before_the_server_starts(
+    serve_main, monkeypatch, capsys, extra, env, message
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        code = serve_main(*extra)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert serve_main.started == [] and serve_main.configured == []
+    assert not serve_main.state.exists()
+
+
+def test_serve_flags_reach_the_server_and_secrets_are_hidden_before_logging(
+    serve_main, monkeypatch
+):
+    monkeypatch.setenv("SLESS_LOG_FORMAT", "json")
+    monkeypatch.setenv("SLESS_TRUSTED_PROXIES", "10.1.2.3/8, ::1")
+    monkeypatch.setenv("SLESS_GIT_PASSWORD", "git-password-value")
+    code = serve_main(
+        "--log-level", "debug", "--keep-builds", "0", "--gc-interval", "60",
+        "--api-token", SECRET,
+    )  # fmt: skip
+    assert code == 0
+    (config,) = serve_main.started
+    assert config.log_format == "json" and config.log_level == "debug"
+    assert config.keep_builds == 0 and config.gc_interval == 60.0
+    assert config.trusted_proxies == ("10.0.0.0/8", "::1/128")
+    # logging was set up once, after the token was registered: no line can show it
+    assert serve_main.configured == [("json", "debug", "***")]
+    assert logs.redact("clone with git-password-value") == "clone with ***"
+
+
+def test_serve_flag_defaults(serve_main):
+    assert serve_main() == 0
+    (config,) = serve_main.started
+    assert (config.log_format, config.log_level) == ("text", "info")
+    assert (config.keep_builds, config.gc_interval, config.trusted_proxies) == (3, 3600.0, ())
