@@ -75,6 +75,9 @@ class Registry:
         self.invocations = Counter(
             "sless_invocations_total", "Calls through /fn/ by environment, function and status."
         )
+        self.proxy_unknown = Counter(
+            "sless_proxy_unknown_total", "Calls through /fn/ to names no repository declares."
+        )
         self.gc_runs = Counter("sless_gc_runs_total", "Garbage collections of the state folder.")
         self.gc_reclaimed = Counter(
             "sless_gc_reclaimed_bytes_total",
@@ -90,6 +93,7 @@ class Registry:
                 self.syncs,
                 self.builds,
                 self.invocations,
+                self.proxy_unknown,
                 self.gc_runs,
                 self.gc_reclaimed,
                 self.proxy_latency,
