@@ -2,23 +2,60 @@
 
 Pure functions over headers and body bytes, so the HTTP layer stays thin and
 every rule here is tested without a server. Comparisons are constant-time.
+A push body is parsed into a validated model by pydantic's JSON parser, which
+refuses nesting deeper than a couple of hundred levels, so a hostile body is a
+``PayloadError`` naming the reason, never a crash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["FORGES", "Push", "SignatureError", "parse_push", "verify"]
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "FORGES",
+    "PayloadError",
+    "Push",
+    "PushPayload",
+    "SignatureError",
+    "parse_payload",
+    "parse_push",
+    "verify",
+]
 
 FORGES = ("github", "gitea", "gitlab")
 
 
 class SignatureError(Exception):
     """The request is not from the forge: 401, and nothing is synced."""
+
+
+class PayloadError(ValueError):
+    """A signed body that is not a push payload: 400 with the reason, and nothing is synced."""
+
+
+class PushPayload(BaseModel):
+    """The part of a push event that matters here; GitHub, Gitea and GitLab all send it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    ref: str
+
+
+# JSON names for the Python types pydantic reports in a wrong value
+_JSON_TYPES = {
+    "dict": "an object",
+    "list": "an array",
+    "str": "a string",
+    "int": "a number",
+    "float": "a number",
+    "bool": "a boolean",
+    "NoneType": "null",
+}
 
 
 @dataclass(frozen=True)
@@ -65,14 +102,37 @@ def _event(forge: str, headers: Mapping[str, str]) -> str:
     return {"Push Hook": "push", "Merge Request Hook": "merge_request"}.get(raw, raw.lower())
 
 
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value).__name__, type(value).__name__)
+
+
+def _reason(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False)[0]
+    kind, where = first["type"], ".".join(str(part) for part in first["loc"])
+    if kind == "json_invalid":
+        return f"push payload is not valid JSON: {first.get('ctx', {}).get('error', '?')}"
+    if kind == "model_type":
+        return f"push payload must be a JSON object, not {_json_type(first['input'])}"
+    if kind == "missing":
+        return f"push payload has no {where!r} field"
+    if kind == "string_type":
+        return f"push payload field {where!r} must be a string, not {_json_type(first['input'])}"
+    return f"push payload field {where!r}: {first['msg']}"
+
+
+def parse_payload(body: bytes) -> PushPayload:
+    """``body`` as a push payload, or PayloadError saying what is wrong with it."""
+    try:
+        return PushPayload.model_validate_json(body)
+    except ValidationError as exc:
+        raise PayloadError(_reason(exc)) from None
+
+
 def parse_push(forge: str, headers: Mapping[str, str], body: bytes) -> Push:
     """The event and, for a push, its branch (``refs/heads/x`` -> ``x``)."""
     event = _event(forge, headers)
     if event != "push":
         return Push(event, None)
-    try:
-        ref = json.loads(body).get("ref", "")
-    except (ValueError, AttributeError) as exc:
-        raise ValueError("push payload is not a JSON object with 'ref'") from exc
+    ref = parse_payload(body).ref
     branch = ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
     return Push(event, branch)

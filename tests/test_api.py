@@ -1,17 +1,22 @@
-"""The API's refusals, in process: the forge list, missing secrets and tokens, bad bodies."""
+"""The status API in process: what each endpoint answers, its refusals, and offline docs."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from gitops_sless import api_models
 from gitops_sless.api import create_api
-from gitops_sless.store import Store
+from gitops_sless.store import BUILD_PHASES, FUNCTION_PHASES, JOB_PHASES, LOG_TAIL_CHARS, Store
+
+RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+CAMEL = re.compile(r"[a-z][a-zA-Z0-9]*")
+DEC_1_2025 = 1764583200.0  # 2025-12-01T10:00:00Z
 
 
 class RecordingReconciler:
@@ -20,14 +25,17 @@ class RecordingReconciler:
     env = "prod"
     passes = 0
 
-    def __init__(self) -> None:
+    def __init__(self, finishes: bool = False) -> None:
         self.requests: list[str] = []
+        self.waits: list[float] = []
+        self.finishes = finishes
 
     def request_sync(self, trigger: str) -> None:
         self.requests.append(trigger)
 
     def wait_for_pass(self, after: int, timeout: float) -> bool:
-        return False
+        self.waits.append(timeout)
+        return self.finishes
 
 
 class Client:
@@ -51,74 +59,368 @@ class Client:
         return self.request("POST", url, **kwargs)
 
 
-def client(tmp_path, token="t", secret="s") -> tuple[Client, RecordingReconciler]:
-    reconciler = RecordingReconciler()
+@dataclass
+class Api:
+    http: Client
+    reconciler: RecordingReconciler
+    store: Store
+
+
+def make_api(tmp_path, token="t", secret="s", finishes=False) -> Api:
+    reconciler = RecordingReconciler(finishes)
     store = Store(tmp_path / "status.db")
     app = create_api(reconciler, store, "main", "repo", api_token=token, webhook_secret=secret)
-    return Client(app), reconciler
+    return Api(Client(app), reconciler, store)
 
 
-def signed(body: bytes, secret: str = "s") -> dict[str, str]:
-    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return {"X-Gitea-Signature": digest, "X-Gitea-Event": "push"}
+@pytest.fixture
+def api(tmp_path) -> Api:
+    return make_api(tmp_path)
 
 
-def test_unknown_forge_is_404(tmp_path):
-    http, _ = client(tmp_path)
-    response = http.post("/api/v1/webhooks/bitbucket", content=b"{}")
-    assert response.status_code == 404
-    assert "use one of github, gitea, gitlab" in response.json()["error"]
+def finished_sync(store: Store, result: str, revision: str | None, error: str | None = None):
+    sync_id = store.begin_sync("prod", "poll")
+    store.finish_sync(sync_id, result, revision, error)
+    return sync_id
 
 
-def test_webhooks_without_a_secret_are_refused(tmp_path):
-    http, reconciler = client(tmp_path, secret=None)
-    response = http.post("/api/v1/webhooks/gitea", content=b"{}", headers=signed(b"{}"))
-    assert response.status_code == 403
-    assert "no webhook secret" in response.json()["error"]
-    assert reconciler.requests == []
+def keys_in(value: Any, path: str = "") -> list[str]:
+    """Every object key in a JSON document, except the phase names used as keys of ``phases``."""
+    if isinstance(value, list):
+        return [key for item in value for key in keys_in(item, path)]
+    if not isinstance(value, dict) or path.endswith(".phases"):
+        return []
+    return [
+        found for key, item in value.items() for found in [key, *keys_in(item, f"{path}.{key}")]
+    ]
+
+
+# --- shapes --------------------------------------------------------------------------------
+
+
+def test_status_tells_the_fetched_revision_from_the_last_good_one(api):
+    finished_sync(api.store, "Succeeded", "good111")
+    finished_sync(api.store, "Invalid", "bad2222")  # fetched, but one manifest is invalid
+    failed = finished_sync(api.store, "Failed", None, "fetch: connection refused")
+    api.store.set_function("prod", "a", phase="Ready")
+    api.store.set_function("prod", "b", phase="Ready")
+    api.store.set_function("prod", "c", phase="Invalid")
+
+    status = api.http.get("/api/v1/status").json()
+
+    assert status["fetchedRevision"] == "bad2222"
+    assert status["lastGoodRevision"] == "good111"
+    assert status["lastSync"]["id"] == failed
+    assert status["lastSync"]["result"] == "Failed"
+    assert status["lastSync"]["error"] == "fetch: connection refused"
+    assert (status["repository"], status["branch"], status["environment"]) == (
+        "repo",
+        "main",
+        "prod",
+    )
+    assert (status["functions"], status["phases"]) == (3, {"Ready": 2, "Invalid": 1})
+
+
+def test_status_before_any_pass_has_no_revisions(api):
+    status = api.http.get("/api/v1/status").json()
+    assert status["fetchedRevision"] is None
+    assert status["lastGoodRevision"] is None
+    assert status["lastSync"] is None
+    assert (status["functions"], status["phases"]) == (0, {})
+
+
+def test_repeated_passes_are_one_row_with_a_count_and_last_seen(api):
+    single = finished_sync(api.store, "Invalid", "abc")
+    api.store.repeat_sync("prod", "poll", DEC_1_2025, "Succeeded", "def", None)
+    for _ in range(2):
+        api.store.repeat_sync("prod", "poll", DEC_1_2025, "Succeeded", "def", None)
+
+    folded, first = api.http.get("/api/v1/syncs").json()
+
+    assert first["id"] == single
+    assert (first["count"], first["lastSeen"]) == (1, None)
+    assert folded["started"] == "2025-12-01T10:00:00.000Z"
+    assert (folded["count"], folded["result"], folded["revision"]) == (3, "Succeeded", "def")
+    assert RFC3339.fullmatch(folded["lastSeen"])
+    assert folded["lastSeen"] > folded["started"]
+
+
+def test_syncs_limit_is_clamped(api):
+    for _ in range(3):
+        finished_sync(api.store, "Failed", None, "x")
+    assert len(api.http.get("/api/v1/syncs", params={"limit": 2}).json()) == 2
+    assert len(api.http.get("/api/v1/syncs", params={"limit": -5}).json()) == 1
+
+
+def test_function_list_names_fields_in_camel_case(api):
+    api.store.set_function(
+        "prod",
+        "greet",
+        phase="Ready",
+        build_tag="python3.11-abc",
+        revision="c0ffee",
+        url="http://h/fn/prod/greet/",
+        message="serving",
+        manifest="functions/greet/sless.yaml",
+        spec={"internal": True},
+    )
+    (fn,) = api.http.get("/api/v1/environments/prod/functions").json()
+    updated = fn.pop("updated")
+    assert fn == {
+        "name": "greet",
+        "phase": "Ready",
+        "buildTag": "python3.11-abc",
+        "revision": "c0ffee",
+        "url": "http://h/fn/prod/greet/",
+        "message": "serving",
+        "manifest": "functions/greet/sless.yaml",
+        "restarts": 0,
+        "lastExit": None,
+    }
+    assert RFC3339.fullmatch(updated)
+
+
+def test_restarts_and_last_exit_come_from_the_store(api):
+    api.store.set_function("prod", "crashy", phase="Ready", restarts=2, last_exit="exit code 1")
+    (fn,) = api.http.get("/api/v1/environments/prod/functions").json()
+    assert (fn["restarts"], fn["lastExit"]) == (2, "exit code 1")
+
+
+def test_a_store_without_restarts_reads_as_none_yet():
+    row = {
+        "name": "f",
+        "phase": "Ready",
+        "build_tag": None,
+        "revision": None,
+        "url": None,
+        "message": None,
+        "manifest": None,
+        "updated": DEC_1_2025,
+    }
+    fn = api_models.Function.from_row(row).model_dump()
+    assert (fn["restarts"], fn["lastExit"]) == (0, None)
+
+
+def test_function_detail_has_its_build_jobs_and_latest_calls(api):
+    api.store.set_function("prod", "greet", phase="Failed", build_tag="py-1", revision="r1")
+    api.store.start_build("py-1", "python3.11", "src")
+    log = "x" * LOG_TAIL_CHARS + "the end of the log"
+    api.store.finish_build("py-1", "Failed", log, "pip install exited 1")
+    api.store.set_job_run("prod", "stamp", 2, function="greet", phase="Succeeded", result="{}")
+    api.store.set_job_run("prod", "stamp", 1, function="greet", phase="Failed", attempts=3)
+    api.store.set_job_run("prod", "other", 1, function="elsewhere", phase="Pending")
+    api.store.record_invocations(
+        [
+            ("prod", "greet", "GET", "/short", 200, 1.25, DEC_1_2025, "req-1"),
+            ("prod", "greet", "POST", "/" + "p" * 1000, 502, 3.0, DEC_1_2025 + 1.5, "req-2"),
+        ]
+    )
+
+    detail = api.http.get("/api/v1/environments/prod/functions/greet").json()
+
+    assert (detail["name"], detail["phase"], detail["buildTag"]) == ("greet", "Failed", "py-1")
+    build = detail["build"]
+    assert (build["tag"], build["phase"], build["error"]) == (
+        "py-1",
+        "Failed",
+        "pip install exited 1",
+    )
+    assert len(build["logTail"]) == LOG_TAIL_CHARS
+    assert build["logTail"].endswith("the end of the log")
+    assert RFC3339.fullmatch(build["started"]) and RFC3339.fullmatch(build["finished"])
+    assert [(j["name"], j["runId"], j["phase"], j["attempts"]) for j in detail["jobs"]] == [
+        ("stamp", 2, "Succeeded", 0),
+        ("stamp", 1, "Failed", 3),
+    ]
+    newest, oldest = detail["invocations"]
+    assert oldest == {
+        "method": "GET",
+        "path": "/short",
+        "pathTruncated": False,
+        "status": 200,
+        "durationMs": 1.25,
+        "time": "2025-12-01T10:00:00.000Z",
+        "requestId": "req-1",
+    }
+    assert (newest["status"], newest["requestId"], newest["time"]) == (
+        502,
+        "req-2",
+        "2025-12-01T10:00:01.500Z",
+    )
+    assert newest["pathTruncated"] is True and len(newest["path"]) == 256
+
+
+def test_jobs_list_every_run_with_its_run_id(api):
+    api.store.set_job_run(
+        "prod", "sum", 4, function="summer", phase="Succeeded", result="10", started=DEC_1_2025
+    )
+    (job,) = api.http.get("/api/v1/environments/prod/jobs").json()
+    assert job == {
+        "name": "sum",
+        "runId": 4,
+        "function": "summer",
+        "phase": "Succeeded",
+        "result": "10",
+        "error": None,
+        "started": "2025-12-01T10:00:00.000Z",
+        "finished": None,
+        "attempts": 0,
+    }
+
+
+def test_environments_count_functions_and_show_their_last_sync(api):
+    api.store.set_function("prod", "a")
+    api.store.set_function("dev", "a")
+    api.store.set_function("dev", "b")
+    sync_id = finished_sync(api.store, "Succeeded", "abc")
+    envs = api.http.get("/api/v1/environments").json()
+    assert [(e["name"], e["functions"]) for e in envs] == [("dev", 2), ("prod", 1)]
+    assert envs[0]["lastSync"] is None
+    assert envs[1]["lastSync"]["id"] == sync_id
+
+
+def test_no_response_uses_a_store_column_name(api):
+    api.store.set_function("prod", "greet", phase="Ready", build_tag="t")
+    api.store.start_build("t", "python3.11", "src", folder="functions/greet")
+    api.store.set_job_run("prod", "j", 1, function="greet")
+    api.store.record_invocations([("prod", "greet", "GET", "/", 200, 1.0, DEC_1_2025, "r")])
+    api.store.repeat_sync("prod", "poll", DEC_1_2025, "Succeeded", "abc", None)
+    api.store.repeat_sync("prod", "poll", DEC_1_2025, "Succeeded", "abc", None)
+    answers = [
+        api.http.get(path).json()
+        for path in (
+            "/api/v1/status",
+            "/api/v1/environments",
+            "/api/v1/environments/prod/functions",
+            "/api/v1/environments/prod/functions/greet",
+            "/api/v1/environments/prod/jobs",
+            "/api/v1/syncs",
+        )
+    ]
+    answers.append(api.http.post("/api/v1/sync", headers={"Authorization": "Bearer t"}).json())
+    keys = {key for answer in answers for key in keys_in(answer)}
+    assert {"buildTag", "runId", "requestId", "durationMs", "lastSeen", "logTail"} <= keys
+    assert [key for key in keys if not CAMEL.fullmatch(key)] == []
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "requests"),
+    ("epoch", "text"),
     [
-        pytest.param(b'{"ref": "refs/heads/main"}', 202, ["webhook:gitea"], id="push-to-main"),
-        pytest.param(b'{"ref": "refs/heads/dev"}', 200, [], id="push-elsewhere"),
-        pytest.param(b"[]", 400, [], id="not-an-object"),
+        pytest.param(DEC_1_2025 + 0.123, "2025-12-01T10:00:00.123Z", id="milliseconds"),
+        pytest.param(DEC_1_2025 - 0.0004, "2025-12-01T10:00:00.000Z", id="rounds-down"),
+        pytest.param(DEC_1_2025 + 59.9996, "2025-12-01T10:01:00.000Z", id="rounds-up-a-minute"),
+        pytest.param(0, "1970-01-01T00:00:00.000Z", id="epoch"),
+        pytest.param(None, None, id="none"),
     ],
 )
-def test_gitea_push(tmp_path, body, status, requests):
-    http, reconciler = client(tmp_path)
-    response = http.post("/api/v1/webhooks/gitea", content=body, headers=signed(body))
-    assert response.status_code == status
-    assert reconciler.requests == requests
+def test_times_are_rfc3339_utc_with_milliseconds(epoch, text):
+    assert api_models.rfc3339(epoch) == text
 
 
-def test_gitlab_token(tmp_path):
-    http, reconciler = client(tmp_path)
-    body = b'{"ref": "refs/heads/main"}'
-    headers = {"X-Gitlab-Event": "Push Hook"}
-    bad = http.post(
-        "/api/v1/webhooks/gitlab", content=body, headers={**headers, "X-Gitlab-Token": "x"}
+def test_phases_in_the_schema_are_the_stores():
+    def literal(annotation: Any) -> tuple[str, ...]:
+        return annotation.__args__
+
+    assert literal(api_models.FunctionPhase) == FUNCTION_PHASES
+    assert literal(api_models.JobPhase) == JOB_PHASES
+    assert literal(api_models.BuildPhase) == BUILD_PHASES
+
+
+# --- sync now and refusals --------------------------------------------------------------------
+
+
+def test_sync_with_the_token_is_accepted_and_waits(tmp_path):
+    api = make_api(tmp_path, finishes=True)
+    sync_id = finished_sync(api.store, "Succeeded", "abc")
+    response = api.http.post(
+        "/api/v1/sync", params={"wait": 5}, headers={"Authorization": "Bearer t"}
     )
-    assert bad.status_code == 401
-    good = http.post(
-        "/api/v1/webhooks/gitlab", content=body, headers={**headers, "X-Gitlab-Token": "s"}
-    )
-    assert good.status_code == 202
-    assert reconciler.requests == ["webhook:gitlab"]
-
-
-def test_sync_with_the_token_is_accepted(tmp_path):
-    http, reconciler = client(tmp_path)
-    response = http.post("/api/v1/sync", headers={"Authorization": "Bearer t"})
     assert response.status_code == 202
-    assert response.json()["accepted"] is True
-    assert reconciler.requests == ["api"]
+    body = response.json()
+    assert (body["accepted"], body["finished"], body["lastSync"]["id"]) == (True, True, sync_id)
+    assert (api.reconciler.requests, api.reconciler.waits) == (["api"], [5])
 
 
-def test_unknown_function_is_404(tmp_path):
-    http, _ = client(tmp_path)
-    response = http.get("/api/v1/environments/prod/functions/nope")
-    assert response.status_code == 404
-    assert http.get("/api/v1/environments/prod/functions").json() == []
-    assert http.get("/docs").status_code == 200
+def test_sync_does_not_wait_longer_than_ten_minutes(api):
+    headers = {"Authorization": "Bearer t"}
+    body = api.http.post("/api/v1/sync", params={"wait": 86400}, headers=headers).json()
+    assert (body["finished"], body["lastSync"]) == (False, None)
+    assert api.reconciler.waits == [600]
+
+
+@pytest.mark.parametrize(
+    ("token", "headers", "status", "message"),
+    [
+        pytest.param("t", {}, 401, "Authorization: Bearer", id="no-header"),
+        pytest.param("t", {"Authorization": "Bearer nope"}, 401, "Bearer", id="wrong-token"),
+        pytest.param("t", {"Authorization": "Basic dDp0"}, 401, "Bearer", id="not-bearer"),
+        pytest.param(None, {"Authorization": "Bearer t"}, 403, "no API token", id="no-token-set"),
+    ],
+)
+def test_sync_refusals(tmp_path, token, headers, status, message):
+    api = make_api(tmp_path, token=token)
+    response = api.http.post("/api/v1/sync", headers=headers)
+    assert response.status_code == status
+    assert message in response.json()["error"]
+    assert api.reconciler.requests == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        pytest.param(
+            "GET",
+            "/api/v1/environments/prod/functions/nope",
+            404,
+            "no function 'nope' in environment 'prod'",
+            id="unknown-function",
+        ),
+        pytest.param(
+            "GET",
+            "/api/v1/syncs?limit=many",
+            422,
+            "query parameter 'limit': Input should be a valid integer",
+            id="bad-limit",
+        ),
+        pytest.param(
+            "POST",
+            "/api/v1/sync?wait=soon",
+            422,
+            "query parameter 'wait'",
+            id="bad-wait",
+        ),
+        pytest.param("GET", "/api/v2/status", 404, "Not Found", id="unknown-path"),
+        pytest.param("GET", "/api/v1/sync", 405, "Method Not Allowed", id="wrong-method"),
+    ],
+)
+def test_errors_are_one_json_shape(api, method, path, status, message):
+    response = api.http.request(method, path, headers={"Authorization": "Bearer t"})
+    assert response.status_code == status
+    assert response.json() == {"error": response.json()["error"]}
+    assert message in response.json()["error"]
+
+
+def test_health_and_metrics(api):
+    assert api.http.get("/healthz").json() == {"status": "ok"}
+    metrics = api.http.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    assert "sless_syncs_total" in metrics.text
+
+
+# --- docs ------------------------------------------------------------------------------------
+
+
+def test_docs_work_offline(api):
+    page = api.http.get("/docs")
+    assert page.status_code == 200
+    links = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", page.text)
+    assert links, "the page references no assets"
+    assert [link for link in links if re.match(r"(https?:)?//", link)] == []
+    assert "cdn." not in page.text and "https://" not in page.text
+    for link in links:
+        asset = api.http.get(link)
+        assert asset.status_code == 200, link
+        assert len(asset.content) > 1000, link
+    scripts = [api.http.get(link) for link in links if link.endswith(".js")]
+    assert any(b"SwaggerUIBundle" in script.content for script in scripts)
+    assert api.http.get("/openapi.json").json()["info"]["title"] == "gitops-sless"

@@ -47,6 +47,7 @@ RANKS = {
     "proxy_fast": 7,
     "reconciler": 7,
     "api": 8,
+    "api_models": 8,
     "serve": 9,
     "cli": 9,
     "__init__": 9,

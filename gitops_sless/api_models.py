@@ -1,0 +1,294 @@
+"""What the status API answers: pydantic models, and the mapping from store rows to them.
+
+Store rows are plain dicts whose keys are SQLite column names; the API's names
+are camelCase (``buildTag``, ``runId``, ``lastSync``) and its times are RFC 3339
+UTC strings (``2026-12-01T10:00:00.123Z``). Each model's ``from_row`` names
+every field it takes, so a column rename or a new column never leaks out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .store import LOG_TAIL_CHARS
+
+__all__ = [
+    "Build",
+    "Environment",
+    "ErrorReply",
+    "Function",
+    "FunctionDetail",
+    "Health",
+    "Invocation",
+    "JobRun",
+    "Status",
+    "Sync",
+    "SyncAccepted",
+    "WebhookReply",
+    "rfc3339",
+]
+
+FunctionPhase = Literal["Pending", "Building", "Ready", "Failed", "Invalid", "Disabled"]
+JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
+BuildPhase = Literal["Building", "Succeeded", "Failed"]
+SyncResult = Literal["Running", "Succeeded", "Invalid", "Failed"]
+
+Timestamp = Annotated[
+    str,
+    Field(
+        pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$",
+        json_schema_extra={"format": "date-time"},
+        examples=["2026-12-01T10:00:00.123Z"],
+    ),
+]
+
+
+def rfc3339(epoch: float | None) -> str | None:
+    """Seconds since the epoch as ``2026-12-01T10:00:00.123Z`` (UTC, milliseconds)."""
+    if epoch is None:
+        return None
+    seconds, millis = divmod(round(epoch * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+class ApiModel(BaseModel):
+    """Python names in snake_case, JSON names in camelCase."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, serialize_by_alias=True, frozen=True
+    )
+
+
+class ErrorReply(ApiModel):
+    error: str = Field(description="what went wrong, for a person to read")
+
+
+class Health(ApiModel):
+    status: Literal["ok"]
+
+
+class Sync(ApiModel):
+    """One reconcile pass; repeated passes that changed nothing share one row."""
+
+    id: int
+    trigger: str = Field(description="what started it: startup, poll, api, webhook:<forge>")
+    started: Timestamp
+    finished: Timestamp | None
+    revision: str | None = Field(description="the commit it fetched, when the fetch worked")
+    result: SyncResult
+    error: str | None
+    count: int = Field(description="how many passes this row stands for")
+    last_seen: Timestamp | None = Field(description="the latest of them; null when count is 1")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Sync:
+        count = int(row.get("count") or 1)
+        return cls(
+            id=row["id"],
+            trigger=row["trigger"],
+            started=rfc3339(row["started"]),
+            finished=rfc3339(row["finished"]),
+            revision=row["revision"],
+            result=row["result"],
+            error=row["error"],
+            count=count,
+            last_seen=rfc3339(row.get("last_seen")) if count > 1 else None,
+        )
+
+
+def _sync_or_none(row: dict[str, Any] | None) -> Sync | None:
+    return Sync.from_row(row) if row else None
+
+
+class Function(ApiModel):
+    name: str
+    phase: FunctionPhase
+    build_tag: str | None = Field(description="the image or artifact it runs")
+    revision: str | None = Field(description="the commit whose code it serves")
+    url: str | None
+    message: str | None = Field(description="why it is in this phase")
+    manifest: str | None = Field(description="the sless.yaml that declares it")
+    updated: Timestamp
+    restarts: int = Field(description="times its process was restarted")
+    last_exit: str | None = Field(description="how its process last ended")
+
+    @classmethod
+    def fields_from_row(cls, row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": row["name"],
+            "phase": row["phase"],
+            "build_tag": row["build_tag"],
+            "revision": row["revision"],
+            "url": row["url"],
+            "message": row["message"],
+            "manifest": row["manifest"],
+            "updated": rfc3339(row["updated"]),
+            "restarts": row.get("restarts") or 0,
+            "last_exit": row.get("last_exit"),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Function:
+        return cls(**cls.fields_from_row(row))
+
+
+class Build(ApiModel):
+    tag: str
+    phase: BuildPhase
+    started: Timestamp
+    finished: Timestamp | None
+    error: str | None
+    log_tail: str = Field(description=f"the last {LOG_TAIL_CHARS} characters of the build log")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Build:
+        return cls(
+            tag=row["tag"],
+            phase=row["phase"],
+            started=rfc3339(row["started"]),
+            finished=rfc3339(row["finished"]),
+            error=row["error"],
+            log_tail=(row["log"] or "")[-LOG_TAIL_CHARS:],
+        )
+
+
+class JobRun(ApiModel):
+    name: str
+    run_id: int
+    function: str = Field(description="the function whose code the job runs")
+    phase: JobPhase
+    result: str | None = Field(description="the handler's JSON result, once it succeeded")
+    error: str | None
+    started: Timestamp | None
+    finished: Timestamp | None
+    attempts: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> JobRun:
+        return cls(
+            name=row["name"],
+            run_id=row["run_id"],
+            function=row["function"],
+            phase=row["phase"],
+            result=row["result"],
+            error=row["error"],
+            started=rfc3339(row["started"]),
+            finished=rfc3339(row["finished"]),
+            attempts=row.get("attempts") or 0,
+        )
+
+
+class Invocation(ApiModel):
+    method: str = Field(description="the HTTP method, or CRON for a scheduled call")
+    path: str
+    path_truncated: bool = Field(description="the path was cut to its first 256 bytes")
+    status: int
+    duration_ms: float
+    time: Timestamp
+    request_id: str
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Invocation:
+        return cls(
+            method=row["method"],
+            path=row["path"],
+            path_truncated=bool(row.get("truncated")),
+            status=row["status"],
+            duration_ms=row["duration_ms"],
+            time=rfc3339(row["time"]),
+            request_id=row["request_id"],
+        )
+
+
+class FunctionDetail(Function):
+    build: Build | None
+    jobs: list[JobRun]
+    invocations: list[Invocation] = Field(description="the latest calls, newest first")
+
+    @classmethod
+    def from_rows(
+        cls,
+        row: dict[str, Any],
+        build: dict[str, Any] | None,
+        jobs: list[dict[str, Any]],
+        invocations: list[dict[str, Any]],
+    ) -> FunctionDetail:
+        return cls(
+            **cls.fields_from_row(row),
+            build=Build.from_row(build) if build else None,
+            jobs=[JobRun.from_row(job) for job in jobs],
+            invocations=[Invocation.from_row(call) for call in invocations],
+        )
+
+
+class Environment(ApiModel):
+    name: str
+    functions: int = Field(description="how many functions it has")
+    last_sync: Sync | None
+
+    @classmethod
+    def from_rows(
+        cls, name: str, functions: list[dict[str, Any]], last_sync: dict[str, Any] | None
+    ) -> Environment:
+        return cls(name=name, functions=len(functions), last_sync=_sync_or_none(last_sync))
+
+
+class Status(ApiModel):
+    repository: str
+    branch: str
+    environment: str
+    fetched_revision: str | None = Field(
+        description="the revision of the newest pass that fetched one, whatever its result"
+    )
+    last_good_revision: str | None = Field(
+        description="the revision of the newest pass whose every manifest was valid"
+    )
+    last_sync: Sync | None
+    functions: int
+    phases: dict[FunctionPhase, int] = Field(description="how many functions are in each phase")
+
+    @classmethod
+    def from_rows(
+        cls,
+        *,
+        repository: str,
+        branch: str,
+        environment: str,
+        functions: list[dict[str, Any]],
+        syncs: list[dict[str, Any]],
+    ) -> Status:
+        """``syncs`` newest first."""
+        phases: dict[str, int] = {}
+        for fn in functions:
+            phases[fn["phase"]] = phases.get(fn["phase"], 0) + 1
+        fetched = (s["revision"] for s in syncs if s["revision"])
+        good = (s["revision"] for s in syncs if s["revision"] and s["result"] == "Succeeded")
+        return cls(
+            repository=repository,
+            branch=branch,
+            environment=environment,
+            fetched_revision=next(fetched, None),
+            last_good_revision=next(good, None),
+            last_sync=_sync_or_none(syncs[0] if syncs else None),
+            functions=len(functions),
+            phases=phases,
+        )
+
+
+class SyncAccepted(ApiModel):
+    accepted: bool
+    finished: bool = Field(description="a pass finished within ?wait= seconds")
+    last_sync: Sync | None
+
+    @classmethod
+    def from_rows(cls, last_sync: dict[str, Any] | None, *, finished: bool) -> SyncAccepted:
+        return cls(accepted=True, finished=finished, last_sync=_sync_or_none(last_sync))
+
+
+class WebhookReply(ApiModel):
+    accepted: bool = Field(description="a sync was requested")
+    ignored: str | None = Field(None, description="why nothing was synced")
