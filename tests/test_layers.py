@@ -40,6 +40,7 @@ RANKS = {
     "local.scheduler": 6,
     "local.backend": 6,
     "local.orphans": 6,
+    "local.memory": 6,
     "local.gc": 6,
     "proxy": 7,
     "proxy_upstream": 7,

@@ -18,7 +18,7 @@ from ..manifest import Function, Job, SecretRef
 from ..routes import Route, RouteTable
 from ..source import Snapshot
 from . import builder as local_builder
-from .processes import ProcessSpec, Supervisor, run_once
+from .processes import ProcessSpec, ReplicaEvent, Supervisor
 from .scheduler import CronScheduler
 from .secrets import SecretsDir
 
@@ -48,7 +48,11 @@ class LocalBackend(Backend):
         max_builds: int = 2,
         build_timeout_sec: float = 600,
         on_cron: Callable[[CronRun], None] | None = None,
+        on_replica_event: ReplicaEvent | None = None,
     ) -> None:
+        """``on_replica_event(env, function, kind, reason)``: kind "exited" when a replica
+        ended on its own (reason "OOMKilled: ..." or "exited with code N"), "recovered"
+        when restarts brought the function back to its replicas (reason None)."""
         self.routes = routes
         self.secrets = secrets
         self.builder = local_builder.LocalBuilder(
@@ -56,7 +60,9 @@ class LocalBackend(Backend):
         )
         self._http: dict[tuple[str, str], float] = {}  # http functions -> timeout
         self._on_cron = on_cron
-        self.supervisor = Supervisor(state_dir, self._upstreams_changed)
+        self.supervisor = Supervisor(
+            state_dir, self._upstreams_changed, on_replica_event=on_replica_event
+        )
         self.crons = CronScheduler()
 
     # --- building ---------------------------------------------------------------------
@@ -84,16 +90,21 @@ class LocalBackend(Backend):
             artifact=self.builder.path(fn.build_tag),
             timeout_sec=fn.timeout_sec,
             env_vars=resolved,
+            memory_mb=fn.memory_mb,
         )
 
     def _upstreams_changed(
-        self, env: str, name: str, upstreams: tuple[tuple[str, int], ...]
+        self,
+        env: str,
+        name: str,
+        upstreams: tuple[tuple[str, int], ...],
+        last_exit: str | None,
     ) -> None:
         timeout = self._http.get((env, name))
         if timeout is None:
             self.routes.remove(env, name)
         else:
-            self.routes.set(Route(env, name, timeout, upstreams))
+            self.routes.set(Route(env, name, timeout, upstreams, last_exit=last_exit))
 
     def deployed(self, env: str) -> dict[str, str]:
         return self.supervisor.deployed(env)
@@ -114,9 +125,11 @@ class LocalBackend(Backend):
         def fire(index: int, event: Mapping[str, Any]) -> None:
             started = time.monotonic()
             try:
-                output, ok = run_once(spec, event, spec.timeout_sec), True
+                output, ok = self.supervisor.run_once(spec, event, spec.timeout_sec), True
             except JobFailed as exc:
                 output, ok = str(exc), False
+            if not ok and self.supervisor.closing:
+                return  # stopped by the shutdown, or never started: not a run of the trigger
             elapsed = (time.monotonic() - started) * 1000
             log.info("%s/%s: cron trigger %d ran (%s)", spec.env_name, spec.function, index, ok)
             if self._on_cron:
@@ -131,7 +144,8 @@ class LocalBackend(Backend):
         self.supervisor.remove(env, name)
 
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
-        return run_once(self._process_spec(env, fn, env_vars), job.event, fn.timeout_sec)
+        spec = self._process_spec(env, fn, env_vars)
+        return self.supervisor.run_once(spec, job.event, fn.timeout_sec)
 
     def close(self) -> None:
         self.crons.close()

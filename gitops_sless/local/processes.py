@@ -3,10 +3,15 @@
 A replica takes traffic only after ``/health`` answers. Replacing a function
 starts the new replicas first, switches the route, and only then stops the
 old ones, so no request finds nothing to answer it. A replica that dies is
-taken out of the route at once and restarted with exponential backoff.
+taken out of the route at once and restarted with exponential backoff; why it
+ended (``OOMKilled: …``, ``exited with code 1``) goes with the route.
 
-Every child's pid is written under ``<state>/pids`` so that a reconciler that
-was killed outright can stop its orphans when it starts again.
+Every process runs under its function's ``memoryMB`` (see ``memory``), and is
+tracked from the moment it is started until it has been waited for, so
+:meth:`Supervisor.close` stops all of them, whatever was starting at the time;
+after ``close`` nothing new starts. Every child's pid is also written under
+``<state>/pids`` so that a reconciler that was killed outright can stop its
+orphans when it starts again.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from .. import logs
 from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
+from . import memory
 from .orphans import ProcessGroups
 
-__all__ = ["ProcessSpec", "Supervisor", "run_once"]
+__all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "Upstreams", "exit_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +47,14 @@ DRAIN_SEC = 1.0
 BACKOFF_FIRST_SEC = 0.5
 BACKOFF_MAX_SEC = 60.0
 STABLE_AFTER_SEC = 30.0
+WATCH_SEC = 0.1
 LOG_TAIL_BYTES = 2000
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
+
+# (env, function, upstreams, why the last replica that left the route ended)
+Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None], None]
+# (env, function, "exited" | "recovered", reason: "OOMKilled: ..." / "exited with code 1" | None)
+ReplicaEvent = Callable[[str, str, str, str | None], None]
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,7 @@ class ProcessSpec:
     artifact: Path
     timeout_sec: float
     env_vars: Mapping[str, str]
+    memory_mb: int | None = None  # killed above this (OOMKilled); None: no limit
 
     def environ(self, extra: Mapping[str, str]) -> dict[str, str]:
         base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
@@ -91,15 +106,54 @@ def _tail(path: Path) -> str:
         return ""
 
 
-@dataclass
-class _Replica:
+def exit_reason(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def _backoff(failures: int) -> float:
+    return min(BACKOFF_MAX_SEC, BACKOFF_FIRST_SEC * 2 ** max(0, failures - 1))
+
+
+@dataclass(eq=False)
+class _Child:
+    """A started process, tracked until it has been waited for."""
+
     process: subprocess.Popen[bytes]
+    limit: memory.Limit
+    spec: ProcessSpec
+    _reason: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def finish(self) -> str:
+        """Why the (exited, waited for) process ended; releases its limit. Idempotent."""
+        with self._lock:
+            if self._reason is None:
+                code = self.process.returncode
+                oom = self.limit.reason()
+                self._reason = oom or exit_reason(code if code is not None else -9)
+                self.limit.release()
+            return self._reason
+
+
+@dataclass(eq=False)
+class _Replica:
+    child: _Child
     port: int
     log_path: Path
     started: float = field(default_factory=time.monotonic)
 
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
 
-@dataclass
+
+@dataclass(eq=False)
 class _Unit:
     spec: ProcessSpec
     spec_hash: str
@@ -107,6 +161,15 @@ class _Unit:
     replicas: list[_Replica] = field(default_factory=list)
     failures: int = 0
     restart_at: float = 0.0
+    last_exit: str | None = None
+    degraded: bool = False  # a replica exited; "recovered" once all are back
+    restarting: bool = False
+
+
+class _StartFailed(ApplyFailed):
+    def __init__(self, message: str, reason: str | None) -> None:
+        super().__init__(message)
+        self.reason = reason  # how the runtime ended, if it did
 
 
 class Supervisor:
@@ -115,8 +178,10 @@ class Supervisor:
     def __init__(
         self,
         state_dir: Path,
-        on_upstreams: Callable[[str, str, tuple[tuple[str, int], ...]], None],
+        on_upstreams: Upstreams,
         host: str = "127.0.0.1",
+        on_replica_event: ReplicaEvent | None = None,
+        memory_guard: memory.MemoryGuard | None = None,
     ) -> None:
         self.host = host
         self.logs = state_dir / "logs"
@@ -124,15 +189,24 @@ class Supervisor:
         orphans = self.pids.stop_orphans()
         if orphans:
             log.warning("stopped %d runtime processes left by an earlier run", orphans)
+        self.memory = memory_guard or memory.detect()
         self._on_upstreams = on_upstreams
+        self._on_replica_event = on_replica_event
         self._units: dict[tuple[str, str], _Unit] = {}
-        self._draining: list[_Replica] = []
+        self._children: dict[int, _Child] = {}  # every process started and not yet reaped
+        self._spawning = 0  # Popen calls under way
+        self._closing = False
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
         self._monitor = threading.Thread(target=self._watch, name="sless-supervisor", daemon=True)
         self._monitor.start()
 
     # --- public -------------------------------------------------------------------------
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def deployed(self, env: str) -> dict[str, str]:
         with self._lock:
@@ -141,68 +215,216 @@ class Supervisor:
     def apply(self, spec: ProcessSpec, spec_hash: str, replicas: int) -> None:
         """Run ``replicas`` healthy servers of ``spec``; the old ones stop after the switch."""
         key = (spec.env_name, spec.function)
-        fresh = [self._start_healthy(spec) for _ in range(replicas)] if replicas else []
+        old = None
+        fresh: list[_Replica] = []
+        try:
+            for _ in range(replicas):
+                fresh.append(self._start_healthy(spec))
+        except BaseException:
+            self._stop([r.child for r in fresh])
+            raise
         with self._lock:
-            old = self._units.get(key)
-            self._units[key] = _Unit(spec, spec_hash, replicas, fresh)
-            self._publish(key)
+            refused = self._closing
+            if not refused:
+                old = self._units.get(key)
+                self._units[key] = _Unit(spec, spec_hash, replicas, fresh)
+                self._publish(key)
+        if refused:
+            self._stop([r.child for r in fresh])
+            raise self._shutting_down(spec)
         if old:
-            self._stop_later(old.replicas)
+            self._stop_later([r.child for r in old.replicas])
 
     def remove(self, env: str, name: str) -> None:
         with self._lock:
             unit = self._units.pop((env, name), None)
         if unit:
-            self._stop(unit.replicas)
+            self._stop([r.child for r in unit.replicas])
+
+    def run_once(self, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
+        """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
+        name = spec.function
+        child = self._start(
+            spec,
+            spec.command("runner"),
+            JobFailed(f"{name}: not run: the local backend is shutting down"),
+            cwd=spec.artifact,
+            env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True)}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        timed_out = False
+        try:
+            try:
+                out, err = child.process.communicate(timeout=timeout_sec + 5)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _signal_group(child.pid, signal.SIGKILL)
+                out, err = child.process.communicate()
+        finally:
+            _signal_group(child.pid, signal.SIGKILL)  # whatever the runner left behind
+            child.process.wait()
+            reason = self._reap(child)
+        code = child.process.returncode
+        if code != 0 and self._closing:
+            raise JobFailed(f"{name}: interrupted by shutdown")
+        if reason.startswith("OOMKilled"):
+            raise JobFailed(f"{name}: {reason}")
+        if timed_out:
+            raise JobFailed(f"{name}: timed out after {timeout_sec:g}s")
+        stderr = err.decode("utf-8", "replace").strip()
+        if code != 0:
+            last = stderr.splitlines()[-1] if stderr else "no output on stderr"
+            raise JobFailed(f"{name}: {reason}: {last}")
+        result = out.decode("utf-8", "replace").strip()
+        try:
+            json.loads(result)
+        except ValueError as exc:
+            raise JobFailed(f"{name}: the result is not JSON: {result[:200]!r}") from exc
+        return result
 
     def close(self) -> None:
-        self._closed.set()
+        """Stop every process started, and start none from now on (safe to call twice)."""
         with self._lock:
-            units, self._units = list(self._units.values()), {}
-            draining, self._draining = self._draining, []
-        self._stop([r for u in units for r in u.replicas] + draining)
+            self._closing = True
+            # a Popen under way returns quickly; its process is then tracked and stopped here
+            self._changed.wait_for(lambda: self._spawning == 0, timeout=30)
+            self._units = {}
+            children = list(self._children.values())
+        self._closed.set()
+        self._stop(children)
+        self.memory.close()
+
+    # --- processes ----------------------------------------------------------------------
+
+    def _shutting_down(self, spec: ProcessSpec) -> ApplyFailed:
+        return ApplyFailed(f"{spec.function}: not started: the local backend is shutting down")
+
+    def _start(
+        self, spec: ProcessSpec, command: list[str], refused: Exception, **popen: Any
+    ) -> _Child:
+        """Popen, tracked from the moment it returns; refused once closing."""
+        with self._lock:
+            if self._closing:
+                raise refused
+            self._spawning += 1
+        child = None
+        try:
+            limit = self.memory.limit(spec.memory_mb, f"{spec.env_name}/{spec.function}")
+            try:
+                process = subprocess.Popen(limit.command(command), start_new_session=True, **popen)
+            except BaseException:
+                limit.release()
+                raise
+            child = _Child(process, limit, spec)
+            limit.started(process.pid)
+            self.pids.add(process.pid, command)
+        finally:
+            with self._lock:
+                self._spawning -= 1
+                if child is not None:
+                    self._children[child.pid] = child
+                self._changed.notify_all()
+        return child
+
+    def _reap(self, child: _Child) -> str:
+        """The process has been waited for: why it ended; it is no longer tracked."""
+        reason = child.finish()
+        self.pids.remove(child.pid)
+        with self._lock:
+            self._children.pop(child.pid, None)
+        return reason
+
+    def _stop(self, children: list[_Child]) -> None:
+        for child in children:
+            if child.process.poll() is None:
+                _signal_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SEC
+        for child in children:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(child.pid, signal.SIGKILL)
+                child.process.wait()
+            reason = self._reap(child)
+            logs.event(
+                log,
+                "replica.stopped",
+                f"pid {child.pid} stopped ({reason})",
+                level=logging.DEBUG,
+                env=child.spec.env_name,
+                function=child.spec.function,
+            )
+
+    def _stop_later(self, children: list[_Child]) -> None:
+        # requests already sent to the old replicas get DRAIN_SEC to be answered; they
+        # stay tracked meanwhile, so close() stops them if it comes first
+        def later() -> None:
+            time.sleep(DRAIN_SEC)
+            self._stop(children)
+
+        threading.Thread(target=later, name="sless-drain", daemon=True).start()
 
     # --- replicas -------------------------------------------------------------------------
 
     def _publish(self, key: tuple[str, str]) -> None:
         unit = self._units.get(key)
         upstreams = tuple((self.host, r.port) for r in unit.replicas) if unit else ()
-        self._on_upstreams(key[0], key[1], upstreams)
+        self._on_upstreams(key[0], key[1], upstreams, unit.last_exit if unit else None)
 
-    def _spawn(self, spec: ProcessSpec) -> _Replica:
+    def _notify(self, key: tuple[str, str], kind: str, reason: str | None) -> None:
+        """Tell the status store; never called with the lock held."""
+        if self._on_replica_event is None or self._closing:
+            return
+        try:
+            self._on_replica_event(key[0], key[1], kind, reason)
+        except Exception:
+            log.exception("%s/%s: the replica event hook failed", *key)
+
+    def _start_healthy(self, spec: ProcessSpec) -> _Replica:
         port = free_port(self.host)
         log_dir = self.logs / spec.env_name
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{spec.function}.log"
-        command = spec.command("server")
         with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                command,
+            child = self._start(
+                spec,
+                spec.command("server"),
+                self._shutting_down(spec),
                 cwd=spec.artifact,
                 env=spec.environ({"PORT": str(port), "SLESS_HOST": self.host}),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
-        self.pids.add(process.pid, command)
-        return _Replica(process, port, log_path)
-
-    def _start_healthy(self, spec: ProcessSpec) -> _Replica:
-        replica = self._spawn(spec)
         deadline = time.monotonic() + HEALTH_TIMEOUT_SEC
         while time.monotonic() < deadline:
-            if replica.process.poll() is not None:
-                self._stop([replica])
-                raise ApplyFailed(
-                    f"{spec.function}: the runtime exited with code {replica.process.returncode}"
-                    f" before it was healthy: {_tail(replica.log_path).strip()[-500:]}"
+            if self._closing:
+                self._stop([child])
+                raise self._shutting_down(spec)
+            if child.process.poll() is not None:
+                reason = self._reap(child)
+                raise _StartFailed(
+                    f"{spec.function}: the runtime ended before it was healthy ({reason}):"
+                    f" {_tail(log_path).strip()[-500:]}",
+                    reason,
                 )
-            if self._healthy(replica.port):
-                return replica
+            if self._healthy(port):
+                logs.event(
+                    log,
+                    "replica.started",
+                    f"replica on port {port} is healthy (pid {child.pid})",
+                    level=logging.DEBUG,
+                    env=spec.env_name,
+                    function=spec.function,
+                )
+                return _Replica(child, port, log_path)
             time.sleep(0.02)
-        self._stop([replica])
-        raise ApplyFailed(f"{spec.function}: no healthy answer on /health in {HEALTH_TIMEOUT_SEC}s")
+        self._stop([child])
+        raise _StartFailed(
+            f"{spec.function}: no healthy answer on /health in {HEALTH_TIMEOUT_SEC:g}s", None
+        )
 
     def _healthy(self, port: int) -> bool:
         conn = http.client.HTTPConnection(self.host, port, timeout=1)
@@ -214,36 +436,10 @@ class Supervisor:
         finally:
             conn.close()
 
-    def _stop(self, replicas: list[_Replica]) -> None:
-        for replica in replicas:
-            if replica.process.poll() is None:
-                _signal_group(replica.process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_SEC
-        for replica in replicas:
-            try:
-                replica.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(replica.process.pid, signal.SIGKILL)
-                replica.process.wait()
-            self.pids.remove(replica.process.pid)
-
-    def _stop_later(self, replicas: list[_Replica]) -> None:
-        # requests already sent to the old replicas get DRAIN_SEC to be answered
-        with self._lock:
-            self._draining.extend(replicas)
-
-        def later() -> None:
-            time.sleep(DRAIN_SEC)
-            self._stop(replicas)
-            with self._lock:
-                self._draining = [r for r in self._draining if r not in replicas]
-
-        threading.Thread(target=later, name="sless-drain", daemon=True).start()
-
     # --- crash recovery ----------------------------------------------------------------------
 
     def _watch(self) -> None:
-        while not self._closed.wait(0.2):
+        while not self._closed.wait(WATCH_SEC):
             with self._lock:
                 items = list(self._units.items())
             for key, unit in items:
@@ -253,71 +449,102 @@ class Supervisor:
         dead = [r for r in unit.replicas if r.process.poll() is not None]
         now = time.monotonic()
         if dead:
+            reasons = [self._reap(r.child) for r in dead]
             with self._lock:
-                if self._units.get(key) is not unit:
+                if self._units.get(key) is not unit or self._closing:
                     return
                 unit.replicas = [r for r in unit.replicas if r not in dead]
+                unit.last_exit = reasons[-1]
+                unit.failures += 1
+                unit.degraded = True
+                backoff = _backoff(unit.failures)
+                unit.restart_at = now + backoff
                 self._publish(key)
-            for replica in dead:
-                self.pids.remove(replica.process.pid)
-                log.warning(
-                    "%s/%s: replica on port %d exited with code %s; restarting",
-                    *key,
-                    replica.port,
-                    replica.process.returncode,
+            for replica, reason in zip(dead, reasons, strict=True):
+                logs.event(
+                    log,
+                    "replica.exited",
+                    f"replica on port {replica.port}: {reason}; restarting in {backoff:.1f}s",
+                    level=logging.WARNING,
+                    env=key[0],
+                    function=key[1],
+                    reason=reason,
+                    backoffSec=backoff,
                 )
-            unit.failures += 1
-            backoff = min(BACKOFF_MAX_SEC, BACKOFF_FIRST_SEC * 2 ** (unit.failures - 1))
-            unit.restart_at = now + backoff
-        if len(unit.replicas) < unit.wanted and now >= unit.restart_at:
-            self._restart_one(key, unit)
-        elif unit.failures and all(now - r.started > STABLE_AFTER_SEC for r in unit.replicas):
-            unit.failures = 0
+                self._notify(key, "exited", reason)
+        with self._lock:
+            if self._units.get(key) is not unit or self._closing:
+                return
+            restart = (
+                len(unit.replicas) < unit.wanted and now >= unit.restart_at and not unit.restarting
+            )
+            if restart:
+                unit.restarting = True
+            elif unit.failures and all(now - r.started > STABLE_AFTER_SEC for r in unit.replicas):
+                unit.failures = 0
+        if restart:
+            # in its own thread: a slow start never delays noticing another function's crash
+            threading.Thread(
+                target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
+            ).start()
 
     def _restart_one(self, key: tuple[str, str], unit: _Unit) -> None:
         try:
+            self._restart(key, unit)
+        finally:
+            unit.restarting = False
+
+    def _restart(self, key: tuple[str, str], unit: _Unit) -> None:
+        try:
             replica = self._start_healthy(unit.spec)
         except ApplyFailed as exc:
-            unit.failures += 1
-            backoff = min(BACKOFF_MAX_SEC, BACKOFF_FIRST_SEC * 2 ** (unit.failures - 1))
-            unit.restart_at = time.monotonic() + backoff
-            log.warning("%s/%s: restart failed (next try in %.1fs): %s", *key, backoff, exc)
+            reason = exc.reason if isinstance(exc, _StartFailed) else None
+            with self._lock:
+                if self._units.get(key) is not unit or self._closing:
+                    return
+                unit.failures += 1
+                backoff = _backoff(unit.failures)
+                unit.restart_at = time.monotonic() + backoff
+                if reason:
+                    unit.last_exit = reason
+                    self._publish(key)
+            logs.event(
+                log,
+                "replica.exited" if reason else "replica.unhealthy",
+                f"restart failed (next try in {backoff:.1f}s): {exc}",
+                level=logging.WARNING,
+                env=key[0],
+                function=key[1],
+                reason=reason,
+                backoffSec=backoff,
+            )
+            if reason:
+                self._notify(key, "exited", reason)
             return
         with self._lock:
-            if self._units.get(key) is not unit:
-                self._stop([replica])
-                return
-            unit.replicas.append(replica)
-            self._publish(key)
+            current = self._units.get(key) is unit and not self._closing
+            recovered = False
+            if current:
+                unit.replicas.append(replica)
+                recovered = unit.degraded and len(unit.replicas) >= unit.wanted
+                if recovered:
+                    unit.degraded = False
+                self._publish(key)
+        if not current:
+            self._stop([replica.child])
+            return
+        logs.event(
+            log,
+            "replica.restarted",
+            f"replica on port {replica.port} is healthy again",
+            env=key[0],
+            function=key[1],
+        )
+        if recovered:
+            self._notify(key, "recovered", None)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     # the process may have exited since it was last looked at
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def run_once(spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
-    """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
-    try:
-        done = subprocess.run(
-            spec.command("runner"),
-            cwd=spec.artifact,
-            env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True)}),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=timeout_sec + 5,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise JobFailed(f"{spec.function}: timed out after {timeout_sec:g}s") from exc
-    stderr = done.stderr.decode("utf-8", "replace").strip()
-    if done.returncode != 0:
-        reason = stderr.splitlines()[-1] if stderr else "no output on stderr"
-        raise JobFailed(f"{spec.function}: exited with code {done.returncode}: {reason}")
-    result = done.stdout.decode("utf-8", "replace").strip()
-    try:
-        json.loads(result)
-    except ValueError as exc:
-        raise JobFailed(f"{spec.function}: the result is not JSON: {result[:200]!r}") from exc
-    return result

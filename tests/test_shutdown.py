@@ -1,0 +1,275 @@
+"""Stopping ``serve`` at any moment leaves no process behind.
+
+End to end with a real ``gitops-sless serve`` (SIGTERM while the first pass of a
+restart is starting replicas, or while a job runs), and in process with the
+supervisor (``close`` racing ``apply``, a job run, a restart).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gitops_sless import runtimes
+from gitops_sless.backend import ApplyFailed, JobFailed
+from gitops_sless.local.processes import ProcessSpec, Supervisor
+
+from . import gitserver
+from .gitserver import GitDaemon, WorkRepo, init_bare
+from .sless_server import SlessServer
+
+git_root = gitserver.git_root
+git_daemon = gitserver.git_daemon
+
+
+def _processes_under(folder: Path) -> list[int]:
+    """Live pids whose working directory or command line is below ``folder``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                continue  # a zombie is gone, only not yet reaped by its parent
+            cwd = str((proc / "cwd").readlink())
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(part.startswith(str(folder)) for part in (cwd, *args)):
+            found.append(int(proc.name))
+    return found
+
+
+def _function(name: str, replicas: int = 2) -> dict[str, str]:
+    return {
+        f"{name}/handler.py": f"def main(event):\n    return {{'name': {name!r}}}\n",
+        f"{name}/sless.yaml": (
+            "functions:\n"
+            f"  - name: {name}\n"
+            "    runtime: python3.11\n"
+            "    entrypoint: handler.main\n"
+            f"    replicas: {replicas}\n"
+            "    triggers: [{type: http}]\n"
+        ),
+    }
+
+
+class Repo:
+    def __init__(self, tmp_path: Path, daemon: GitDaemon, git_root: Path) -> None:
+        init_bare(git_root / "functions.git")
+        self.url = daemon.url("functions.git")
+        self.work = WorkRepo(tmp_path / "work")
+        self.state = tmp_path / "state"
+        self.servers: list[SlessServer] = []
+
+    def push(self, files: dict[str, str]) -> None:
+        self.work.commit("change", files)
+        self.work.push(self.url)
+
+    def server(self) -> SlessServer:
+        server = SlessServer(self.url, self.state)
+        self.servers.append(server)
+        return server
+
+
+@pytest.fixture
+def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[Repo]:
+    r = Repo(tmp_path, git_daemon, git_root)
+    yield r
+    for server in r.servers:
+        server.stop()
+    for pid in _processes_under(r.state):  # never leave a failed test's processes running
+        os.kill(pid, signal.SIGKILL)
+
+
+def _sigterm_and_wait(server: SlessServer) -> None:
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"serve did not exit on SIGTERM:\n{server.output()}") from None
+
+
+FUNCTIONS = ("alpha", "beta", "gamma", "delta")
+
+
+def test_sigterm_during_the_first_pass_of_a_restart_leaves_no_process(repo):
+    files: dict[str, str] = {}
+    for name in FUNCTIONS:
+        files.update(_function(name))
+    repo.push(files)
+    first = repo.server().start()  # builds everything; later starts only start replicas
+    for name in FUNCTIONS:
+        assert first.function(name)["phase"] == "Ready", first.output()
+    artifacts = repo.state / "artifacts"
+    first.wait(lambda: len(_processes_under(artifacts)) == 2 * len(FUNCTIONS), "8 replicas")
+    _sigterm_and_wait(first)
+    assert _processes_under(repo.state) == []
+
+    for delay in (0.0, 0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8):
+        server = repo.server().start(wait_for_sync=False)  # returns once /healthz answers
+        time.sleep(delay)
+        _sigterm_and_wait(server)
+        left = _processes_under(repo.state)
+        assert left == [], f"{len(left)} processes left after SIGTERM at +{delay}s"
+
+    last = repo.server().start()  # and the state folder still serves after all that
+    for name in FUNCTIONS:
+        last.wait(lambda name=name: last.call(name).status_code == 200, f"{name} to answer")
+        assert last.call(name).json() == {"name": name}
+
+
+def test_sigterm_while_a_job_runs_stops_the_job(repo, tmp_path):
+    started = tmp_path / "job-started"
+    repo.push(
+        {
+            "slow/handler.py": (
+                "import time\n"
+                "def run(event):\n"
+                f"    open({str(started)!r}, 'w').close()\n"
+                "    time.sleep(120)\n"
+                "    return {}\n"
+            ),
+            "slow/sless.yaml": (
+                "functions:\n"
+                "  - name: slow\n"
+                "    runtime: python3.11\n"
+                "    entrypoint: handler.run\n"
+                "    timeoutSec: 300\n"
+                "    jobs: [{name: forever, runId: 1, event: {}}]\n"
+            ),
+        }
+    )
+    server = repo.server().start(wait_for_sync=False)
+    server.wait(started.exists, "the job to start")
+    assert _processes_under(repo.state)
+    began = time.monotonic()
+    _sigterm_and_wait(server)
+    assert time.monotonic() - began < 20  # not the job's 120 s
+    assert _processes_under(repo.state) == []
+
+
+# ----------------------------------------------------------------------------- in process
+
+HANDLER = "def main(event, context):\n    return {'ok': True}\n"
+SLOW_IMPORT = "import time\ntime.sleep(0.4)\n" + HANDLER
+
+
+def _spec(folder: Path, name: str, source: str = HANDLER, entrypoint: str = "handler.main"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "handler.py").write_text(source)
+    return ProcessSpec(
+        env_name="prod",
+        function=name,
+        runtime=runtimes.get("python3.11"),
+        entrypoint=entrypoint,
+        artifact=folder,
+        timeout_sec=30,
+        env_vars={},
+    )
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.1, 0.3, 0.6, 1.0])
+def test_close_racing_apply_leaves_no_process(tmp_path, delay):
+    published: list[tuple[str, str, int]] = []
+    supervisor = Supervisor(
+        tmp_path / "state", lambda env, name, ups, *_: published.append((env, name, len(ups)))
+    )
+    artifacts = tmp_path / "artifacts"
+    spec = _spec(artifacts / "slow", "slow", SLOW_IMPORT)
+    outcome: list[object] = []
+
+    def apply() -> None:
+        try:
+            supervisor.apply(spec, "hash", 3)
+            outcome.append("applied")
+        except ApplyFailed as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=apply)
+    thread.start()
+    time.sleep(delay)
+    supervisor.close()
+    assert _processes_under(artifacts) == []
+    thread.join(30)
+    assert not thread.is_alive()
+    assert _processes_under(artifacts) == []  # and nothing started after close returned
+    if outcome != ["applied"]:
+        assert "shutting down" in str(outcome[0])
+    with pytest.raises(ApplyFailed, match="shutting down"):
+        supervisor.apply(spec, "hash", 1)
+    assert _processes_under(artifacts) == []
+
+
+def test_close_stops_a_running_job(tmp_path):
+    supervisor = Supervisor(tmp_path / "state", lambda *_: None)
+    marker = tmp_path / "job-started"
+    source = (
+        "import time\n"
+        "def run(event):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    time.sleep(120)\n"
+        "    return {}\n"
+    )
+    spec = _spec(tmp_path / "artifacts" / "job", "job", source, "handler.run")
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            supervisor.run_once(spec, {}, 300)
+        except JobFailed as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists()
+    supervisor.close()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert failure and "interrupted by shutdown" in str(failure[0])
+    assert _processes_under(tmp_path / "artifacts") == []
+    with pytest.raises(JobFailed, match="shutting down"):
+        supervisor.run_once(spec, {}, 5)
+
+
+def test_close_during_a_restart_leaves_no_process(tmp_path):
+    supervisor = Supervisor(tmp_path / "state", lambda *_: None)
+    artifacts = tmp_path / "artifacts"
+    spec = _spec(artifacts / "crashy", "crashy", SLOW_IMPORT)
+    supervisor.apply(spec, "hash", 1)
+    (replica,) = _processes_under(artifacts)
+    os.kill(replica, signal.SIGKILL)
+    # the restart spawns a new replica within the first backoff (0.5 s), which then
+    # spends 0.4 s importing: close while it does
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _processes_under(artifacts) in ([], [replica]):
+        time.sleep(0.01)
+    supervisor.close()
+    time.sleep(0.5)
+    assert _processes_under(artifacts) == []
+
+
+def test_the_helper_sees_a_process_in_the_folder(tmp_path):
+    # the assertions above mean something only if a process there is found
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 5
+        while proc.pid not in _processes_under(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.pid in _processes_under(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in _processes_under(tmp_path)
