@@ -428,6 +428,8 @@ class Reconciler:
         try:
             self.backend.apply(deployment)
         except SlessError as exc:
+            if self._stopping.is_set():  # refused by the shutdown, not by the function
+                return
             self.store.set_function(self.env, fn.name, phase="Failed", message=str(exc))
             logs.event(log, "deploy.failed", str(exc), level=logging.ERROR, **where)
             return

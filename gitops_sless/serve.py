@@ -150,6 +150,8 @@ class Server:
             max_builds=config.max_builds,
             build_timeout_sec=config.build_timeout,
             on_cron=self.invocations.record_cron,
+            # the reconciler is made below; replicas exist only once it has run a pass
+            on_replica_event=lambda *event: self.reconciler.replica_event(*event),
         )
         self.mirror = mirror_mod.Mirror(
             self.url,

@@ -116,7 +116,7 @@ def test_a_pass_with_no_change_builds_and_restarts_nothing(setup):
     server.sync()
     server.sync()
     after = server.function("steady")
-    assert (after["updated"], after["build_tag"]) == (before["updated"], before["build_tag"])
+    assert (after["updated"], after["buildTag"]) == (before["updated"], before["buildTag"])
     builds = server.client.get("/api/v1/syncs").json()
     assert all(s["result"] == "Succeeded" for s in builds)
     assert first and server.call("steady").status_code == 200
@@ -228,7 +228,7 @@ def test_remote_unreachable_keeps_serving_and_reports_the_error(setup, git_daemo
     assert server.call("solid").json()["message"] == "up"
     status = server.client.get("/api/v1/status").json()
     assert status["lastSync"]["result"] == "Failed"
-    assert status["revision"]  # the last good revision is still reported
+    assert status["lastGoodRevision"]  # the last good revision is still reported
     assert server.function("solid")["phase"] == "Ready"
 
 

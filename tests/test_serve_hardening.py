@@ -245,3 +245,60 @@ def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup, tm
     assert run["attempts"] == 2
     assert json.loads(run["result"]) == {"done": True}
     assert marks.read_text().splitlines() == ["start", "start"]
+
+
+MEMORY_HOG = """
+def main(event):
+    if event["_path"] == "/hog":
+        hog = bytearray(400 << 20)
+        for i in range(0, len(hog), 4096):
+            hog[i] = 1
+        return len(hog)
+    return "fine"
+"""
+
+
+def test_a_replica_over_its_memory_limit_is_killed_reported_and_restarted(setup):
+    setup.push(
+        {
+            "hog/handler.py": MEMORY_HOG,
+            "hog/sless.yaml": manifest("hog", HTTP, "    memoryMB: 128"),
+            **http_function("bystander", "unaffected"),
+        }
+    )
+    server = setup.serve()
+    assert server.call("hog").json() == "fine"
+
+    response = server.call("hog", "/hog")
+    assert response.status_code == 502
+    assert "OOMKilled" in response.json()["error"]
+    status = server.wait(
+        lambda: (f := server.function("hog")) and f["lastExit"] and f, "the exit to be reported"
+    )
+    assert "OOMKilled" in status["lastExit"] and "128" in status["lastExit"]
+    assert status["restarts"] >= 1
+    assert server.call("bystander").json()["message"] == "unaffected"
+    server.wait(lambda: server.call("hog").status_code == 200, "the replica to come back")
+    assert server.call("hog").json() == "fine"
+
+
+def test_garbage_collection_keeps_what_runs_and_reports_what_it_reclaimed(setup):
+    setup.push(http_function("churn", "v0"))
+    server = setup.serve(args=["--gc-interval", "0.5", "--keep-builds", "0"])
+    for version in (1, 2, 3):
+        setup.push(http_function("churn", f"v{version}"))
+        server.sync()
+    artifacts = setup.tmp_path / "state" / "artifacts"
+    serving = server.function("churn")["buildTag"]
+
+    def collected() -> bool:
+        built = {p.name for p in artifacts.iterdir() if p.is_dir() and "-" in p.name}
+        return built == {serving}
+
+    server.wait(collected, "old artifacts to be collected", timeout=30)
+    assert server.call("churn").json()["message"] == "v3"
+    metrics = server.client.get("/metrics").text
+    reclaimed = next(
+        line for line in metrics.splitlines() if line.startswith("sless_gc_reclaimed_bytes_total")
+    )
+    assert float(reclaimed.split()[-1]) > 0

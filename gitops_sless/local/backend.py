@@ -106,6 +106,10 @@ class LocalBackend(Backend):
         else:
             self.routes.set(Route(env, name, timeout, upstreams, last_exit=last_exit))
 
+    def tags_in_use(self) -> set[str]:
+        """Build tags a deployed function or a running process uses: never collected."""
+        return {path.name for path in self.supervisor.artifacts_in_use()}
+
     def deployed(self, env: str) -> dict[str, str]:
         return self.supervisor.deployed(env)
 

@@ -212,6 +212,12 @@ class Supervisor:
         with self._lock:
             return {name: u.spec_hash for (e, name), u in self._units.items() if e == env}
 
+    def artifacts_in_use(self) -> set[Path]:
+        """Artifact folders of every function deployed and every process still running."""
+        with self._lock:
+            units = {u.spec.artifact for u in self._units.values()}
+            return units | {c.spec.artifact for c in self._children.values()}
+
     def apply(self, spec: ProcessSpec, spec_hash: str, replicas: int) -> None:
         """Run ``replicas`` healthy servers of ``spec``; the old ones stop after the switch."""
         key = (spec.env_name, spec.function)
