@@ -6,12 +6,21 @@ only ever connects to an upstream that the
 a host. Per call it writes the request head (see :mod:`.proxy_http`) on a
 pooled keep-alive connection (:mod:`.proxy_upstream`), streams the request
 body, waits for the response head until the function's timeout, then streams
-the response back. Every call, answered or not, is counted in
-:data:`~gitops_sless.metrics.METRICS` and handed to ``record``.
+the response back.
+
+A name with a route is served; a name the repository declares without a
+serving route (``RouteTable.declared``) is 503 with its phase and message;
+any other name is 404. Every call to a routed or declared name, answered or
+not, is counted in :data:`~gitops_sless.metrics.METRICS` under its name and
+handed to ``record``; calls to undeclared names are only counted, unlabelled
+(``sless_proxy_unknown_total``): their names come from the URL.
 
 Served by uvicorn through :func:`config`, ``/fn/`` requests skip ASGI
 altogether (:mod:`.proxy_fast`): the same proxy, driven from uvicorn's
-protocol callbacks, at about 30 % less CPU per call.
+protocol callbacks, at about 30 % less CPU per call. :func:`config` also
+puts the :class:`~gitops_sless.proxy_http.Limits` of the edge in front of
+every request, ``/fn/`` or not: head size and timeouts, connection count,
+and a strict reading of the request line and its framing headers.
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -30,16 +39,20 @@ from .proxy_http import (
     LABEL_MAX,
     NO_BODY,
     Call,
+    Limits,
+    Peer,
     error_body,
+    parse_networks,
+    peer_of,
     request_head,
     request_id_of,
     response_headers,
     split_target,
 )
-from .proxy_upstream import Pool, UpstreamConnection, UpstreamError
+from .proxy_upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 from .routes import Route, RouteTable
 
-__all__ = ["Invocation", "ProxyApp", "config"]
+__all__ = ["Invocation", "Limits", "ProxyApp", "config"]
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -70,7 +83,9 @@ class ProxyApp:
     ``/fn/``, run the server with ``config(combined_app, host, port, proxy=this)``
     (``/fn/`` then never reaches ASGI at all) and ``await aclose()`` at shutdown.
     Its connection pool belongs to the event loop that serves it: one loop per
-    ProxyApp. ``record`` is called on that loop, once per call.
+    ProxyApp. ``record`` is called on that loop, once per call to a routed or
+    declared function. ``trusted_proxies`` are CIDRs (or addresses) of proxies in
+    front whose ``X-Forwarded-For`` and ``Forwarded`` are kept (see :mod:`.proxy_http`).
     """
 
     def __init__(
@@ -78,10 +93,13 @@ class ProxyApp:
         routes: RouteTable,
         record: Callable[[Invocation], None] | None = None,
         max_body_bytes: int = 1 << 20,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
         self.routes = routes
         self.record = record
         self.max_body_bytes = max_body_bytes
+        self.trusted = parse_networks(trusted_proxies)
+        self._peers: dict[str | None, Peer] = {}
         self.pool = Pool()
 
     @property
@@ -115,20 +133,65 @@ class ProxyApp:
     # -- the part both paths share
 
     def begin(self, raw_path: bytes, query: bytes, method: str) -> tuple[Call, Route | None, bytes]:
-        """The call's record, its route (None: unknown) and the target to send upstream."""
+        """The call's record, its route (None: not routed) and the target to send upstream.
+
+        A call whose route has no upstream, or that has no route, carries the function's
+        declaration, if the repository declares it, in ``call.declared``.
+        """
         env, name, valid, tail = split_target(raw_path)
         target = b"/" + tail + b"?" + query if query else b"/" + tail
         call = Call(env, name, method, target.decode("latin-1"))
-        route = self.routes.get(env, name) if valid else None
-        call.known = route is not None
+        if not valid:
+            return call, None, target
+        routes = self.routes
+        route = routes.get(env, name)
+        if route is None or not route.upstreams:
+            call.declared = routes.declared(env, name)
+            call.known = route is not None or call.declared is not None
+        else:
+            call.known = True
         return call, route, target
+
+    def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]:
+        """The status and error for a call with no route or no ready upstream."""
+        declared = call.declared
+        if route is None and declared is None:
+            return 404, "function not found"
+        if declared is not None and declared.phase == "Disabled":
+            return 503, "function disabled"
+        if route is None:
+            return 503, "function not ready"
+        return 503, "function not ready: no healthy upstream"
+
+    def closed_early(self, call: Call, upstream: Upstream, what: str) -> str:
+        """The 502 error for an upstream that failed before its response head.
+
+        Names why the replica ended when the route, looked up again now, no longer has
+        ``upstream`` and says why its last replica left (e.g. it was OOM-killed mid-call).
+        """
+        route = self.routes.get(call.env, call.name)
+        if route is not None and route.last_exit and upstream not in route.upstreams:
+            return f"{what}: {route.last_exit}"
+        return what
+
+    def peer(self, host: str | None) -> Peer:
+        """The :class:`Peer` of a client address (cached: the same few recur)."""
+        peer = self._peers.get(host)
+        if peer is None:
+            peer = peer_of(host, self.trusted)
+            if len(self._peers) < 4096:
+                self._peers[host] = peer
+        return peer
 
     def finish(self, call: Call) -> None:
         """Count the call and hand it to ``record``; once per call, whatever happened."""
+        if not call.known:
+            # An undeclared name comes from the URL: as a metric label, or in the
+            # invocation history, it would grow without bound.
+            METRICS.proxy_unknown.inc()
+            return
         status = call.status or 500
-        # Unknown names come from the URL: as metric labels they would grow without bound.
-        env, name = (call.env, call.name) if call.known else ("", "")
-        METRICS.invocations.inc(env=env, name=name, status=str(status))
+        METRICS.invocations.inc(env=call.env, name=call.name, status=str(status))
         if self.record is None:
             return
         invocation = Invocation(
@@ -152,16 +215,16 @@ class ProxyApp:
         raw = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
         call, route, target = self.begin(raw, scope.get("query_string", b""), scope["method"])
         try:
-            if route is None:
+            if route is None or not route.upstreams:
                 call.request_id = request_id_of(scope["headers"])
-                await self._error(call, send, 404, "function not found")
+                await self._error(call, send, *self.not_serving(call, route))
                 return
             client = scope.get("client")
             head, body_mode, length, call.request_id = request_head(
                 scope["method"].encode("ascii"),
                 target,
                 scope["headers"],
-                client[0] if client else None,
+                self.peer(client[0] if client else None),
                 scope.get("scheme", "http"),
                 route.env,
                 route.name,
@@ -184,14 +247,12 @@ class ProxyApp:
             await self._too_large(call, send)
             return
         upstream = route.pick()
-        if upstream is None:
-            await self._error(call, send, 503, "function not ready: no healthy upstream")
-            return
+        assert upstream is not None  # begin() saw upstreams, and a route never changes
         timeout = route.timeout_sec
         try:
             conn = await self._exchange(upstream, head, body_mode, timeout, receive)
         except UpstreamError as exc:
-            await self._error(call, send, 502, f"upstream unavailable: {exc}")
+            await self._error(call, send, 502, self.closed_early(call, upstream, str(exc)))
             return
         except TimeoutError:
             await self._error(call, send, 504, f"function did not answer within {timeout:g}s")
@@ -226,7 +287,7 @@ class ProxyApp:
                     raise TimeoutError
                 if conn.closed:
                     if not (reused and not conn.received and body_mode == NO_BODY):
-                        raise UpstreamError("connection closed before a response")
+                        raise UpstreamError(CLOSED_EARLY)
                     # A kept-alive connection that the upstream closed as we wrote: retry
                     # once on a new one (the request never reached the function).
                     reused = False
@@ -365,6 +426,7 @@ def config(
     host: str = "127.0.0.1",
     port: int = 0,
     proxy: ProxyApp | None = None,
+    limits: Limits | None = None,
     **overrides: Any,
 ) -> Any:
     """A ``uvicorn.Config`` tuned for the proxy: uvloop, no access log, the ``/fn/`` fast path.
@@ -372,28 +434,40 @@ def config(
     ``proxy`` is the :class:`ProxyApp` that ``/fn/`` requests go to (``app`` itself when
     it is one); with neither, or with ``http`` in ``overrides``, every request goes
     through ASGI. ``overrides`` replace any setting, e.g. ``loop="asyncio", http="h11"``.
+
+    ``limits`` (default: :meth:`Limits.from_env`, the defaults unless ``SLESS_PROXY_*``
+    variables say otherwise) apply to every request, ``/fn/`` or not, on the httptools
+    protocols (the default, and ``http="httptools"``). With ``http="h11"`` only
+    ``max_head_bytes`` (as 400), ``keep_alive_timeout`` and ``max_connections`` apply.
     """
     import uvicorn  # the proxy itself does not need a server to be imported
 
+    from . import proxy_fast
+
     if proxy is None and isinstance(app, ProxyApp):
         proxy = app
+    if limits is None:
+        limits = Limits.from_env()
     settings: dict[str, Any] = {
         "loop": "uvloop",
-        "http": "httptools",
         "access_log": False,
         "log_level": "warning",
         "backlog": 2048,
-        # Longer than a browser's or load balancer's idle time, so the client closes first.
-        "timeout_keep_alive": 65,
+        "timeout_keep_alive": limits.keep_alive_timeout,
+        "h11_max_incomplete_event_size": limits.max_head_bytes,
         "server_header": False,
-        # The proxy appends the peer to X-Forwarded-For itself; uvicorn's middleware would
-        # replace the peer with a client-supplied address first.
+        # The proxy sets X-Forwarded-For itself, from the peer and trusted_proxies;
+        # uvicorn's middleware would replace the peer with a client-supplied address first.
         "proxy_headers": False,
         "lifespan": "auto",
     }
-    if proxy is not None:
-        from .proxy_fast import protocol_for
-
-        settings["http"] = protocol_for(proxy)
+    http = overrides.pop("http", None)
+    if http is None and proxy is not None:
+        settings["http"] = proxy_fast.protocol_for(proxy, limits)
+    elif http is None or http == "httptools":
+        settings["http"] = proxy_fast.edge_protocol(limits)
+    else:  # uvicorn's own protocol: its connection cap (503 past it) is the one that applies
+        settings["http"] = http
+        settings["limit_concurrency"] = limits.max_connections + 1
     settings.update(overrides)
     return uvicorn.Config(app, host=host, port=port, **settings)

@@ -1,47 +1,409 @@
-"""The proxy's fast path: ``/fn/`` requests served from uvicorn's protocol callbacks.
+"""The proxy's edge: uvicorn's httptools protocol with limits, and ``/fn/`` served from it.
 
-Through ASGI a proxied call costs a task, a scope and two message dicts, and
-two writes per response, on top of the proxying itself: about 70 µs of CPU
-per call against 50 here (``bench/README.md``). :class:`ProxyHttpProtocol` is
-uvicorn's httptools protocol with one change: a request whose target starts
-with ``/fn/`` is carried by a :class:`FastCall` driven by callbacks (the
-client's parser on one side, the upstream's on the other) and its response
-goes out in one write. Everything else -- other paths, websockets, requests
-pipelined behind one in flight, a server with ``limit_concurrency`` -- takes
-uvicorn's usual ASGI route, so the application behind it sees no difference.
+:class:`EdgeProtocol` is uvicorn's httptools protocol with the checks and
+limits an edge server needs, for every request whatever serves it (the
+API over ASGI, or the proxy), configured by
+:class:`~gitops_sless.proxy_http.Limits`:
+
+- the request line and headers together at most ``max_head_bytes``: 431;
+- a request line without an HTTP version (which httptools reads as
+  HTTP/0.9, ending the line at a bare LF): 400; a version other than 1.0
+  and 1.1: 505;
+- exactly one Host header (none is allowed on HTTP/1.0): else 400
+  (RFC 9112 §3.2); a Transfer-Encoding that ends in ``chunked`` but has
+  another coding before it: 501 (RFC 9112 §6.1); one that does not end in
+  ``chunked``, or more than one Transfer-Encoding header: 400 (§6.3; as
+  httptools refuses Content-Length with Transfer-Encoding, duplicate
+  lengths and bad chunk sizes);
+- a head that takes longer than ``head_timeout`` from its first byte: 408;
+  a request body that stalls for ``body_timeout``: 408 (or a plain close
+  once the response has started); a connection that sends nothing for
+  ``idle_timeout`` after it opens, or for ``keep_alive_timeout`` between
+  requests: closed;
+- more than ``max_connections`` open connections: a request on any
+  connection beyond them is 503.
+
+Each refusal is a JSON ``{"error": ...}`` with ``Connection: close``, sent
+after any response still in flight on the connection; the connection then
+stops writing, reads and drops what else comes for up to ``LINGER_SEC`` (so
+the client reads the answer rather than a reset), and closes. Checks cost
+the data path a few attribute updates per header: timers are armed only
+when a read ends inside a request, which a request that arrives whole
+never does.
+
+:class:`ProxyHttpProtocol` adds the fast path: through ASGI a proxied call
+costs a task, a scope and two message dicts, and two writes per response,
+on top of the proxying itself: about 70 µs of CPU per call against 50 here
+(``bench/README.md``). A request whose target starts with ``/fn/`` is
+carried by a :class:`FastCall` driven by callbacks (the client's parser on
+one side, the upstream's on the other) and its response goes out in one
+write. Everything else -- other paths, websockets, requests pipelined
+behind one in flight, a server with uvicorn's ``limit_concurrency`` --
+takes uvicorn's usual ASGI route, so the application behind it sees no
+difference.
 
 Behaviour is the ASGI path's (:class:`~gitops_sless.proxy.ProxyApp`), checked
 by running the same tests against both. This leans on uvicorn internals (the
-protocol's ``url``, ``headers``, ``parser``, ``cycle``, ``pipeline``, ``flow``
-and ``on_response_complete``; ``STATUS_LINE``): tests/test_proxy.py runs the
-fast path, so an upgrade of uvicorn that changes them fails there first.
+protocol's ``url``, ``headers``, ``parser``, ``cycle``, ``pipeline``, ``flow``,
+``connections``, ``timeout_keep_alive_task`` and ``on_response_complete``;
+``STATUS_LINE``): tests/test_proxy.py and tests/test_edge.py run them, so an
+upgrade of uvicorn that changes them fails there first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from .metrics import METRICS
-from .proxy_http import CHUNKED, NO_BODY, error_body, request_head, request_id_of, response_headers
-from .proxy_upstream import UpstreamConnection, UpstreamError
+from .proxy_http import (
+    CHUNKED,
+    NO_BODY,
+    Limits,
+    Peer,
+    error_body,
+    request_head,
+    request_id_of,
+    response_headers,
+)
+from .proxy_upstream import CLOSED_EARLY, UpstreamConnection, UpstreamError
 
 if TYPE_CHECKING:
     from .proxy import ProxyApp
 
-__all__ = ["FastCall", "ProxyHttpProtocol", "protocol_for"]
+__all__ = ["EdgeProtocol", "FastCall", "ProxyHttpProtocol", "edge_protocol", "protocol_for"]
+
+_log = logging.getLogger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Request body bytes held for the upstream before the client is read no further.
 _PENDING_HIGH_WATER = 64 * 1024
+# After a refusal: how long what the client still sends is read and dropped before
+# the connection closes (nginx's lingering close), so that it reads the answer first.
+LINGER_SEC = 2.0
+
+# Where a connection is: between requests, inside a request head, inside a request body.
+_IDLE, _HEAD, _BODY = 0, 1, 2
+# The request headers the edge looks at as they arrive.
+_EXPECT, _HOST, _TE = 1, 2, 3
+_WATCHED = {b"expect": _EXPECT, b"host": _HOST, b"transfer-encoding": _TE}
 
 
-def protocol_for(proxy: ProxyApp) -> type[ProxyHttpProtocol]:
-    """The protocol class to give uvicorn as ``http=``, bound to ``proxy``."""
-    return type("ProxyHttpProtocol", (ProxyHttpProtocol,), {"proxy": proxy})
+def protocol_for(proxy: ProxyApp, limits: Limits | None = None) -> type[ProxyHttpProtocol]:
+    """The protocol class to give uvicorn as ``http=``, bound to ``proxy`` and ``limits``."""
+    attrs = {"proxy": proxy, **_limit_attrs(limits or Limits())}
+    return type("ProxyHttpProtocol", (ProxyHttpProtocol,), attrs)
+
+
+def edge_protocol(limits: Limits | None = None) -> type[EdgeProtocol]:
+    """The edge protocol without the fast path (every request over ASGI), with ``limits``."""
+    return type("EdgeProtocol", (EdgeProtocol,), _limit_attrs(limits or Limits()))
+
+
+def _limit_attrs(limits: Limits) -> dict[str, Any]:
+    return {
+        "limits": limits,
+        "max_head": limits.max_head_bytes,
+        "max_connections": limits.max_connections,
+    }
+
+
+class _Refusal(Exception):
+    """Raised from a parser callback: answer ``status`` and close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the edge's limits and checks (module docstring)."""
+
+    limits: ClassVar[Limits] = Limits()
+    max_head: ClassVar[int] = Limits.max_head_bytes
+    max_connections: ClassVar[int] = Limits.max_connections
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._phase = _IDLE
+        self._timer: asyncio.TimerHandle | None = None  # the head or body timer
+        self._head_bytes = 0  # read while the current head was incomplete, after its first read
+        self._head_size = 0  # of the header lines parsed so far
+        self._hosts = 0
+        self._te: bytes | None = None  # the Transfer-Encoding values, when not plain chunked
+        self._version = "1.1"
+        self._last_read = 0.0  # loop time of the last read inside a body
+        self._refusal: tuple[int, str] | None = None
+        self._refused = False  # the refusal is written: the connection is closing
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timer only after a response; a connection that
+        # never sends a request would stay open forever.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.limits.idle_timeout, self.timeout_keep_alive_handler
+        )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
+        self._unset_keepalive_if_required()
+
+    def data_received(self, data: bytes) -> None:
+        task = self.timeout_keep_alive_task
+        if task is not None:
+            task.cancel()
+            self.timeout_keep_alive_task = None
+        if self._refusal is not None:
+            return  # answered and closing: whatever else comes is dropped
+        phase = self._phase
+        if phase == _HEAD:
+            self._head_bytes += len(data)
+        elif phase == _BODY:
+            self._last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._cancel_timer()
+            self._phase = _IDLE
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:
+            self._parser_error(exc)
+            return
+        phase = self._phase
+        if phase:
+            self._inside_request(phase)
+        elif self.timeout_keep_alive_task is None:
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:  # e.g. stray CRLFs between requests
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.limits.idle_timeout if cycle is None else self.timeout_keep_alive,
+                    self.timeout_keep_alive_handler,
+                )
+
+    def _parser_error(self, exc: httptools.HttpParserError) -> None:
+        refusal = exc.__context__
+        if isinstance(refusal, _Refusal):
+            self.refuse(refusal.status, refusal.message)
+            return
+        if refusal is not None:  # a bug in a callback, not the client's fault
+            _log.error("request callback failed", exc_info=refusal)
+        else:
+            _log.debug("invalid HTTP request from %s: %s", self.client, exc)
+        message = f"invalid HTTP request: {exc if refusal is None else 'internal error'}"
+        if self._phase == _BODY:  # e.g. a bad chunk size: the call under way cannot go on
+            self._abort(400, message)
+        else:
+            self.refuse(400, message)
+
+    def _inside_request(self, phase: int) -> None:
+        """A read ended inside a request: bound its head, time its head or its body."""
+        limits = self.limits
+        if phase == _HEAD:
+            max_head = self.max_head
+            if self._head_bytes > max_head or self._head_size + len(self.url) > max_head:
+                self.refuse(431, f"request head larger than {max_head} bytes")
+            elif self._timer is None:
+                self._timer = self.loop.call_later(limits.head_timeout, self._head_timed_out)
+        elif self._timer is None:
+            self._last_read = self.loop.time()
+            self._timer = self.loop.call_later(limits.body_timeout, self._body_timed_out)
+
+    def _cancel_timer(self) -> None:
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+
+    # -- parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._begin()
+
+    def _begin(self) -> None:
+        self._phase = _HEAD
+        self._head_bytes = self._head_size = self._hosts = 0
+        self._te = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4  # ": " and CRLF
+        name = name.lower()
+        kind = _WATCHED.get(name)
+        if kind is not None:
+            if kind == _HOST:
+                self._hosts += 1
+            elif kind == _TE:
+                te = self._te
+                if te is None and value.strip().lower() == b"chunked":
+                    self._te = b""  # plain chunked, once: all is well so far
+                else:  # one list, as several headers make one (RFC 9110 §5.3)
+                    self._te = value if te is None else (te or b"chunked") + b", " + value
+            elif value.lower() == b"100-continue":
+                self.expect_100_continue = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def _head_done(self) -> None:
+        """The head is in: stop its timer, refuse it (raise _Refusal) if it breaks a rule."""
+        self._phase = _BODY
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        version = self._version = self.parser.get_http_version()
+        if (
+            self._hosts != 1
+            or self._te
+            or version != "1.1"
+            or self._head_size + len(self.url) > self.max_head
+            or len(self.connections) > self.max_connections
+        ):
+            self._check_head(version)
+
+    def _check_head(self, version: str) -> None:
+        if version == "0.9":  # httptools' reading of a line with no version (or a bare LF)
+            raise _Refusal(400, "request line without an HTTP version")
+        if version not in ("1.0", "1.1"):
+            raise _Refusal(505, f"HTTP/{version} is not supported")
+        if self._head_size + len(self.url) > self.max_head:
+            raise _Refusal(431, f"request head larger than {self.max_head} bytes")
+        if self._hosts > 1:
+            raise _Refusal(400, "more than one Host header")
+        if not self._hosts and version == "1.1":
+            raise _Refusal(400, "missing Host header")
+        if self._te:
+            codings = [coding.strip().lower() for coding in self._te.split(b",")]
+            named = self._te.decode("latin-1")
+            if codings[-1] != b"chunked" or codings.count(b"chunked") > 1:
+                raise _Refusal(400, f"Transfer-Encoding {named!r} does not end in one chunked")
+            raise _Refusal(501, f"transfer coding not supported: {named!r} (only chunked)")
+        if len(self.connections) > self.max_connections:
+            raise _Refusal(503, f"too many connections (the limit is {self.max_connections})")
+
+    def on_message_complete(self) -> None:
+        self._message_done()
+        super().on_message_complete()
+
+    def _message_done(self) -> None:
+        self._phase = _IDLE
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+
+    def on_response_complete(self) -> None:
+        if self._refusal is not None and not self.pipeline:
+            self.server_state.total_requests += 1
+            self._send_refusal()
+            return
+        super().on_response_complete()
+
+    # -- timeouts and refusals
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        if self._phase == _HEAD:
+            timeout = self.limits.head_timeout
+            self.refuse(408, f"request head not received within {timeout:g}s")
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        if self._phase != _BODY:
+            return
+        timeout = self.limits.body_timeout
+        now = self.loop.time()
+        if self.flow.read_paused:  # the proxy is not reading: not the client's pause
+            self._last_read = now
+        wait = self._last_read + timeout - now
+        if wait > 0:
+            self._timer = self.loop.call_later(wait, self._body_timed_out)
+            return
+        self._abort(408, f"request body stalled for {timeout:g}s")
+
+    def _abort(self, status: int, message: str) -> None:
+        """The request whose body is being read cannot go on: answer ``status`` and close
+        (a response already under way can only be cut short)."""
+        self._cancel_timer()
+        self._phase = _IDLE
+        cycle = self.cycle  # the request whose body this is
+        if cycle is not None and cycle.response_complete:
+            self.transport.close()  # answered already (say 404): the rest is not worth waiting for
+            return
+        if cycle is not None:
+            if type(cycle) is FastCall:
+                if cycle.head_sent:
+                    self.transport.close()
+                else:
+                    cycle.fail(status, message, close=True)  # recorded with this status
+                self._refusal = (status, message)
+                self._refused = True  # answered: what else comes is dropped
+                return
+            if cycle.response_started:  # type: ignore[attr-defined]
+                self.transport.close()
+                return
+            # The application waits for the rest of the body: it sees the client leave.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            queued = next((item for item in self.pipeline if item[0] is cycle), None)
+            if queued is None:  # it was running: nothing is in flight before this answer
+                self._refusal = (status, message)
+                self._send_refusal()
+                return
+            self.pipeline.remove(queued)  # not started: it never will be
+        self.refuse(status, message)  # after the response in flight, if any
+
+    def refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` with a JSON error and close, after any response in flight."""
+        self._cancel_timer()
+        self._phase = _IDLE
+        self._refusal = (status, message)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self.flow.pause_reading()  # on_response_complete sends it
+            return
+        self._send_refusal()
+
+    def _send_refusal(self) -> None:
+        transport = self.transport
+        if self._refused or self._refusal is None or transport.is_closing():
+            return
+        self._refused = True
+        status, message = self._refusal
+        body = json.dumps({"error": message}).encode()
+        out = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            out += (name, b": ", value, b"\r\n")
+        out += (
+            b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        )
+        transport.write(b"".join(out))
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        # A lingering close: what the client is still sending is read and dropped, so
+        # that closing does not reset the connection before the client reads the answer.
+        transport.write_eof()
+        self.flow.resume_reading()
+        self._timer = self.loop.call_later(LINGER_SEC, transport.close)
 
 
 class _NoEvent:
@@ -51,31 +413,34 @@ class _NoEvent:
         pass
 
 
-class ProxyHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with ``/fn/`` requests carried by :class:`FastCall`."""
+class ProxyHttpProtocol(EdgeProtocol):
+    """The edge protocol, with ``/fn/`` requests carried by :class:`FastCall`."""
 
     proxy: ClassVar[ProxyApp]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fast: FastCall | None = None
+        self.peer: Peer | None = None  # the client, as forwarding headers name it
 
     def on_message_begin(self) -> None:
         # uvicorn builds its ASGI scope here; that waits until the target is known.
         self.url = b""
         self.headers = []
         self.expect_100_continue = False
+        self._begin()
 
     def on_headers_complete(self) -> None:
+        self._head_done()
         if self.url.startswith(b"/fn/") and self._idle():
             self.fast = self.cycle = FastCall(self)  # type: ignore[assignment]
             self.fast.start()
             return
         url, headers, expect = self.url, self.headers, self.expect_100_continue
-        super().on_message_begin()
+        HttpToolsProtocol.on_message_begin(self)
         self.url, self.headers, self.expect_100_continue = url, headers, expect
         self.scope["headers"] = headers
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def _idle(self) -> bool:
         """Whether nothing else is in flight on this connection, so a FastCall may answer."""
@@ -95,11 +460,12 @@ class ProxyHttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._message_done()
         cycle = self.cycle
         if type(cycle) is FastCall:
             cycle.client_complete()
         else:
-            super().on_message_complete()
+            HttpToolsProtocol.on_message_complete(self)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -157,9 +523,8 @@ class FastCall:
     def __init__(self, proto: ProxyHttpProtocol) -> None:
         self.proto = proto
         self.proxy = proto.proxy
-        parser = proto.parser
-        self.http11 = parser.get_http_version() == "1.1"
-        self.keep_alive = self.http11 and parser.should_keep_alive()
+        self.http11 = proto._version == "1.1"
+        self.keep_alive = self.http11 and proto.parser.should_keep_alive()
         self.disconnected = False
         self.request_complete = self.response_complete = False
         self.head_sent = self.chunked_out = self.reused = self.upstream_paused = False
@@ -180,16 +545,19 @@ class FastCall:
         self.is_head = method == b"HEAD"
         self.call, route, target = self.proxy.begin(raw_path, query, method.decode("ascii"))
         call = self.call
-        if route is None:
+        if route is None or not route.upstreams:
             call.request_id = request_id_of(proto.headers)
-            self.fail(404, "function not found")
+            self.fail(*self.proxy.not_serving(call, route))
             return
-        client = proto.client
+        peer = proto.peer
+        if peer is None:
+            client = proto.client
+            peer = proto.peer = self.proxy.peer(client[0] if client else None)
         self.head, self.body_mode, length, call.request_id = request_head(
             method,
             target,
             proto.headers,
-            client[0] if client else None,
+            peer,
             proto.scheme or "http",
             route.env,
             route.name,
@@ -198,9 +566,7 @@ class FastCall:
             self.too_large()
             return
         upstream = route.pick()
-        if upstream is None:
-            self.fail(503, "function not ready: no healthy upstream")
-            return
+        assert upstream is not None  # begin() saw upstreams, and a route never changes
         self.route, self.upstream = route, upstream
         self.deadline = proto.loop.time() + route.timeout_sec
         self.upstream_out.append(self.head)
@@ -255,7 +621,7 @@ class FastCall:
             conn = await pool.connect(self.upstream, self.deadline - self.proto.loop.time())
         except UpstreamError as exc:
             if not self.response_complete:
-                self.fail(502, f"upstream unavailable: {exc}")
+                self.fail(502, self.proxy.closed_early(self.call, self.upstream, str(exc)))
             return
         finally:
             self.task = None
@@ -338,7 +704,7 @@ class FastCall:
             self.upstream_out = [self.head]
             self.connect()
             return
-        self.fail(502, "upstream unavailable: connection closed before a response")
+        self.fail(502, self.proxy.closed_early(self.call, self.upstream, CLOSED_EARLY))
 
     def _response_head(self, conn: UpstreamConnection) -> list[bytes]:
         self.head_sent = True

@@ -1,24 +1,41 @@
 """HTTP details of the invoke proxy shared by its ASGI path and its fast path.
 
 Which function a path names, the request head sent upstream (hop-by-hop
-headers removed, ``X-Forwarded-*`` and ``X-Request-Id`` set), the response
-headers passed back, and the proxy's own JSON errors.
+headers removed, ``X-Forwarded-*``, ``Forwarded`` and ``X-Request-Id`` set),
+the response headers passed back, the proxy's own JSON errors, and the
+:class:`Limits` of the server in front of it.
+
+Forwarding headers: by default the proxy is the edge. Whatever the client
+sent as ``Forwarded``, ``X-Real-IP`` or ``X-Forwarded-*`` is dropped, and the
+function gets the proxy's own: ``X-Forwarded-For`` (the peer's address),
+``-Proto``, ``-Host``, ``-Prefix`` and an RFC 7239 ``Forwarded`` element. Only
+a peer inside one of the ``trusted_proxies`` CIDRs (a load balancer in front)
+has its ``X-Forwarded-For`` chain and ``Forwarded`` elements kept (the peer
+appended), and its ``X-Forwarded-Proto``/``-Host`` believed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 from urllib.parse import unquote_to_bytes
 
 __all__ = [
     "HOP_BY_HOP",
     "Call",
+    "Limits",
+    "Peer",
     "error_body",
     "new_request_id",
+    "parse_networks",
+    "peer_of",
     "request_head",
     "request_id_of",
     "response_headers",
@@ -26,6 +43,63 @@ __all__ = [
 ]
 
 Headers = Sequence[tuple[bytes, bytes]]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server in front of the proxy accepts from a client (``proxy.config``).
+
+    Each default can be changed through the environment variable named in
+    :data:`LIMITS_ENV` (read by :meth:`from_env`, which ``proxy.config`` uses
+    when it is given no ``limits``).
+    """
+
+    # request line plus header lines, in bytes; more is 431 and the connection is closed
+    max_head_bytes: int = 64 * 1024
+    # from the first byte of a request to the end of its head; then 408 and close
+    head_timeout: float = 10.0
+    # the longest pause while a request body is being received; then 408 (or a close
+    # once the response has started). Pauses the proxy causes itself (upstream slow to
+    # read) do not count.
+    body_timeout: float = 30.0
+    # a new connection that sends nothing is closed after this
+    idle_timeout: float = 10.0
+    # between requests on a kept-alive connection; longer than a browser's or a load
+    # balancer's idle time, so the client closes first
+    keep_alive_timeout: float = 65.0
+    # open connections served at once; a request on any connection beyond them is
+    # answered 503 and that connection closed
+    max_connections: int = 1000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The defaults, with any ``SLESS_PROXY_*`` variable of :data:`LIMITS_ENV` applied."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, float | int] = {}
+        for field in fields(cls):
+            raw = environ.get(LIMITS_ENV[field.name])
+            if raw is None or not raw.strip():
+                continue
+            kind = int if field.type in ("int", int) else float
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ValueError(f"{LIMITS_ENV[field.name]}={raw!r} is not a number") from None
+            if value <= 0:
+                raise ValueError(f"{LIMITS_ENV[field.name]}={raw!r} must be positive")
+            values[field.name] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+LIMITS_ENV = {
+    "max_head_bytes": "SLESS_PROXY_MAX_HEAD_BYTES",
+    "head_timeout": "SLESS_PROXY_HEAD_TIMEOUT",
+    "body_timeout": "SLESS_PROXY_BODY_TIMEOUT",
+    "idle_timeout": "SLESS_PROXY_IDLE_TIMEOUT",
+    "keep_alive_timeout": "SLESS_PROXY_KEEP_ALIVE_TIMEOUT",
+    "max_connections": "SLESS_PROXY_MAX_CONNECTIONS",
+}
 
 PREFIX = b"/fn/"
 _NAME = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
@@ -50,21 +124,26 @@ HOP_BY_HOP = frozenset(
     )
 )
 
-# What the request header loop does with a name: absent = pass on unchanged. Expect is
-# answered by the proxy's own server; the X-Forwarded-* it sets are never taken from the client.
-_DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED = range(7)
+# What the request header loop does with a name: absent = pass on unchanged (unless it
+# starts with "x-forwarded-"). Expect is answered by the proxy's own server. Forwarding
+# headers are kept only from a trusted peer.
+_DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED, _FWD, _XFP, _XFH = range(10)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
-    b"x-forwarded-proto": _DROP,
-    b"x-forwarded-host": _DROP,
+    b"x-real-ip": _DROP,
     b"x-forwarded-prefix": _DROP,
     b"connection": _CONNECTION,
     b"host": _HOST,
     b"x-forwarded-for": _XFF,
+    b"x-forwarded-proto": _XFP,
+    b"x-forwarded-host": _XFH,
+    b"forwarded": _FWD,
     b"x-request-id": _REQID,
     b"content-length": _LENGTH,
     b"transfer-encoding": _CHUNKED,
 }
+_XF = b"x-forwarded-"
+_SCHEMES = {b"http": b"http", b"https": b"https"}
 # The serving HTTP server writes its own Date; the proxy writes its own request id.
 _RESPONSE_DROP = HOP_BY_HOP | {b"date", b"x-request-id"}
 # Whatever Connection names, these stay: the upstream needs them to read the request.
@@ -77,6 +156,7 @@ class Call:
     """One request through the proxy, as it will be recorded; ``status`` is what the client got."""
 
     __slots__ = (
+        "declared",
         "env",
         "known",
         "method",
@@ -90,7 +170,8 @@ class Call:
 
     def __init__(self, env: str, name: str, method: str, path: str) -> None:
         self.env, self.name, self.method, self.path = env, name, method, path
-        self.known = False
+        self.known = False  # routed or declared: counted and recorded under its name
+        self.declared: Any = None  # the routes.Declared of a name with no serving route
         self.request_id = b""
         self.status = 0
         self.started = time.perf_counter()
@@ -152,11 +233,75 @@ def request_id_of(headers: Headers) -> bytes:
     return new_request_id()
 
 
+class Peer:
+    """The client's end of a connection, as the forwarding headers name it."""
+
+    __slots__ = ("addr", "node", "trusted")
+
+    def __init__(self, addr: bytes, node: bytes, trusted: bool) -> None:
+        self.addr = addr  # for X-Forwarded-For; b"" when unknown (a Unix socket)
+        self.node = node  # the Forwarded "for=" pair
+        self.trusted = trusted  # inside trusted_proxies: its forwarding headers are kept
+
+
+NO_PEER = Peer(b"", b"for=unknown", False)
+
+
+def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
+    """``trusted_proxies`` as networks; ValueError names a malformed one."""
+    networks = []
+    for cidr in cidrs:
+        try:
+            networks.append(ipaddress.ip_network(cidr.strip(), strict=False))
+        except ValueError as exc:
+            raise ValueError(f"trusted proxy {cidr!r} is not an address or CIDR: {exc}") from None
+    return tuple(networks)
+
+
+def peer_of(host: str | None, trusted: Sequence[Network]) -> Peer:
+    """The :class:`Peer` for a client address as the server reports it."""
+    if not host:
+        return NO_PEER
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:  # not an IP address: nothing to trust, quote it as it is
+        return Peer(host.encode("latin-1"), b"for=" + _quoted(host.encode("latin-1")), False)
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    is_trusted = any(ip in net or (mapped is not None and mapped in net) for net in trusted)
+    addr = str(ip).encode("ascii")
+    # RFC 7239 §6: an IPv6 node is bracketed, and then quoted (":" is not a token character)
+    node = b'for="[' + addr + b']"' if ip.version == 6 else b"for=" + addr
+    return Peer(addr, node, is_trusted)
+
+
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _quoted(value: bytes) -> bytes:
+    """An RFC 7230 token as it is, anything else as a quoted-string."""
+    if _TOKEN.fullmatch(value):
+        return value
+    return b'"' + value.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
+
+
+# The Forwarded "host=" value of a Host header; bounded, any client can send any Host.
+_hosts: dict[bytes, bytes] = {}
+
+
+def _forwarded_host(host: bytes) -> bytes:
+    quoted = _hosts.get(host)
+    if quoted is None:
+        quoted = b";host=" + _quoted(host)
+        if len(_hosts) < _NAMES_MAX:
+            _hosts[host] = quoted
+    return quoted
+
+
 def request_head(
     method: bytes,
     target: bytes,
     headers: Headers,
-    client_host: str | None,
+    peer: Peer,
     scheme: str,
     env: str,
     name: str,
@@ -164,16 +309,19 @@ def request_head(
     """(upstream request head, body framing, Content-Length or -1, request id).
 
     ``headers`` have lower-case names, as both uvicorn and the ASGI spec give them.
+    The server in front has checked them already (one Host, plain chunked).
     """
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    connection = host = forwarded_for = request_id = None
+    connection = host = request_id = None
+    forwarded_for = forwarded = forwarded_proto = forwarded_host = None
     length = -1
     body_mode = NO_BODY
     special = _REQUEST_SPECIAL.get
     for header, value in headers:
         kind = special(header)
         if kind is None:
-            parts += (header, b": ", value, b"\r\n")
+            if not header.startswith(_XF):  # X-Forwarded-Port, -Server, -Ssl...: never passed
+                parts += (header, b": ", value, b"\r\n")
         elif kind == _HOST:
             host = value
             parts += (header, b": ", value, b"\r\n")
@@ -183,8 +331,14 @@ def request_head(
             parts += (header, b": ", value, b"\r\n")
         elif kind == _REQID:
             request_id = value
-        elif kind == _XFF:
-            forwarded_for = value
+        elif kind == _XFF:  # several headers are one list, in order (RFC 9110 §5.3)
+            forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
+        elif kind == _FWD:
+            forwarded = value if forwarded is None else forwarded + b", " + value
+        elif kind == _XFP:
+            forwarded_proto = forwarded_proto or value
+        elif kind == _XFH:
+            forwarded_host = forwarded_host or value
         elif kind == _CHUNKED:
             body_mode = CHUNKED if body_mode == NO_BODY else body_mode
         elif kind == _CONNECTION:
@@ -195,20 +349,33 @@ def request_head(
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):
         request_id = new_request_id()
-    if client_host:
-        addr = client_host.encode("latin-1")
+    proto = scheme.encode("ascii")
+    element = peer.node + b";proto=" + proto
+    if host is not None:
+        element += _forwarded_host(host)
+    if peer.trusted:  # a proxy we trust: its view of the client comes first
+        addr = peer.addr
         forwarded_for = forwarded_for + b", " + addr if forwarded_for else addr
+        forwarded = forwarded + b", " + element if forwarded else element
+        if forwarded_proto is not None:
+            proto = _SCHEMES.get(forwarded_proto.strip().lower(), proto)
+        if forwarded_host is not None:
+            host = forwarded_host
+    else:
+        forwarded_for, forwarded = peer.addr, element
     if forwarded_for:
         parts += (b"x-forwarded-for: ", forwarded_for, b"\r\n")
     if host is not None:
         parts += (b"x-forwarded-host: ", host, b"\r\n")
     parts += (
         b"x-forwarded-proto: ",
-        scheme.encode("ascii"),
+        proto,
         b"\r\nx-forwarded-prefix: /fn/",
         env.encode("ascii"),
         b"/",
         name.encode("ascii"),
+        b"\r\nforwarded: ",
+        forwarded,
         b"\r\nx-request-id: ",
         request_id,
         b"\r\n\r\n",
@@ -248,4 +415,10 @@ def response_headers(
 
 
 def error_body(message: str, call: Call) -> bytes:
-    return json.dumps({"error": message, "function": call.name, "env": call.env}).encode()
+    """The proxy's JSON error; with the phase and message of a declared, unserved function."""
+    body: dict[str, Any] = {"error": message, "function": call.name, "env": call.env}
+    declared = call.declared
+    if declared is not None:
+        body["phase"] = declared.phase
+        body["message"] = declared.message
+    return json.dumps(body).encode()

@@ -19,7 +19,7 @@ import httptools
 
 from .errors import TransientError
 
-__all__ = ["Pool", "UpstreamConnection", "UpstreamError"]
+__all__ = ["CLOSED_EARLY", "Pool", "UpstreamConnection", "UpstreamError"]
 
 Upstream = tuple[str, int]
 
@@ -32,12 +32,14 @@ READ_HIGH_WATER = 256 * 1024
 # How often deadlines are checked while calls wait for a response head. One sweep for
 # all calls is cheaper than a timer per call, and a timeout is late by at most this.
 SWEEP_SEC = 0.05
+# The 502 error when the upstream hung up (or answered garbage) before a response head.
+CLOSED_EARLY = "upstream closed the connection before a response"
 
 
 class UpstreamError(TransientError):
     """The upstream failed before a response head arrived: refused, reset, or not HTTP.
 
-    Never leaves the proxy: it becomes a 502 for the caller."""
+    Never leaves the proxy: it becomes a 502 for the caller, its message the error."""
 
 
 class UpstreamConnection(asyncio.Protocol):
@@ -244,7 +246,8 @@ class Pool:
                     lambda: UpstreamConnection(self, key, loop), *key
                 )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamError(f"cannot connect to {key[0]}:{key[1]}: {exc}") from exc
+            message = f"upstream unavailable: cannot connect to {key[0]}:{key[1]}: {exc}"
+            raise UpstreamError(message) from exc
         self.opened += 1
         return conn
 

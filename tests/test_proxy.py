@@ -31,8 +31,10 @@ import pytest
 import uvicorn
 
 from gitops_sless.metrics import METRICS
-from gitops_sless.proxy import Invocation, ProxyApp, config
-from gitops_sless.routes import Route, RouteTable
+from gitops_sless.proxy import Invocation, Limits, ProxyApp, config
+from gitops_sless.proxy_http import Peer, peer_of, request_head
+from gitops_sless.proxy_upstream import CLOSED_EARLY
+from gitops_sless.routes import Declared, Route, RouteTable
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
@@ -118,18 +120,29 @@ class ProxyServer:
         "h11": {"http": "h11", "loop": "asyncio"},
     }
 
-    def __init__(self, mode: str, front: Callable | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        front: Callable | None = None,
+        trusted: tuple[str, ...] = (),
+        limits: Limits | None = None,
+    ) -> None:
         """``front(proxy) -> app``: an ASGI app that hands /fn/ to the proxy (default: none)."""
+        self.mode = mode
         self.routes = RouteTable()
         self.records: list[Invocation] = []
-        self.app = ProxyApp(self.routes, self.records.append, max_body_bytes=MAX_BODY)
+        self.app = ProxyApp(
+            self.routes, self.records.append, max_body_bytes=MAX_BODY, trusted_proxies=trusted
+        )
         # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so,
         # and without it h11's two writes per response meet the client's delayed ACK.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         app = self.app if front is None else front(self.app)
-        settings = config(app, "127.0.0.1", self.port, proxy=self.app, **self.MODES[mode])
+        settings = config(
+            app, "127.0.0.1", self.port, proxy=self.app, limits=limits, **self.MODES[mode]
+        )
         self.server = uvicorn.Server(settings)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
         self.thread.start()
@@ -166,6 +179,16 @@ class ProxyServer:
         assert len(found) == 1, f"{len(found)} invocations recorded for {request_id}"
         assert found[0].status == reply.status
         return found[0]
+
+    def not_recorded(self, reply: Reply, unknown_before: float) -> None:
+        """``reply`` was a call to an undeclared name: counted as unknown, never recorded."""
+        _wait_for(lambda: _unknown_total() > unknown_before)  # finish() has run for it
+        request_id = reply.headers["x-request-id"]
+        assert not [r for r in self.records if r.request_id == request_id]
+
+
+def _unknown_total() -> float:
+    return METRICS.proxy_unknown.values.get((), 0)
 
 
 @dataclass
@@ -454,6 +477,7 @@ def test_unknown_or_crafted_path_is_404_and_reaches_nothing(proxy, fakes, path):
     fake = fakes.start(hop)
     for name in ("x", "admin", "a-x"):  # what a lenient parser might turn these paths into
         proxy.routes.set(Route("prod", name, 5, (("127.0.0.1", fake.port),)))
+    unknown = _unknown_total()
     try:
         reply = raw(proxy.port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     finally:
@@ -463,14 +487,78 @@ def test_unknown_or_crafted_path_is_404_and_reaches_nothing(proxy, fakes, path):
     assert reply.headers["content-type"] == "application/json"
     assert reply.json()["error"] == "function not found"
     assert fake.accepted == 0
+    proxy.not_recorded(reply, unknown)
+
+
+def test_unknown_function_is_404_counted_but_not_recorded(proxy):
+    unknown = _unknown_total()
+    reply = proxy.request("GET", "/fn/prod/no-such-function/x", headers={"X-Request-Id": "r-404"})
+    body = _assert_json_error(reply, 404, "prod", "no-such-function")
+    assert "phase" not in body
+    assert reply.headers["x-request-id"] == "r-404"
+    proxy.not_recorded(reply, unknown)
+    labels = {dict(key).get("name") for key in METRICS.invocations.values}
+    assert "no-such-function" not in labels
+
+
+@pytest.fixture
+def declare(proxy: ProxyServer) -> Iterator[Callable[..., None]]:
+    """``declare(name, phase, message=None)``: what the reconciler publishes, for this test."""
+    declared: dict[str, Declared] = {}
+
+    def add(name: str, phase: str, message: str | None = None) -> None:
+        declared[name] = Declared(phase, message)
+        proxy.routes.declare("decl", dict(declared))
+
+    yield add
+    proxy.routes.declare("decl", {})
+
+
+@pytest.mark.parametrize(
+    ("phase", "message", "error"),
+    [
+        ("Building", "building python3.11", "function not ready"),
+        ("Failed", "pip install failed: no such package", "function not ready"),
+        ("Pending", None, "function not ready"),
+        ("Disabled", "disabled in sless.yaml", "function disabled"),
+    ],
+)
+def test_declared_function_without_a_route_is_503_with_its_phase(
+    proxy, declare, phase, message, error
+):
+    name = f"fn-{next(_names)}"
+    declare(name, phase, message)
+    counts = METRICS.invocations.values
+    key = (("env", "decl"), ("name", name), ("status", "503"))
+    reply = proxy.request("POST", f"/fn/decl/{name}/x?y=1", b"{}")
+    body = _assert_json_error(reply, 503, "decl", name)
+    assert (body["error"], body["phase"], body["message"]) == (error, phase, message)
+    record = proxy.recorded(reply)
+    assert (record.env, record.name, record.path) == ("decl", name, "/x?y=1")
+    _wait_for(lambda: counts.get(key) == 1)
+
+
+def test_route_without_upstreams_names_the_declared_phase(proxy, declare):
+    name = f"fn-{next(_names)}"
+    proxy.routes.set(Route("decl", name, 5, ()))
+    try:
+        declare(name, "Ready", "a replica ended: OOMKilled: over 128 MiB; restarting")
+        reply = proxy.request("GET", f"/fn/decl/{name}/")
+    finally:
+        proxy.routes.remove("decl", name)
+    body = _assert_json_error(reply, 503, "decl", name)
+    assert body["phase"] == "Ready"
+    assert body["message"] == "a replica ended: OOMKilled: over 128 MiB; restarting"
     proxy.recorded(reply)
 
 
-def test_unknown_function_is_404(proxy):
-    reply = proxy.request("GET", "/fn/prod/no-such-function/x", headers={"X-Request-Id": "r-404"})
-    _assert_json_error(reply, 404, "prod", "no-such-function")
-    assert reply.headers["x-request-id"] == "r-404"
-    assert proxy.recorded(reply).name == "no-such-function"
+def test_a_declaration_elsewhere_does_not_make_a_name_known(proxy, declare):
+    name = f"fn-{next(_names)}"
+    declare(name, "Building")
+    unknown = _unknown_total()
+    reply = proxy.request("GET", f"/fn/prod/{name}/")  # declared in "decl", not in "prod"
+    _assert_json_error(reply, 404, "prod", name)
+    proxy.not_recorded(reply, unknown)
 
 
 def test_removed_route_is_404_at_once(proxy, route, runtime):
@@ -498,8 +586,74 @@ def test_upstream_hanging_up_before_answering_is_502(proxy, route, fakes):
     fake = fakes.start(closer)
     name = route(("127.0.0.1", fake.port))
     reply = proxy.request("GET", f"/fn/prod/{name}/")
-    _assert_json_error(reply, 502, "prod", name)
+    body = _assert_json_error(reply, 502, "prod", name)
+    assert body["error"] == CLOSED_EARLY
     proxy.recorded(reply)
+
+
+def killed(on_request: Callable[[], None]) -> Handler:
+    """Reads a request head, runs ``on_request`` (the supervisor's reaction), hangs up."""
+
+    async def handler(fake: Fake, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        await _read_head(fake, reader)
+        on_request()
+
+    return handler
+
+
+def test_a_replica_killed_mid_call_names_the_reason(proxy, fakes):
+    name = f"fn-{next(_names)}"
+    reason = "OOMKilled: the replica used more than its 128 MiB"
+
+    def supervisor_kills_it() -> None:  # publishes the route without it, and why it left
+        proxy.routes.set(Route("prod", name, 5, (), last_exit=reason))
+
+    fake = fakes.start(killed(supervisor_kills_it))
+    proxy.routes.set(Route("prod", name, 5, (("127.0.0.1", fake.port),)))
+    try:
+        reply = proxy.request("POST", f"/fn/prod/{name}/", b'{"big": true}')
+    finally:
+        proxy.routes.remove("prod", name)
+    body = _assert_json_error(reply, 502, "prod", name)
+    assert body["error"] == f"{CLOSED_EARLY}: {reason}"
+    assert proxy.recorded(reply).status == 502
+
+
+def test_an_old_exit_reason_is_not_blamed_for_a_new_failure(proxy, fakes):
+    name = f"fn-{next(_names)}"
+    fake = fakes.start(closer)
+    upstream = ("127.0.0.1", fake.port)
+    proxy.routes.set(Route("prod", name, 5, (upstream,), last_exit="OOMKilled: an hour ago"))
+    try:
+        reply = proxy.request("GET", f"/fn/prod/{name}/")
+    finally:
+        proxy.routes.remove("prod", name)
+    assert _assert_json_error(reply, 502, "prod", name)["error"] == CLOSED_EARLY
+
+
+class _Dying(RouteTable):
+    """The first lookup finds the replica; later ones find it gone, and why."""
+
+    def __init__(self, live: Route, dead: Route) -> None:
+        super().__init__()
+        self.lookups = [live, dead]
+
+    def get(self, env: str, name: str) -> Route | None:
+        return self.lookups.pop(0) if len(self.lookups) > 1 else self.lookups[0]
+
+
+def test_a_refused_connection_names_the_reason_too(proxy):
+    upstream = ("127.0.0.1", _free_port())  # nothing listens: the replica has died
+    live = Route("prod", "dying", 5, (upstream,))
+    dead = Route("prod", "dying", 5, (), last_exit="exited with code 137 (SIGKILL)")
+    routes, proxy.app.routes = proxy.app.routes, _Dying(live, dead)
+    try:
+        reply = proxy.request("GET", "/fn/prod/dying/")
+    finally:
+        proxy.app.routes = routes
+    error = _assert_json_error(reply, 502, "prod", "dying")["error"]
+    assert error.startswith("upstream unavailable: cannot connect to 127.0.0.1:")
+    assert error.endswith(": exited with code 137 (SIGKILL)")
 
 
 def test_no_answer_within_the_route_timeout_is_504(proxy, route, fakes):
@@ -586,30 +740,118 @@ def test_hop_by_hop_response_headers_are_stripped(proxy, route, fakes):
     proxy.recorded(reply)
 
 
-def test_forwarded_headers(proxy, route, runtime):
-    name = route(runtime)
-    reply = proxy.request(
-        "GET",
-        f"/fn/prod/{name}/",
-        headers={
-            "X-Forwarded-For": "203.0.113.7",
-            "X-Forwarded-Host": "spoofed.example",
-            "X-Forwarded-Prefix": "/spoofed",
-            "X-Forwarded-Proto": "gopher",
-        },
-    )
-    seen = reply.json()["event"]["_headers"]
-    assert seen["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
-    assert seen["x-forwarded-host"] == f"127.0.0.1:{proxy.port}"
-    assert seen["x-forwarded-proto"] == "http"
-    assert seen["x-forwarded-prefix"] == f"/fn/prod/{name}"
-    assert seen["host"] == f"127.0.0.1:{proxy.port}"
+SPOOFED = (
+    b"X-Forwarded-For: 203.0.113.7\r\n"
+    b"X-Forwarded-Host: spoofed.example\r\n"
+    b"X-Forwarded-Prefix: /spoofed\r\n"
+    b"X-Forwarded-Proto: https\r\n"
+    b"X-Forwarded-Port: 443\r\n"
+    b"X-Forwarded-Server: spoofed\r\n"
+    b"X-Real-IP: 203.0.113.8\r\n"
+    b"Forwarded: for=203.0.113.9;proto=https\r\n"
+    b"X-Forwarded-For: 198.51.100.1\r\n"
+    b"Forwarded: for=198.51.100.2\r\n"
+)
+
+
+def _forwarded_seen(port: int, name: str) -> dict[str, list[str]]:
+    """The forwarding headers the upstream got for a request carrying SPOOFED."""
+    head = f"GET /fn/prod/{name}/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode()
+    reply = raw(port, head + SPOOFED + b"\r\n")
+    assert reply.status == 200, reply.body
+    seen: dict[str, list[str]] = {}
+    for line in reply.body.split(b"\r\n")[1:]:  # hop echoes the head it got
+        key, _, value = line.decode().partition(": ")
+        if "forward" in key.lower() or key.lower() == "x-real-ip":
+            seen.setdefault(key.lower(), []).append(value)
+    return seen
+
+
+def test_forwarding_headers_from_the_client_are_replaced(proxy, route, fakes):
+    fake = fakes.start(hop)
+    name = route(("127.0.0.1", fake.port))
+    assert _forwarded_seen(proxy.port, name) == {
+        "x-forwarded-for": ["127.0.0.1"],
+        "x-forwarded-host": [f"127.0.0.1:{proxy.port}"],
+        "x-forwarded-proto": ["http"],
+        "x-forwarded-prefix": [f"/fn/prod/{name}"],
+        "forwarded": [f'for=127.0.0.1;proto=http;host="127.0.0.1:{proxy.port}"'],
+    }
 
 
 def test_forwarded_for_without_client_header(proxy, route, runtime):
     name = route(runtime)
     seen = proxy.request("GET", f"/fn/prod/{name}/").json()["event"]["_headers"]
     assert seen["x-forwarded-for"] == "127.0.0.1"
+    assert seen["forwarded"] == f'for=127.0.0.1;proto=http;host="127.0.0.1:{proxy.port}"'
+
+
+@pytest.mark.parametrize("mode", list(ProxyServer.MODES))
+def test_a_trusted_proxy_keeps_its_chain(fakes, mode):
+    fake = fakes.start(hop)
+    server = ProxyServer(mode, trusted=("10.0.0.0/8", "127.0.0.0/8"))
+    try:
+        server.routes.set(Route("prod", "echo", 5, (("127.0.0.1", fake.port),)))
+        seen = _forwarded_seen(server.port, "echo")
+    finally:
+        server.stop()
+    host = f"127.0.0.1:{server.port}"
+    assert seen == {
+        # every X-Forwarded-For header, in order, then the peer
+        "x-forwarded-for": ["203.0.113.7, 198.51.100.1, 127.0.0.1"],
+        "x-forwarded-host": ["spoofed.example"],
+        "x-forwarded-proto": ["https"],
+        "x-forwarded-prefix": ["/fn/prod/echo"],
+        "forwarded": [
+            f'for=203.0.113.9;proto=https, for=198.51.100.2, for=127.0.0.1;proto=http;host="{host}"'
+        ],
+    }
+
+
+def test_a_peer_outside_the_trusted_networks_is_the_edge(fakes):
+    fake = fakes.start(hop)
+    server = ProxyServer("fast", trusted=("10.0.0.0/8", "::1/128"))
+    try:
+        server.routes.set(Route("prod", "echo", 5, (("127.0.0.1", fake.port),)))
+        seen = _forwarded_seen(server.port, "echo")
+    finally:
+        server.stop()
+    assert seen["x-forwarded-for"] == ["127.0.0.1"]
+    assert seen["x-forwarded-proto"] == ["http"]
+    assert "x-real-ip" not in seen
+    assert len(seen["forwarded"]) == 1 and seen["forwarded"][0].startswith("for=127.0.0.1;")
+
+
+def test_malformed_trusted_proxy_is_refused():
+    with pytest.raises(ValueError, match="not-a-network"):
+        ProxyApp(RouteTable(), trusted_proxies=["10.0.0.0/8", "not-a-network"])
+
+
+@pytest.mark.parametrize(
+    ("address", "node", "trusted"),
+    [
+        ("2001:db8::17", b'for="[2001:db8::17]"', False),
+        ("::ffff:10.1.2.3", None, True),  # IPv4-mapped, in 10/8 (spelt per Python version)
+        ("10.1.2.3", b"for=10.1.2.3", True),
+        ("192.0.2.1", b"for=192.0.2.1", False),
+    ],
+)
+def test_forwarded_quotes_ipv6_nodes(address, node, trusted):
+    peer = peer_of(address, ProxyApp(RouteTable(), trusted_proxies=["10.0.0.0/8"]).trusted)
+    assert peer.trusted == trusted
+    if node is None:
+        assert peer.node.startswith(b'for="[::ffff:') and peer.node.endswith(b']"')
+        node = peer.node
+    assert peer.node == node
+    head, *_ = request_head(b"GET", b"/", [(b"host", b'a"b')], peer, "https", "prod", "f")
+    assert b"\r\nforwarded: " + node + b';proto=https;host="a\\"b"\r\n' in head
+    assert b"\r\nx-forwarded-for: " + peer.addr + b"\r\n" in head
+
+
+def test_no_peer_address_is_unknown():
+    head, *_ = request_head(b"GET", b"/", [], Peer(b"", b"for=unknown", False), "http", "p", "f")
+    assert b"x-forwarded-for" not in head
+    assert b"\r\nforwarded: for=unknown;proto=http\r\n" in head
 
 
 def test_client_request_id_is_kept(proxy, route, runtime):
@@ -705,12 +947,13 @@ def test_every_call_counts_in_metrics(proxy, route, runtime):
     name = route(runtime)
     counts = METRICS.invocations.values
     key = (("env", "prod"), ("name", name), ("status", "200"))
-    unknown = (("env", ""), ("name", ""), ("status", "404"))
-    before_unknown = counts.get(unknown, 0)
+    before_unknown = _unknown_total()
     for _ in range(3):
         proxy.request("GET", f"/fn/prod/{name}/")
     proxy.request("GET", "/fn/prod/nothing-here/")
-    _wait_for(lambda: counts.get(key) == 3 and counts.get(unknown, 0) == before_unknown + 1)
+    _wait_for(lambda: counts.get(key) == 3 and _unknown_total() == before_unknown + 1)
+    assert not [k for k in counts if dict(k)["name"] == "nothing-here"]
+    assert "sless_proxy_unknown_total " in METRICS.render()
 
 
 # --------------------------------------------------------------------------- HTTP corners
@@ -878,3 +1121,220 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 3) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- the edge's limits
+
+EDGE_LIMITS = Limits(head_timeout=0.5, body_timeout=1.5, idle_timeout=0.5, max_connections=4)
+BIG_HEADER = b"X-Big: " + b"a" * (70 * 1024) + b"\r\n"
+
+
+@pytest.fixture(scope="module", params=["fast", "asgi"])
+def edge(request: pytest.FixtureRequest, fakes: Fakes) -> Iterator[ProxyServer]:
+    """The httptools server (fast path, or every request over ASGI) with short limits and a
+    route "echo" to a `hop` upstream that echoes the head it got."""
+    server = ProxyServer(request.param, limits=EDGE_LIMITS)
+    server.fake = fakes.start(hop)  # type: ignore[attr-defined]
+    server.routes.set(Route("prod", "echo", 5, (("127.0.0.1", server.fake.port),)))  # type: ignore[attr-defined]
+    yield server
+    server.stop()
+
+
+def _read_to_eof(sock: socket.socket) -> bytes:
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def _refusal(data: bytes, status: int) -> dict:
+    """The one JSON refusal in ``data`` (all the server sent before closing)."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), data[:300]
+    assert b"\r\nconnection: close" in head.lower()
+    assert b"\r\ncontent-type: application/json" in head.lower()
+    return json.loads(body)
+
+
+EDGE_CASES = [
+    pytest.param(b"GET /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\n" + BIG_HEADER, 431, id="head-70k"),
+    pytest.param(b"GET /fn/prod/echo/\r\nHost: x\r\n", 400, id="no-version"),
+    pytest.param(b"GET /fn/prod/echo/a\nX-Injected: two HTTP/1.1\r\nHost: x\r\n", 400, id="lf"),
+    pytest.param(b"GET /fn/prod/echo/ HTTP/2.0\r\nHost: x\r\n", 505, id="http-2.0"),
+    pytest.param(b"GET /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nHost: y\r\n", 400, id="two-hosts"),
+    pytest.param(b"GET /fn/prod/echo/ HTTP/1.1\r\nX-A: b\r\n", 400, id="no-host"),
+    pytest.param(
+        b"POST /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n"
+        b"\r\n5\r\nhello\r\n0\r\n",
+        501,
+        id="gzip-chunked",
+    ),
+    pytest.param(
+        b"POST /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n",
+        501,
+        id="gzip-then-chunked-headers",
+    ),
+    pytest.param(
+        b"POST /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        400,
+        id="chunked-not-last",
+    ),
+    pytest.param(
+        b"POST /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Transfer-Encoding: identity\r\n\r\n0\r\n",
+        400,
+        id="chunked-then-identity",
+    ),
+    pytest.param(
+        b"POST /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n"
+        b"\r\n0\r\n",
+        400,
+        id="chunked-twice",
+    ),
+    pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n", 400, id="two-hosts-not-fn"),
+]
+
+
+@pytest.mark.parametrize(("head", "status"), EDGE_CASES)
+def test_malformed_requests_are_refused_before_any_function(edge, head, status):
+    accepted = edge.fake.accepted
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n")
+        data = _read_to_eof(sock)
+    assert _refusal(data, status)["error"]
+    assert edge.fake.accepted == accepted
+
+
+def test_a_head_over_the_limit_sent_in_pieces_is_431(edge):
+    head = b"GET /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\n" + BIG_HEADER + b"\r\n"
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        for i in range(0, len(head), 4096):
+            if select.select([sock], [], [], 0)[0]:
+                break  # answered already
+            sock.sendall(head[i : i + 4096])
+            time.sleep(0.002)
+        data = _read_to_eof(sock)
+    assert _refusal(data, 431)["error"] == "request head larger than 65536 bytes"
+
+
+def test_large_heads_within_the_limit_and_http10_without_host_are_served(edge):
+    cookie = b"c" * (32 * 1024)
+    reply = raw(edge.port, b"GET /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nCookie: %b\r\n\r\n" % cookie)
+    assert reply.status == 200
+    assert b"\r\ncookie: " + cookie + b"\r\n" in reply.body
+    reply = raw(edge.port, b"GET /fn/prod/echo/ HTTP/1.0\r\n\r\n")
+    assert reply.status == 200
+
+
+def test_a_refusal_waits_for_the_pipelined_response_before_it(edge):
+    good = b"GET /fn/prod/echo/first HTTP/1.1\r\nHost: x\r\n\r\n"
+    bad = b"GET /fn/prod/echo/second HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        sock.sendall(good + bad)
+        data = _read_to_eof(sock)
+    first, _, rest = data.partition(b"\r\n0\r\n\r\n")  # the end of hop's chunked answer
+    assert first.startswith(b"HTTP/1.1 200 ") and b"GET /first HTTP/1.1" in first
+    assert _refusal(rest, 400)["error"] == "more than one Host header"
+
+
+def test_a_connection_that_sends_nothing_is_closed(edge):
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        assert _read_to_eof(sock) == b""
+
+
+def test_a_head_trickled_past_its_timeout_is_408(edge):
+    accepted = edge.fake.accepted
+    head = b"GET /fn/prod/echo/ HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        for byte in head:  # a byte every 20 ms: the timer runs from the first one regardless
+            if select.select([sock], [], [], 0.02)[0]:
+                break
+            sock.sendall(bytes([byte]))
+        data = _read_to_eof(sock)
+    assert _refusal(data, 408)["error"] == "request head not received within 0.5s"
+    assert edge.fake.accepted == accepted
+
+
+def test_a_stalled_body_is_408_and_drops_the_upstream(edge, fakes):
+    fake = fakes.start(silent)
+    edge.routes.set(Route("prod", "stall", 5, (("127.0.0.1", fake.port),)))
+    try:
+        with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /fn/prod/stall/ HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789"
+            )
+            data = _read_to_eof(sock)
+    finally:
+        edge.routes.remove("prod", "stall")
+    assert _refusal(data, 408)["error"] == "request body stalled for 1.5s"
+    _wait_for(lambda: fake.eofs == 1)  # the upstream connection with half a body is dropped
+    # The fast path records its 408; over ASGI the application saw the client leave.
+    status = 408 if edge.mode == "fast" else 499
+    _wait_for(lambda: [r.status for r in edge.records if r.name == "stall"] == [status])
+
+
+def test_a_body_that_stalls_after_the_answer_only_closes(edge):
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+        sock.sendall(b"POST /fn/prod/nowhere/ HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\nabc")
+        data = _read_to_eof(sock)
+    assert data.startswith(b"HTTP/1.1 404 ")
+    assert data.count(b"HTTP/1.1 ") == 1  # no 408 after the answer
+
+
+def test_a_slow_but_steady_body_is_not_cut(edge, runtime):
+    edge.routes.set(Route("prod", "steady", 5, (runtime,)))
+    body = json.dumps({"numbers": list(range(10))}).encode()
+    try:
+        with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as sock:
+            sock.sendall(
+                b"POST /fn/prod/steady/ HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                % len(body)
+            )
+            for i in range(0, len(body), len(body) // 4 + 1):  # over 1.2 s, body_timeout 1.5
+                time.sleep(0.3)
+                sock.sendall(body[i : i + len(body) // 4 + 1])
+            reply = _read_reply(sock)
+    finally:
+        edge.routes.remove("prod", "steady")
+    assert reply.status == 200, reply.body
+    assert reply.json()["event"]["numbers"] == list(range(10))
+
+
+@pytest.mark.parametrize("mode", list(ProxyServer.MODES))
+def test_connections_past_the_limit_are_503(runtime, mode):
+    server = ProxyServer(mode, limits=Limits(max_connections=3))
+    server.routes.set(Route("prod", "echo", 5, (runtime,)))
+    held: list[socket.socket] = []
+    try:
+        for i in range(4):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            held.append(sock)
+            sock.sendall(f"GET /fn/prod/echo/{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            reply = _read_reply(sock)
+            if i < 3:  # kept alive: each holds its place
+                assert reply.status == 200, reply.body
+        assert reply.status == 503
+        assert reply.headers["connection"] == "close"
+        if mode != "h11":  # uvicorn's own cap answers text
+            assert "connections" in reply.json()["error"]
+        held.pop().close()
+        held.pop().close()
+        _wait_for(lambda: len(server.server.server_state.connections) < 3)
+        assert server.request("GET", "/fn/prod/echo/again").status == 200
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def test_limits_from_the_environment():
+    limits = Limits.from_env(
+        {"SLESS_PROXY_HEAD_TIMEOUT": "2.5", "SLESS_PROXY_MAX_CONNECTIONS": "9"}
+    )
+    assert limits == Limits(head_timeout=2.5, max_connections=9)
+    assert Limits.from_env({}) == Limits()
+    with pytest.raises(ValueError, match="SLESS_PROXY_BODY_TIMEOUT"):
+        Limits.from_env({"SLESS_PROXY_BODY_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="positive"):
+        Limits.from_env({"SLESS_PROXY_MAX_HEAD_BYTES": "0"})
