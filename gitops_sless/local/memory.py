@@ -32,6 +32,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,6 +83,9 @@ class MemoryGuard(ABC):
 
     kind: str
     description: str
+    # called with (pid, reason) just before the guard kills a process, so whoever routes
+    # calls to it can stop at once and say why (the kernel's OOM killer gives no warning)
+    on_kill: Callable[[int, str], None] | None = None
 
     @abstractmethod
     def limit(self, memory_mb: int | None, name: str = "") -> Limit:
@@ -223,6 +227,8 @@ class RssWatchdog(MemoryGuard):
                 f"{limit.name or 'pid'} (pid {limit.pid}): {resident >> 20} MiB resident in"
                 f" {len(members)} processes, over memoryMB={limit.memory_mb}: killed",
             )
+            if self.on_kill is not None:
+                self.on_kill(limit.pid, limit.killed)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(limit.pid, signal.SIGKILL)
             for pid in members:

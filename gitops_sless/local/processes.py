@@ -147,6 +147,7 @@ class _Replica:
     port: int
     log_path: Path
     started: float = field(default_factory=time.monotonic)
+    withdrawn: bool = False  # being killed: out of the route before it dies
 
     @property
     def process(self) -> subprocess.Popen[bytes]:
@@ -190,6 +191,7 @@ class Supervisor:
         if orphans:
             log.warning("stopped %d runtime processes left by an earlier run", orphans)
         self.memory = memory_guard or memory.detect()
+        self.memory.on_kill = self._withdraw
         self._on_upstreams = on_upstreams
         self._on_replica_event = on_replica_event
         self._units: dict[tuple[str, str], _Unit] = {}
@@ -376,8 +378,20 @@ class Supervisor:
 
     def _publish(self, key: tuple[str, str]) -> None:
         unit = self._units.get(key)
-        upstreams = tuple((self.host, r.port) for r in unit.replicas) if unit else ()
+        replicas = [r for r in unit.replicas if not r.withdrawn] if unit else []
+        upstreams = tuple((self.host, r.port) for r in replicas)
         self._on_upstreams(key[0], key[1], upstreams, unit.last_exit if unit else None)
+
+    def _withdraw(self, pid: int, reason: str) -> None:
+        """A replica is about to be killed: no new call goes to it, and the route says why."""
+        with self._lock:
+            for key, unit in self._units.items():
+                for replica in unit.replicas:
+                    if replica.child.pid == pid:
+                        replica.withdrawn = True
+                        unit.last_exit = reason
+                        self._publish(key)
+                        return
 
     def _notify(self, key: tuple[str, str], kind: str, reason: str | None) -> None:
         """Tell the status store; never called with the lock held."""
