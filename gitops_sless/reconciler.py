@@ -26,7 +26,7 @@ from .metrics import METRICS
 from .planner import Observed, Plan, plan
 from .routes import Declared, RouteTable
 from .source import Snapshot
-from .store import Store
+from .store import FUNCTION_PHASES, Store
 
 __all__ = ["Reconciler", "Source"]
 
@@ -189,6 +189,9 @@ class Reconciler:
         else:
             self.store.finish_sync(current.sync_id, result, current.revision, error)
         METRICS.syncs.inc(env=self.env, result=result)
+        METRICS.sync_duration.observe(time.time() - current.started)
+        if result != "Failed":
+            METRICS.last_success.set(time.time(), env=self.env)
         new_outcome = previous is None or (previous["result"], previous["error"]) != (result, error)
         quiet = current.quiet and current.revision == self._last_revision and not new_outcome
         self._last_revision = current.revision or self._last_revision
@@ -367,6 +370,7 @@ class Reconciler:
             took = time.monotonic() - started
             self.store.finish_build(fn.build_tag, "Failed", exc.log_tail, str(exc))
             METRICS.builds.inc(runtime=fn.runtime, result="Failed")
+            METRICS.build_duration.observe(took)
             logs.event(
                 log, "build.failed", f"{exc} after {took:.1f}s", level=logging.ERROR, **where
             )
@@ -377,6 +381,7 @@ class Reconciler:
         took = time.monotonic() - started
         self.store.finish_build(fn.build_tag, "Succeeded", build_log)
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
+        METRICS.build_duration.observe(took)
         logs.event(log, "build.finished", f"{fn.build_tag} in {took:.1f}s", **where)
 
     def _desired_functions(self) -> list[Function]:
@@ -478,10 +483,18 @@ class Reconciler:
         return f"{self.public_url}/fn/{self.env}/{fn.name}/" if fn.http else None
 
     def publish(self) -> None:
-        """Tell the proxy what the repository declares, so a name it knows is 503, not 404."""
+        """Tell the proxy (and /metrics) what the repository declares and in which phase.
+
+        The proxy answers a declared name that does not serve with 503, not 404.
+        """
+        records = self.store.functions(self.env)
+        phases: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)
+        for record in records:
+            phases[record["phase"]] += 1
+        for phase, count in phases.items():
+            METRICS.functions.set(count, env=self.env, phase=phase)
         if self.routes is None:
             return
-        records = self.store.functions(self.env)
         self.routes.declare(
             self.env, {r["name"]: Declared(r["phase"], r["message"]) for r in records}
         )

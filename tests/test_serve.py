@@ -320,6 +320,16 @@ def test_invocations_and_metrics_are_recorded(setup):
     assert 'sless_invocations_total{env="prod",name="counted",status="200"} 3' in metrics
     assert "sless_proxy_latency_seconds_bucket" in metrics
     assert 'sless_syncs_total{env="prod",result="Succeeded"}' in metrics
+    assert 'sless_functions{env="prod",phase="Ready"} 1' in metrics
+    assert 'sless_functions{env="prod",phase="Failed"} 0' in metrics
+    assert "sless_build_duration_seconds_count 1" in metrics
+    assert "sless_sync_duration_seconds_count" in metrics
+    stamp = next(
+        line.split()[-1]
+        for line in metrics.splitlines()
+        if line.startswith('sless_last_successful_sync_timestamp_seconds{env="prod"}')
+    )
+    assert abs(float(stamp) - time.time()) < 600
 
 
 def test_secrets_come_from_the_secrets_directory_and_a_missing_one_is_an_error(setup, tmp_path):
