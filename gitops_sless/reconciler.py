@@ -255,17 +255,20 @@ class Reconciler:
     def _converge(self, desired: DesiredState, snapshot: Snapshot, current: _Pass) -> Plan:
         planned = plan(desired, self.env, self._observe(desired))
         for _ in range(MAX_ROUNDS):
-            if self._report(planned, desired) or not planned.is_empty:
+            reported = self._report(planned, desired)
+            if reported or planned.builds or planned.jobs or planned.prunes:
                 self._begin_row(current)
             current.builds += len(planned.builds)
             current.jobs += len(planned.jobs)
-            current.applies += len(planned.applies)
             current.prunes += len(planned.prunes)
             self._run_all(lambda fn: self._build(fn, snapshot), planned.builds)
             if planned.builds:
                 self.publish()
             self._run_all(lambda item: self._run_job(*item), planned.jobs)
-            self._run_all(lambda d: self._apply(d, snapshot.revision), planned.applies)
+            applied = self._run_all(lambda d: self._apply(d, snapshot.revision), planned.applies)
+            current.applies += sum(applied)
+            if any(applied):
+                self._begin_row(current)
             for name in planned.prunes:
                 self._prune(name)
             if not (planned.builds or planned.jobs):
@@ -273,9 +276,8 @@ class Reconciler:
             planned = plan(desired, self.env, self._observe(desired))
         return planned
 
-    def _run_all(self, step: Callable[[Any], None], items: Iterable[Any]) -> None:
-        for future in [self._pool.submit(step, item) for item in items]:
-            future.result()
+    def _run_all(self, step: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        return [future.result() for future in [self._pool.submit(step, item) for item in items]]
 
     # --- observing --------------------------------------------------------------------------
 
@@ -426,7 +428,8 @@ class Reconciler:
         )
         logs.event(log, "job.succeeded", f"{job.name}: {_clip(result)}", **where)
 
-    def _apply(self, deployment: Deployment, revision: str) -> None:
+    def _apply(self, deployment: Deployment, revision: str) -> bool:
+        """Start or replace one function; False when it failed exactly as it did last time."""
         fn = deployment.function
         where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
         replacing = fn.name in self.backend.deployed(self.env)
@@ -434,10 +437,16 @@ class Reconciler:
             self.backend.apply(deployment)
         except SlessError as exc:
             if self._stopping.is_set():  # refused by the shutdown, not by the function
-                return
-            self.store.set_function(self.env, fn.name, phase="Failed", message=str(exc))
-            logs.event(log, "deploy.failed", str(exc), level=logging.ERROR, **where)
-            return
+                return False
+            # retried every pass (a secret file may appear without a commit), but a
+            # repeat of the same failure is not news: no write, no history row, debug only
+            record = self.store.function(self.env, fn.name) or {}
+            repeat = (record.get("phase"), record.get("message")) == ("Failed", str(exc))
+            if not repeat:
+                self.store.set_function(self.env, fn.name, phase="Failed", message=str(exc))
+            level = logging.DEBUG if repeat else logging.ERROR
+            logs.event(log, "deploy.failed", str(exc), level=level, **where)
+            return not repeat
         self.store.set_function(
             self.env,
             fn.name,
@@ -452,6 +461,7 @@ class Reconciler:
         what = "replaced" if replacing else "deployed"
         state = "" if fn.enabled else ", disabled"
         logs.event(log, f"function.{what}", f"{fn.name} {what} ({fn.build_tag}{state})", **where)
+        return True
 
     def _prune(self, name: str) -> None:
         self.backend.remove(self.env, name)

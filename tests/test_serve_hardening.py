@@ -190,6 +190,27 @@ def test_polls_that_change_nothing_do_not_fill_the_history(setup):
     assert quiet["lastSeen"] >= quiet["finished"]
 
 
+def test_a_deploy_that_keeps_failing_the_same_way_is_retried_quietly(setup, tmp_path):
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    setup.push(
+        {
+            "nosecret/handler.py": handler("got it"),
+            "nosecret/sless.yaml": manifest("nosecret", HTTP, "    env: {S: {secret: db, key: k}}"),
+        }
+    )
+    server = setup.serve(poll_interval=0.2, secrets_dir=secrets)
+    time.sleep(3)
+    syncs = server.client.get("/api/v1/syncs").json()
+    assert len(syncs) == 1 and syncs[0]["count"] >= 5, syncs
+    assert server.output().count("deploy.failed") == 1, server.output()[-3000:]
+    # retried on every pass: the secret appears without a commit and the function starts
+    (secrets / "db").mkdir()
+    (secrets / "db" / "k").write_text("v\n")
+    server.wait(lambda: server.call("nosecret").status_code == 200, "the retry to succeed")
+    assert server.function("nosecret")["phase"] == "Ready"
+
+
 def test_status_reports_the_fetched_revision_and_what_each_function_serves(setup):
     good = setup.push(http_function("served", "v1"))
     server = setup.serve()
