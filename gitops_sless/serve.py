@@ -169,7 +169,10 @@ class Server:
             routes=self.routes,
         )
         self.proxy = proxy_mod.ProxyApp(
-            self.routes, record=self.invocations.record, max_body_bytes=config.max_body_bytes
+            self.routes,
+            record=self.invocations.record,
+            max_body_bytes=config.max_body_bytes,
+            trusted_proxies=config.trusted_proxies,
         )
         api = create_api(
             self.reconciler,
@@ -205,7 +208,10 @@ class Server:
         """Serve until SIGINT/SIGTERM, then stop every process this server started."""
         self.start_background()
         threading.Thread(target=self._announce, name="sless-announce", daemon=True).start()
-        config = proxy_mod.config(self.app, self.config.host, self.config.port, proxy=self.proxy)
+        # log_config=None: uvicorn's own lines go through logs.configure's handler (json too)
+        config = proxy_mod.config(
+            self.app, self.config.host, self.config.port, proxy=self.proxy, log_config=None
+        )
         server = uvicorn.Server(config)
         try:
             server.run()
@@ -257,10 +263,9 @@ class Server:
         base = self.config.public_url
         lines = [f"gitops-sless is serving {mirror_mod.redact(self.url)} ({self.config.branch})"]
         for fn in self.store.functions(self.config.env):
-            if fn["url"]:
-                lines.append(f"  {fn['phase']:<9} curl {fn['url']}")
-            else:
-                lines.append(f"  {fn['phase']:<9} {fn['name']} (no http trigger)")
+            target = f"curl {fn['url']}" if fn["url"] else f"{fn['name']} (no http trigger)"
+            why = (fn["message"] or "").splitlines()[0][:90] if fn["phase"] != "Ready" else ""
+            lines.append(f"  {fn['phase']:<9} {target}" + (f"  ({why})" if why else ""))
         lines += [
             f"status:   curl {base}/api/v1/status",
             f"API docs: {base}/docs",
