@@ -2,6 +2,7 @@
 
     python bench/proxy.py [--duration 10] [--connections 16,64] [--rounds 1]
                           [--proxies fast,asgi,asyncio,h11] [--json FILE]
+                          [--baseline DIR] [--instructions N]
 
 Starts, all on 127.0.0.1: the python3.11 runtime server with a trivial hello
 handler; nginx (1 worker, keep-alive upstream pool, no access log) proxying to
@@ -15,10 +16,23 @@ at the same runtime server:
     h11      ProxyApp as ASGI on asyncio + h11: neither uvloop nor httptools
     httpx    for reference, the first design: FastAPI + httpx.AsyncClient
 
+With ``--baseline DIR`` (another checkout of this project, e.g. ``git
+worktree add /tmp/before <commit>``), each proxy variant also runs from that
+tree's code, as ``/fn/ fast (base)`` and so on, in the same rounds: a change
+is measured against what it changes, under the same load from elsewhere.
+
 Then wrk (``wrk -t2 -c{N} -d{D}s --latency``) against direct, nginx and each
 proxy, and a table: requests/s, p50, p99, CPU per request of the proxy
 process, the ratio to nginx and the p50 added over direct. Every process is
 stopped at the end. Needs nginx and wrk: ``bench/setup`` installs them.
+
+``--instructions N`` measures something else, and needs valgrind instead: the
+machine instructions each proxy variant runs per request, counted by
+``valgrind --tool=cachegrind`` while one client sends N/5, then N requests
+one after the other on a keep-alive connection (the difference over 4N/5
+leaves start-up out). It does not move with the load from elsewhere, so it
+tells a 3 % change from noise where CPU time cannot; valgrind is about 50
+times slower, hence the small N (2500 takes a minute per variant).
 """
 
 import argparse
@@ -100,9 +114,9 @@ class Result:
 # --------------------------------------------------------------------------- the proxies
 
 
-def serve(variant: str, port: int, upstream: int) -> None:
-    """Run one proxy variant in this process until it is terminated."""
-    sys.path.insert(0, str(ROOT))
+def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
+    """Run one proxy variant, with the code of the checkout ``root``, until terminated."""
+    sys.path.insert(0, str(root))
     import uvicorn
 
     from gitops_sless.proxy import ProxyApp, config
@@ -165,8 +179,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_http(port: int, path: str, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 15
+def _wait_http(
+    port: int, path: str, proc: subprocess.Popen, what: str, timeout: float = 15
+) -> None:
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"{what} exited with {proc.returncode}:\n{_log_tail(proc)}")
@@ -286,29 +302,48 @@ def _which(tool: str) -> str | None:
     return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/usr/local/sbin")
 
 
-def run(args: argparse.Namespace) -> list[Result]:
-    _check_tools()
-    connections = [int(c) for c in args.connections.split(",")]
+def _variants(args: argparse.Namespace) -> list[str]:
     variants = [v for v in args.proxies.split(",") if v]
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown proxy variant(s): {', '.join(sorted(unknown))}")
+    return variants
+
+
+def _roots(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    """(label suffix, checkout) of the code the proxies run: this one, and --baseline."""
+    roots = [("", ROOT)]
+    if args.baseline:
+        roots.append((" (base)", Path(args.baseline).resolve()))
+    return roots
+
+
+def _start_runtime(tmp: str, procs: list[subprocess.Popen]) -> int:
+    """The runtime server with the hello handler; its port."""
+    fn_dir = Path(tmp, "fn")
+    fn_dir.mkdir()
+    (fn_dir / "hello.py").write_text(HELLO)
+    upstream = _free_port()
+    env = {
+        **os.environ,
+        "PORT": str(upstream),
+        "SLESS_HOST": "127.0.0.1",
+        "SLESS_ENTRYPOINT": "hello.main",
+        "SLESS_FUNCTION_DIR": str(fn_dir),
+    }
+    runtime = _spawn([sys.executable, str(RUNTIME_SERVER)], tmp, "runtime", env=env)
+    procs.append(runtime)
+    _wait_http(upstream, "/health", runtime, "runtime server")
+    return upstream
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    _check_tools()
+    connections = [int(c) for c in args.connections.split(",")]
+    variants = _variants(args)
     results: dict[tuple[str, int], list[Result]] = {}
     with tempfile.TemporaryDirectory(prefix="sless-bench-") as tmp, processes() as procs:
-        fn_dir = Path(tmp, "fn")
-        fn_dir.mkdir()
-        (fn_dir / "hello.py").write_text(HELLO)
-        upstream = _free_port()
-        env = {
-            **os.environ,
-            "PORT": str(upstream),
-            "SLESS_HOST": "127.0.0.1",
-            "SLESS_ENTRYPOINT": "hello.main",
-            "SLESS_FUNCTION_DIR": str(fn_dir),
-        }
-        runtime = _spawn([sys.executable, str(RUNTIME_SERVER)], tmp, "runtime", env=env)
-        procs.append(runtime)
-        _wait_http(upstream, "/health", runtime, "runtime server")
+        upstream = _start_runtime(tmp, procs)
 
         nginx_port, plain_port = _free_port(), _free_port()
         conf = NGINX_CONF.format(tmp=tmp, upstream=upstream, port=nginx_port, plain_port=plain_port)
@@ -333,12 +368,17 @@ def run(args: argparse.Namespace) -> list[Result]:
             ("nginx plain", f"http://127.0.0.1:{plain_port}/", worker),
         ]
         for variant in variants:
-            port = _free_port()
-            serve_args = ["--serve", variant, "--port", str(port), "--upstream", str(upstream)]
-            proc = _spawn([sys.executable, __file__, *serve_args], tmp, variant)
-            procs.append(proc)
-            _wait_http(port, "/fn/prod/hello/", proc, f"proxy {variant}")
-            targets.append((f"/fn/ {variant}", f"http://127.0.0.1:{port}/fn/prod/hello/", proc.pid))
+            for suffix, root in _roots(args):
+                port = _free_port()
+                serve_args = ["--serve", variant, "--port", str(port), "--upstream", str(upstream)]
+                serve_args += ["--root", str(root)]
+                label = f"{variant}{suffix}"
+                log_name = label.replace(" ", "").replace("(", "-").replace(")", "")
+                proc = _spawn([sys.executable, __file__, *serve_args], tmp, log_name)
+                procs.append(proc)
+                _wait_http(port, "/fn/prod/hello/", proc, f"proxy {label}")
+                url = f"http://127.0.0.1:{port}/fn/prod/hello/"
+                targets.append((f"/fn/ {label}", url, proc.pid))
 
         for round_ in range(args.rounds):
             for n in connections:
@@ -349,8 +389,86 @@ def run(args: argparse.Namespace) -> list[Result]:
                     results.setdefault((name, n), []).append(Result(name, n, rps, p50, p99, cpu))
                     cpu_text = f"{cpu:.1f} µs/req" if cpu is not None else ""
                     line = f"{rps:>9.0f} req/s  p50 {p50:.2f} ms  {cpu_text}"
-                    print(f"round {round_ + 1} c={n:<3} {name:<12} {line}", file=sys.stderr)
+                    print(f"round {round_ + 1} c={n:<3} {name:<20} {line}", file=sys.stderr)
     return [_median(runs) for runs in results.values()]
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+def instructions(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """(target, machine instructions per request) of each variant, counted by valgrind."""
+    valgrind = _which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--instructions needs valgrind: apt-get install -y valgrind")
+    big = args.instructions
+    small = big // 5
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sless-bench-") as tmp, processes() as procs:
+        upstream = _start_runtime(tmp, procs)
+        for variant in _variants(args):
+            for suffix, root in _roots(args):
+                counts = [_count(valgrind, variant, root, upstream, n, tmp) for n in (small, big)]
+                per_request = (counts[1] - counts[0]) / (big - small)
+                target = f"/fn/ {variant}{suffix}"
+                print(f"{target:<20} {per_request:>9.0f} instructions/req", file=sys.stderr)
+                results.append((target, per_request))
+    return results
+
+
+def _count(valgrind: str, variant: str, root: Path, upstream: int, n: int, tmp: str) -> int:
+    """Instructions the proxy runs from start to exit when it serves ``n`` requests."""
+    port = _free_port()
+    out = Path(tmp, f"cachegrind-{port}.out")
+    cmd = [valgrind, "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
+    cmd += [sys.executable, __file__, "--serve", variant, "--port", str(port)]
+    cmd += ["--upstream", str(upstream), "--root", str(root)]
+    proc = _spawn(cmd, tmp, f"valgrind-{port}", env={**os.environ, "PYTHONHASHSEED": "0"})
+    try:
+        _wait_http(port, "/fn/prod/hello/", proc, f"proxy {variant} under valgrind", 180)
+        _requests(port, 50)  # warm-up: the pools, the caches, whatever imports late
+        _requests(port, n)
+    finally:
+        proc.send_signal(signal.SIGINT)  # uvicorn exits cleanly, valgrind writes its count
+        proc.wait(180)
+    summary = re.search(r"^summary: (\d+)", out.read_text(), re.MULTILINE)
+    if summary is None:
+        raise SystemExit(f"no instruction count from valgrind:\n{_log_tail(proc)}")
+    return int(summary.group(1))
+
+
+def _requests(port: int, n: int) -> None:
+    """``n`` GETs, one after the other, on one keep-alive connection, as a client sends them."""
+    request = (
+        b"GET /fn/prod/hello/ HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+        b"User-Agent: bench\r\nAccept: */*\r\n\r\n" % port
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        stream = sock.makefile("rb")
+        for _ in range(n):
+            sock.sendall(request)
+            status = stream.readline()
+            if not status.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"the proxy answered {status!r}")
+            length = 0
+            while (line := stream.readline()) != b"\r\n":
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+            stream.read(length)
+
+
+def instructions_table(results: list[tuple[str, float]]) -> str:
+    by = dict(results)
+    lines = ["| target | instructions/req | ÷ base |", "| --- | ---: | ---: |"]
+    for target, count in results:
+        base = by.get(f"{target} (base)")
+        lines.append(
+            f"| {target} | {count:.0f} | {count / base:.3f} |"
+            if base
+            else f"| {target} | {count:.0f} |  |"
+        )
+    return "\n".join(lines)
 
 
 def _median(runs: list[Result]) -> Result:
@@ -385,12 +503,29 @@ def main() -> None:
         "--proxies", default="fast,asgi,asyncio,h11", help=f"of {','.join(VARIANTS)}"
     )
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another checkout of the project: its proxies run too, labelled (base)",
+    )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="count instructions per request under valgrind (N requests) instead of wrk",
+    )
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve, args.port, args.upstream)
+        serve(args.serve, args.port, args.upstream, args.root)
+        return
+    if args.baseline and not Path(args.baseline, "gitops_sless", "proxy.py").is_file():
+        raise SystemExit(f"--baseline {args.baseline}: not a checkout of this project")
+    if args.instructions:
+        print(instructions_table(instructions(args)))
         return
     results = sorted(run(args), key=lambda r: (r.connections, r.target not in ("direct", "nginx")))
     print(table(results))

@@ -220,11 +220,12 @@ class ProxyApp:
                 await self._error(call, send, *self.not_serving(call, route))
                 return
             client = scope.get("client")
+            host = client[0] if client else None
             head, body_mode, length, call.request_id = request_head(
                 scope["method"].encode("ascii"),
                 target,
                 scope["headers"],
-                self.peer(client[0] if client else None),
+                self._peers.get(host) or self.peer(host),
                 scope.get("scheme", "http"),
                 route.env,
                 route.name,

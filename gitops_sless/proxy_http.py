@@ -68,8 +68,9 @@ class Limits:
     # between requests on a kept-alive connection; longer than a browser's or a load
     # balancer's idle time, so the client closes first
     keep_alive_timeout: float = 65.0
-    # open connections served at once; a request on any connection beyond them is
-    # answered 503 and that connection closed
+    # open connections served at once: a connection opened while this many are open has
+    # its request answered 503 (JSON, Connection: close) and is closed; those already
+    # open are served on. A silent one goes at idle_timeout.
     max_connections: int = 1000
 
     @classmethod
@@ -124,10 +125,9 @@ HOP_BY_HOP = frozenset(
     )
 )
 
-# What the request header loop does with a name: absent = pass on unchanged (unless it
-# starts with "x-forwarded-"). Expect is answered by the proxy's own server. Forwarding
-# headers are kept only from a trusted peer.
-_DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED, _FWD, _XFP, _XFH = range(10)
+# What the request header loop does with a name: _PASS = pass on unchanged. Expect is
+# answered by the proxy's own server. Forwarding headers are kept only from a trusted peer.
+_PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED, _FWD, _XFP, _XFH = range(11)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
     b"x-real-ip": _DROP,
@@ -144,6 +144,19 @@ _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
 }
 _XF = b"x-forwarded-"
 _SCHEMES = {b"http": b"http", b"https": b"https"}
+# Every name seen so far with what to do with it; bounded, any client can send any name.
+_kinds = dict(_REQUEST_SPECIAL)
+_KINDS_MAX = 4096
+
+
+def _kind_of(name: bytes) -> int:
+    """What to do with a header name not seen before (any X-Forwarded-* is dropped)."""
+    kind = _DROP if name.startswith(_XF) else _PASS
+    if len(_kinds) < _KINDS_MAX:
+        _kinds[name] = kind
+    return kind
+
+
 # The serving HTTP server writes its own Date; the proxy writes its own request id.
 _RESPONSE_DROP = HOP_BY_HOP | {b"date", b"x-request-id"}
 # Whatever Connection names, these stay: the upstream needs them to read the request.
@@ -236,12 +249,26 @@ def request_id_of(headers: Headers) -> bytes:
 class Peer:
     """The client's end of a connection, as the forwarding headers name it."""
 
-    __slots__ = ("addr", "node", "trusted")
+    __slots__ = ("addr", "element", "host", "node", "proto", "scheme", "trusted")
 
     def __init__(self, addr: bytes, node: bytes, trusted: bool) -> None:
         self.addr = addr  # for X-Forwarded-For; b"" when unknown (a Unix socket)
         self.node = node  # the Forwarded "for=" pair
         self.trusted = trusted  # inside trusted_proxies: its forwarding headers are kept
+        # The last request's scheme and Host, and what they made: the same recur.
+        self.scheme = ""
+        self.host: bytes | None = None
+        self.proto = b""
+        self.element = b""
+
+    def remember(self, scheme: str, host: bytes | None) -> tuple[bytes, bytes]:
+        """(this peer's RFC 7239 Forwarded element for ``scheme`` and ``host``, the scheme)."""
+        proto = scheme.encode("ascii")
+        element = self.node + b";proto=" + proto
+        if host is not None:
+            element += b";host=" + _quoted(host)
+        self.scheme, self.host, self.proto, self.element = scheme, host, proto, element
+        return element, proto
 
 
 NO_PEER = Peer(b"", b"for=unknown", False)
@@ -284,19 +311,6 @@ def _quoted(value: bytes) -> bytes:
     return b'"' + value.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"'
 
 
-# The Forwarded "host=" value of a Host header; bounded, any client can send any Host.
-_hosts: dict[bytes, bytes] = {}
-
-
-def _forwarded_host(host: bytes) -> bytes:
-    quoted = _hosts.get(host)
-    if quoted is None:
-        quoted = b";host=" + _quoted(host)
-        if len(_hosts) < _NAMES_MAX:
-            _hosts[host] = quoted
-    return quoted
-
-
 def request_head(
     method: bytes,
     target: bytes,
@@ -316,12 +330,13 @@ def request_head(
     forwarded_for = forwarded = forwarded_proto = forwarded_host = None
     length = -1
     body_mode = NO_BODY
-    special = _REQUEST_SPECIAL.get
+    kinds = _kinds.get
     for header, value in headers:
-        kind = special(header)
+        kind = kinds(header)
         if kind is None:
-            if not header.startswith(_XF):  # X-Forwarded-Port, -Server, -Ssl...: never passed
-                parts += (header, b": ", value, b"\r\n")
+            kind = _kind_of(header)
+        if kind == _PASS:
+            parts += (header, b": ", value, b"\r\n")
         elif kind == _HOST:
             host = value
             parts += (header, b": ", value, b"\r\n")
@@ -349,10 +364,10 @@ def request_head(
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):
         request_id = new_request_id()
-    proto = scheme.encode("ascii")
-    element = peer.node + b";proto=" + proto
-    if host is not None:
-        element += _forwarded_host(host)
+    if host == peer.host and scheme == peer.scheme:
+        element, proto = peer.element, peer.proto
+    else:
+        element, proto = peer.remember(scheme, host)
     if peer.trusted:  # a proxy we trust: its view of the client comes first
         addr = peer.addr
         forwarded_for = forwarded_for + b", " + addr if forwarded_for else addr
