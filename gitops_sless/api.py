@@ -37,6 +37,7 @@ from .api_models import (
     SyncAccepted,
     WebhookReply,
 )
+from .dashboard import router as dashboard_router
 from .metrics import METRICS
 from .reconciler import Reconciler
 from .store import MAX_SYNCS, Store
@@ -130,6 +131,7 @@ def create_api(
     api_token: str | None,
     webhook_secret: str | None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    poll_interval: float | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -265,4 +267,5 @@ def create_api(
         reconciler.request_sync(f"webhook:{forge}")
         return WebhookReply(accepted=True)
 
+    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval))
     return app

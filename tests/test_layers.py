@@ -49,6 +49,7 @@ RANKS = {
     "reconciler": 7,
     "api": 8,
     "api_models": 8,
+    "dashboard": 8,
     "serve": 9,
     "cli": 9,
     "__init__": 9,
