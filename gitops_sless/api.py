@@ -13,7 +13,11 @@ from __future__ import annotations
 import contextlib
 import hmac
 import logging
+import os
+import re
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response, Security
@@ -21,23 +25,29 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from . import logs, webhooks
+from . import diff as diff_mod
+from . import logs, manifest, webhooks
 from .api_models import (
+    DiffReply,
+    DiffRequest,
     Environment,
     ErrorReply,
     Function,
     FunctionDetail,
     Health,
     JobRun,
+    LogChunk,
     Status,
     Sync,
     SyncAccepted,
     WebhookReply,
 )
-from .dashboard import router as dashboard_router
+from .errors import SlessError
 from .metrics import METRICS
 from .reconciler import Reconciler
 from .store import MAX_SYNCS, Store
@@ -47,6 +57,11 @@ __all__ = ["DOCS_ASSETS", "MAX_WEBHOOK_BYTES", "create_api"]
 log = logging.getLogger(__name__)
 
 MAX_WEBHOOK_BYTES = 1 << 20
+MAX_DIFF_BYTES = 1 << 20
+MAX_LOG_CHUNK = 256 << 10  # bytes of a log per answer
+KEPT_REVISIONS = 8  # desired states of deployed revisions kept for diffs
+_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 MAX_WAIT_SEC = 600
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's JavaScript and CSS, from the fastapi-offline package
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
@@ -98,6 +113,83 @@ def _ignored(push: webhooks.Push) -> str:
     return f"push to {push.branch}" if push.branch else "push to a ref that is not a branch"
 
 
+def _invalid_body(exc: ValidationError) -> str:
+    errors = exc.errors()
+    text = "; ".join(
+        f"body field {'.'.join(str(part) for part in err['loc']) or '(root)'!r}: {err['msg']}"
+        for err in errors[:5]
+    )
+    return text + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
+
+
+def _utf8_prefix(data: bytes) -> int:
+    """The length of ``data`` without a UTF-8 character cut at its end."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for its lead
+            continue
+        need = (
+            2
+            if byte >> 5 == 0b110
+            else 3
+            if byte >> 4 == 0b1110
+            else 4
+            if byte >> 3 == 0b11110
+            else 1
+        )
+        return len(data) - back if need > back else len(data)
+    return len(data)
+
+
+def _log_chunk(data: bytes, size: int, start: int, reset: bool, finished: bool) -> LogChunk:
+    if not (finished and start + len(data) == size):  # a writer may be mid-character
+        data = data[: _utf8_prefix(data)]
+    return LogChunk(
+        text=data.decode("utf-8", "replace"),
+        offset=start,
+        next_offset=start + len(data),
+        size=size,
+        reset=reset,
+        finished=finished,
+    )
+
+
+def _read_log(path: Path, offset: int, limit: int, finished: bool) -> LogChunk:
+    """At most ``limit`` bytes of ``path`` from ``offset``; from 0 when the file got shorter."""
+    try:
+        with path.open("rb") as log_file:
+            size = os.fstat(log_file.fileno()).st_size
+            start = offset if offset <= size else 0
+            log_file.seek(start)
+            data = log_file.read(min(limit, size - start))
+    except (FileNotFoundError, NotADirectoryError):
+        return _log_chunk(b"", 0, 0, offset > 0, finished)
+    return _log_chunk(data, size, start, offset > size, finished)
+
+
+def _text_log(text: str, offset: int, limit: int, finished: bool) -> LogChunk:
+    data = text.encode("utf-8", "replace")
+    start = offset if offset <= len(data) else 0
+    return _log_chunk(data[start : start + limit], len(data), start, offset > len(data), finished)
+
+
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its ``$defs`` inlined (OpenAPI resolves refs from its root)."""
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -120,6 +212,22 @@ _WEBHOOK_BODY = {
     }
 }
 
+_DIFF_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A desired state as `gitops-sless diff` loads it from a folder or commit: "
+        f"valid functions and invalid manifests (at most {MAX_DIFF_BYTES} bytes).",
+        "content": {
+            "application/json": {
+                "schema": _inline_refs(DiffRequest.model_json_schema(by_alias=True))
+            }
+        },
+    }
+}
+
+_OFFSET = Query(ge=0, description="byte offset to read from (nextOffset of the last read)")
+_LIMIT = Query(ge=1, le=MAX_LOG_CHUNK, description=f"bytes to read, at most {MAX_LOG_CHUNK}")
+
 _bearer = HTTPBearer(auto_error=False, description="the server's --api-token")
 
 
@@ -131,7 +239,6 @@ def create_api(
     api_token: str | None,
     webhook_secret: str | None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
-    poll_interval: float | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -267,5 +374,117 @@ def create_api(
         reconciler.request_sync(f"webhook:{forge}")
         return WebhookReply(accepted=True)
 
-    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval))
+    # --- the command line's reads: diff and logs ------------------------------------------
+
+    state_dir = store.path.parent  # serve keeps status.db at the top of its state folder
+    deployed_states: dict[str, manifest.DesiredState] = {}  # revision -> what it declared
+    manifest_cache = manifest.ManifestCache()
+    loading = threading.Lock()
+
+    def running_functions(records: list[dict[str, Any]]) -> dict[str, manifest.Function]:
+        """Deployed functions as the revision they serve declared them (from the mirror)."""
+        source = getattr(reconciler, "source", None)
+        found: dict[str, manifest.Function] = {}
+        if source is None:
+            return found
+        with loading:
+            for record in records:
+                revision = record["revision"]
+                if not revision or not isinstance(record.get("spec"), dict):
+                    continue
+                state = deployed_states.get(revision)
+                if state is None:
+                    try:
+                        state = manifest.load(source.snapshot(revision), manifest_cache)
+                    except SlessError:
+                        continue
+                    while len(deployed_states) >= KEPT_REVISIONS:
+                        deployed_states.pop(next(iter(deployed_states)))
+                    deployed_states[revision] = state
+                if record["name"] in state.functions:
+                    found[record["name"]] = state.functions[record["name"]]
+        return found
+
+    def compare(env: str, desired: manifest.DesiredState, revision: str | None) -> DiffReply:
+        records = store.functions(env)
+        tags = {fn.build_tag for fn in desired.functions.values()}
+        result = diff_mod.compute(
+            desired,
+            env,
+            records,
+            {tag: store.build(tag) for tag in tags},
+            store.jobs(env),
+            running_functions(records),
+        )
+        return DiffReply.from_diff(result, revision)
+
+    @app.post(
+        "/api/v1/environments/{env}/diff",
+        tags=["status"],
+        responses=_errors(413, 422),
+        openapi_extra=_DIFF_BODY,
+    )
+    async def diff(env: str, request: Request) -> DiffReply:
+        """What a sync of the posted desired state would change in ``env``. Read-only: no token."""
+        try:
+            body = await _read_capped(request, MAX_DIFF_BYTES)
+        except ClientDisconnect:
+            raise HTTPException(CLIENT_CLOSED, "client closed the connection") from None
+        if body is None:
+            raise HTTPException(413, f"diff body is larger than {MAX_DIFF_BYTES} bytes")
+        try:
+            wanted = DiffRequest.model_validate_json(body)
+            desired = wanted.desired_state()
+        except ValidationError as exc:
+            raise HTTPException(422, _invalid_body(exc)) from None
+        except SlessError as exc:  # a runtime this server does not have
+            raise HTTPException(422, str(exc)) from None
+        return await run_in_threadpool(compare, env, desired, wanted.revision)
+
+    def authorize_read(credentials: HTTPAuthorizationCredentials | None) -> None:
+        """Logs hold what functions print: with a token configured, reading them needs it."""
+        if api_token:
+            given = credentials.credentials if credentials else ""
+            if not hmac.compare_digest(given.encode(), api_token.encode()):
+                raise HTTPException(
+                    401, "reading logs needs a valid 'Authorization: Bearer <token>' header"
+                )
+
+    @app.get(
+        "/api/v1/environments/{env}/functions/{name}/logs",
+        tags=["logs"],
+        responses=_errors(401, 404, 422),
+    )
+    def function_logs(
+        env: str,
+        name: str,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        offset: Annotated[int, _OFFSET] = 0,
+        limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
+    ) -> LogChunk:
+        """What the function's replicas printed (one file for all of them), page by page."""
+        authorize_read(credentials)
+        known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
+        if not known:
+            raise HTTPException(404, f"no function {name!r} in environment {env!r}")
+        return _read_log(state_dir / "logs" / env / f"{name}.log", offset, limit, finished=False)
+
+    @app.get("/api/v1/builds/{tag}/log", tags=["logs"], responses=_errors(401, 404, 422))
+    def build_log(
+        tag: str,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        offset: Annotated[int, _OFFSET] = 0,
+        limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
+    ) -> LogChunk:
+        """The log of the last build of ``tag``; ``finished`` once that build has ended."""
+        authorize_read(credentials)
+        build = store.build(tag) if _TAG.fullmatch(tag) else None
+        if build is None:
+            raise HTTPException(404, f"no build {tag!r}")
+        finished = build["phase"] != "Building"  # read before the file: never a short "finished"
+        path = state_dir / "artifacts" / f"{tag}.log"
+        if path.is_file():
+            return _read_log(path, offset, limit, finished)
+        return _text_log(build["log"] or "", offset, limit, finished)
+
     return app

@@ -1,7 +1,14 @@
 """The ``gitops-sless`` command line.
 
-Exit codes: 0 success, 1 invalid manifests, 2 usage errors (bad arguments, a
-path or ref that cannot be read).
+``validate``, ``render`` and ``serve`` work on a repository; ``status``, ``diff``,
+``logs``, ``invoke`` and ``sync`` talk to a running server (``--server URL``,
+default ``$SLESS_SERVER`` or http://127.0.0.1:8080, token from ``$SLESS_API_TOKEN``).
+
+Exit codes: 0 success (everything Ready, no difference, a 2xx answer, a sync
+that succeeded); 1 the answer is not (invalid manifests, a function not Ready,
+a difference, a non-2xx answer, a failed sync, no such function); 2 an error:
+bad arguments, a path or ref that cannot be read, a server that cannot be
+reached or refuses the token.
 """
 
 from __future__ import annotations
@@ -12,20 +19,30 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import gitops_sless
 
 from . import logs, manifest, renderer
+from .client import Client, ClientError, NotFound, segment, server_url
 from .errors import SlessError
 from .source import DirectorySnapshot, Snapshot, open_source
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_OK, EXIT_ERROR = 1, 2  # the answer is not what was hoped for / could not get one
+EXIT_INTERRUPTED = 130
+POLL_SEC = 0.5  # logs -f: how often to ask for more
+GOOD_PHASES = ("Ready", "Disabled")
+MAX_SYNC_WAIT = 600  # the server waits at most this long
 _ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 
 
@@ -145,7 +162,96 @@ def _parser() -> argparse.ArgumentParser:
         help="CIDRs of the proxies whose forwarding headers are trusted "
         "(default: $SLESS_TRUSTED_PROXIES or none)",
     )
+    _add_server_commands(commands)
+    completion = commands.add_parser(
+        "completion", help="print a shell completion script: source <(gitops-sless completion bash)"
+    )
+    completion.add_argument("shell", choices=("bash", "zsh"))
     return parser
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="the gitops-sless serve to talk to (default: $SLESS_SERVER or "
+        "http://127.0.0.1:8080); the API token comes from $SLESS_API_TOKEN",
+    )
+
+
+def _add_server_commands(commands: Any) -> None:
+    status = commands.add_parser(
+        "status", help="environments and functions of a running server, with their phases"
+    )
+    status.add_argument("--env", help="only this environment (default: every environment)")
+    status.add_argument(
+        "-o", "--output", choices=("table", "json"), default="table", help="(default: table)"
+    )
+    _add_server_args(status)
+
+    diff = commands.add_parser(
+        "diff", help="what a sync of a folder (or --ref commit) would change on the server"
+    )
+    _add_source_args(diff)
+    diff.add_argument(
+        "--env", help="environment to compare with (default: the one the server follows)"
+    )
+    diff.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="(default: text)"
+    )
+    _add_server_args(diff)
+
+    logs_cmd = commands.add_parser(
+        "logs", help="what a function's replicas printed, its build log, or a job's result"
+    )
+    logs_cmd.add_argument(
+        "function", metavar="ENV/NAME", help="the function (NAME alone: the server's environment)"
+    )
+    what = logs_cmd.add_mutually_exclusive_group()
+    what.add_argument("--build", action="store_true", help="the log of its current build")
+    what.add_argument("--job", metavar="JOB", help="the runs of one of its jobs: result or error")
+    logs_cmd.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing what is added (Ctrl-C stops)"
+    )
+    _add_server_args(logs_cmd)
+
+    invoke = commands.add_parser("invoke", help="call a function through the server's /fn/ proxy")
+    invoke.add_argument(
+        "function", metavar="ENV/NAME", help="the function (NAME alone: the server's environment)"
+    )
+    invoke.add_argument(
+        "-d",
+        "--data",
+        metavar="JSON|@FILE",
+        help="the request body: text, @FILE for a file's bytes, @- for standard input",
+    )
+    invoke.add_argument(
+        "--path", default="/", help="the sub-path after /fn/ENV/NAME, with an optional ?query"
+    )
+    invoke.add_argument("-X", "--method", help="HTTP method (default: POST with --data, else GET)")
+    invoke.add_argument(
+        "-H",
+        "--header",
+        action="append",
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="a request header (repeatable)",
+    )
+    invoke.add_argument(
+        "--timeout", type=float, default=905.0, metavar="SECONDS", help="(default: %(default)g)"
+    )
+    _add_server_args(invoke)
+
+    sync = commands.add_parser("sync", help="ask the server for a pass now and wait for its result")
+    sync.add_argument(
+        "--wait",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help=f"how long to wait for the pass, at most {MAX_SYNC_WAIT} (0: do not wait; "
+        "default: %(default)g)",
+    )
+    _add_server_args(sync)
 
 
 def _env_choice(name: str, default: str) -> str:
@@ -300,14 +406,735 @@ class _UsageError(Exception):
     pass
 
 
+# --- talking to a server -------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
+    try:
+        url = server_url(args.server)
+    except ValueError as exc:
+        raise _UsageError(f"--server {exc}") from None
+    return Client(url, os.environ.get("SLESS_API_TOKEN"), timeout=timeout)
+
+
+def _colour(stream: TextIO) -> Callable[[str, str], str]:
+    """``paint(text, style)``: ANSI colours on a terminal (not with NO_COLOR), else plain."""
+    on = stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    codes = {"green": "32", "red": "31", "yellow": "33", "dim": "2", "bold": "1", "cyan": "36"}
+
+    def paint(text: str, style: str) -> str:
+        return f"\033[{codes[style]}m{text}\033[0m" if on and style in codes else text
+
+    return paint
+
+
+_PHASE_STYLE = {
+    "Ready": "green",
+    "Disabled": "dim",
+    "Pending": "yellow",
+    "Building": "yellow",
+    "Running": "yellow",
+    "Failed": "red",
+    "Invalid": "red",
+    "Succeeded": "green",
+}
+
+
+def _target(value: str, client: Client) -> tuple[str, str]:
+    """``ENV/NAME``, or ``NAME`` in the environment the server follows."""
+    env, sep, name = value.rpartition("/")
+    if not sep:
+        env = client.get("/api/v1/status")["environment"]
+    for what, label in (("environment", env), ("function", name)):
+        if not _ENV_NAME.fullmatch(label):
+            raise _UsageError(f"{value!r}: {what} {label!r} is not a DNS-1123 label; use ENV/NAME")
+    return env, name
+
+
+def _short(revision: str | None) -> str:
+    return revision[:12] if revision else "-"
+
+
+def _table(rows: list[list[str]], styles: list[list[str]], paint: Callable[[str, str], str]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row, style in zip(rows, styles, strict=True):
+        cells = [
+            paint(cell.ljust(width) if i < len(row) - 1 else cell, style[i])
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _message(fn: dict[str, Any]) -> str:
+    message = (fn.get("message") or "").strip().splitlines()
+    text = message[0] if message else ""
+    if fn.get("restarts"):
+        text = (text + "; " if text else "") + f"{fn['restarts']} restarts"
+        if fn.get("lastExit") and fn["lastExit"] not in text:
+            text += f", last: {fn['lastExit']}"
+    return text
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        status = client.get("/api/v1/status")
+        environments = {e["name"]: e for e in client.get("/api/v1/environments")}
+        if args.env and args.env not in environments:
+            known = ", ".join(sorted(environments)) or "none yet"
+            print(
+                f"gitops-sless status: the server has no environment {args.env!r} "
+                f"(it has: {known})",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_OK
+        names = [args.env] if args.env else sorted(environments) or [status["environment"]]
+        listing = []
+        for name in names:
+            functions = client.get(f"/api/v1/environments/{segment(name)}/functions")
+            last = environments.get(name, {}).get("lastSync")
+            listing.append({"name": name, "lastSync": last, "functions": functions})
+    ok = all(fn["phase"] in GOOD_PHASES for env in listing for fn in env["functions"]) and not any(
+        env["lastSync"] and env["lastSync"]["result"] == "Failed" for env in listing
+    )
+    if args.output == "json":
+        print(
+            json.dumps(
+                {"server": client.server, **status, "ok": ok, "environments": listing}, indent=2
+            )
+        )
+        return EXIT_OK if ok else EXIT_NOT_OK
+    paint = _colour(sys.stdout)
+    print(
+        f"{client.server}: {status['repository']} ({status['branch']}), "
+        f"last good revision {_short(status['lastGoodRevision'])}"
+    )
+    for env in listing:
+        last = env["lastSync"]
+        if last:
+            error = f": {last['error'].splitlines()[0]}" if last["error"] else ""
+            print(
+                f"\n{paint(env['name'], 'bold')}: last sync "
+                f"{paint(last['result'], _PHASE_STYLE.get(last['result'], ''))} at "
+                f"{_short(last['revision'])} ({last['trigger']}, "
+                f"{last['finished'] or last['started']}){error}"
+            )
+        else:
+            print(f"\n{paint(env['name'], 'bold')}: no sync yet")
+        if not env["functions"]:
+            print("  no functions")
+            continue
+        rows = [["NAME", "PHASE", "REVISION", "BUILD", "MESSAGE"]]
+        styles = [["dim"] * 5]
+        for fn in env["functions"]:
+            rows.append(
+                [
+                    fn["name"],
+                    fn["phase"],
+                    _short(fn["revision"]),
+                    fn["buildTag"] or "-",
+                    _message(fn),
+                ]
+            )
+            styles.append(["", _PHASE_STYLE.get(fn["phase"], ""), "", "", ""])
+        if sys.stdout.isatty():  # one line per function on a terminal
+            width = shutil.get_terminal_size().columns
+            prefix = sum(max(len(row[i]) for row in rows) + 2 for i in range(4))
+            for row in rows:
+                room = max(width - prefix, 20)
+                row[4] = row[4] if len(row[4]) <= room else row[4][: room - 1] + "…"
+        print(_table(rows, styles, paint))
+    return EXIT_OK if ok else EXIT_NOT_OK
+
+
+# --- diff -----------------------------------------------------------------------------------------
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from .api_models import DiffRequest  # pydantic: loaded for this command only
+
+    snapshot = open_source(args.path, args.ref)
+    state = manifest.load(snapshot)
+    body = DiffRequest.from_state(state).model_dump(mode="json", by_alias=True)
+    with _client(args, timeout=120.0) as client:
+        env = args.env or client.get("/api/v1/status")["environment"]
+        if not _ENV_NAME.fullmatch(env):
+            raise _UsageError(f"--env {env!r}: must be a DNS-1123 label of at most 40 characters")
+        answer = client.api("POST", f"/api/v1/environments/{segment(env)}/diff", json=body)
+    if args.output == "json":
+        print(json.dumps(answer, indent=2))
+    else:
+        _print_diff(answer, f"{_described(snapshot, args.ref)}; {env} on {client.server}")
+    return EXIT_NOT_OK if answer["hasChanges"] else EXIT_OK
+
+
+def _print_diff(answer: dict[str, Any], what: str) -> None:
+    paint = _colour(sys.stdout)
+    out: list[str] = [paint(f"diff of {what}", "dim")]
+    for build in answer["builds"]:
+        failed = f" (its last build failed: {build['lastError']})" if build["lastError"] else ""
+        out.append(
+            f"{paint('build', 'cyan')}     {build['tag']}  {build['folder'] or '.'}: "
+            f"{', '.join(build['functions'])}{failed}"
+        )
+    for fn in answer["added"]:
+        note = f" ({fn['note']})" if fn["note"] else ""
+        out.append(f"{paint('+ added', 'green')}   {fn['name']}  {fn['buildTag']}{note}")
+    for fn in answer["changed"]:
+        out.append(f"{paint('~ changed', 'yellow')} {fn['name']}")
+        for field in fn["fields"]:
+            if (
+                field["old"] is not None
+                and field["new"] is not None
+                and field["old"] != field["new"]
+            ):
+                values = f"{field['old']} -> {field['new']}"
+            else:
+                values = field["new"] or field["old"] or ""
+            detail = f" ({field['detail']})" if field["detail"] else ""
+            out.append(f"    {field['field']}: {values}{detail}".rstrip())
+    for name in answer["removed"]:
+        out.append(f"{paint('- removed', 'red')} {name}")
+    for job in answer["jobs"]:
+        after = f", after {job['after']}" if job["after"] else ""
+        state = f" ({job['phase']})" if job["phase"] else ""
+        out.append(
+            f"{paint('job', 'cyan')}       {job['name']} run {job['runId']} of {job['function']}"
+            f"{after}{state}"
+        )
+    for invalid in answer["invalid"]:
+        names = ", ".join(invalid["functions"])
+        keeps = f": keeps the last good version of {names} (Invalid)" if names else ""
+        out.append(f"{paint('! invalid', 'red')} {invalid['manifest']}{keeps}")
+        out.extend(f"    {problem}" for problem in invalid["problems"])
+    for waiting in answer["waiting"]:
+        out.append(f"{paint('waiting', 'yellow')}   {waiting['name']}: {waiting['reason']}")
+    counts = [
+        (len(answer["builds"]), "build"),
+        (len(answer["added"]), "added"),
+        (len(answer["changed"]), "changed"),
+        (len(answer["removed"]), "removed"),
+        (len(answer["jobs"]), "job run"),
+        (len(answer["invalid"]), "invalid manifest"),
+    ]
+    said = [
+        f"{n} {word}{'s' if n > 1 and word in ('build', 'job run', 'invalid manifest') else ''}"
+        for n, word in counts
+        if n
+    ]
+    unchanged = len(answer["unchanged"])
+    if said:
+        out.append(f"changes: {', '.join(said)}; {unchanged} unchanged")
+    else:
+        out.append(f"no changes: {unchanged} functions up to date")
+    print("\n".join(out))
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+
+def _write(text: str) -> None:
+    sys.stdout.buffer.write(text.encode("utf-8", "replace"))
+    sys.stdout.buffer.flush()
+
+
+def _chunks(client: Client, path: str, follow: bool) -> Iterator[dict[str, Any]]:
+    """Pages of a log from its start; with ``follow``, new ones as they are written."""
+    offset = 0
+    while True:
+        chunk = client.get(path, offset=offset)
+        yield chunk
+        progressed = chunk["reset"] or chunk["nextOffset"] != offset
+        offset = chunk["nextOffset"]
+        if progressed and offset < chunk["size"]:
+            continue  # more is there already
+        if not follow or chunk["finished"]:
+            return
+        time.sleep(POLL_SEC)
+
+
+def _print_log(client: Client, path: str, follow: bool) -> int:
+    for chunk in _chunks(client, path, follow):
+        if chunk["reset"]:
+            print("--- the log was cut; reading from its start ---", file=sys.stderr, flush=True)
+        if chunk["text"]:
+            _write(chunk["text"])
+    return EXIT_OK
+
+
+def _run_key(run: dict[str, Any]) -> tuple[Any, ...]:
+    return (run["runId"], run["phase"], run["attempts"], run["finished"])
+
+
+def _print_run(run: dict[str, Any], paint: Callable[[str, str], str]) -> None:
+    when = " -> ".join(t for t in (run["started"], run["finished"]) if t) or "not started"
+    attempts = f"attempt {run['attempts']}, " if run["attempts"] else ""
+    phase = paint(run["phase"], _PHASE_STYLE.get(run["phase"], ""))
+    lines = [f"{run['name']} run {run['runId']}: {phase} ({attempts}{when})"]
+    if run["result"] is not None:
+        try:
+            lines.append(json.dumps(json.loads(run["result"]), indent=2))
+        except ValueError:
+            lines.append(run["result"])
+    if run["error"]:
+        lines.append(run["error"])
+    _write("\n".join(lines) + "\n")
+
+
+def _print_job(client: Client, env: str, name: str, job: str, follow: bool) -> int:
+    paint = _colour(sys.stdout)
+    seen: dict[int, tuple[Any, ...]] = {}
+    while True:
+        runs = [
+            r for r in client.get(f"/api/v1/environments/{segment(env)}/jobs") if r["name"] == job
+        ]
+        if not seen and runs and runs[0]["function"] != name:
+            print(
+                f"gitops-sless logs: job {job!r} belongs to function {runs[0]['function']!r}, "
+                f"not {name!r}",
+                file=sys.stderr,
+            )
+            return EXIT_NOT_OK
+        if not seen and not runs and not follow:
+            detail = client.get(f"/api/v1/environments/{segment(env)}/functions/{segment(name)}")
+            ran = sorted({run["name"] for run in detail["jobs"]})
+            known = f" (runs of {', '.join(ran)} are)" if ran else ""
+            print(f"gitops-sless logs: job {job!r} has no runs in {env}{known}", file=sys.stderr)
+            return EXIT_NOT_OK
+        for run in sorted(runs, key=lambda r: r["runId"]):
+            if seen.get(run["runId"]) != _run_key(run):
+                seen[run["runId"]] = _run_key(run)
+                _print_run(run, paint)
+        if not follow:
+            return EXIT_OK
+        time.sleep(POLL_SEC)
+
+
+def _logs(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        env, name = _target(args.function, client)
+        try:
+            if args.job:
+                return _print_job(client, env, name, args.job, args.follow)
+            where = f"/api/v1/environments/{segment(env)}/functions/{segment(name)}"
+            if not args.build:
+                return _print_log(client, f"{where}/logs", args.follow)
+            tag = client.get(where)["buildTag"]
+            if not tag:
+                print(f"gitops-sless logs: {env}/{name} has no build yet", file=sys.stderr)
+                return EXIT_NOT_OK
+            return _print_log(client, f"/api/v1/builds/{segment(tag)}/log", args.follow)
+        except NotFound as exc:
+            print(f"gitops-sless logs: {exc}", file=sys.stderr)
+            return EXIT_NOT_OK
+
+
+# --- invoke ---------------------------------------------------------------------------------------
+
+
+def _body(data: str | None) -> bytes | None:
+    if data is None:
+        return None
+    if data == "@-":
+        return sys.stdin.buffer.read()
+    if data.startswith("@"):
+        try:
+            return Path(data[1:]).read_bytes()
+        except OSError as exc:
+            raise _UsageError(f"--data {data}: {exc.strerror or exc}") from None
+    return data.encode()
+
+
+def _headers(pairs: Sequence[str], body: bytes | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition(":")
+        if not sep or not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name.strip()):
+            raise _UsageError(f"--header {pair!r}: expected 'NAME: VALUE'")
+        headers[name.strip()] = value.strip()
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        try:
+            json.loads(body)
+            headers["Content-Type"] = "application/json"
+        except ValueError:
+            headers["Content-Type"] = "text/plain; charset=utf-8"
+    return headers
+
+
+def _invoke(args: argparse.Namespace) -> int:
+    body = _body(args.data)
+    headers = _headers(args.header, body)
+    method = (args.method or ("POST" if body is not None else "GET")).upper()
+    if not re.fullmatch(r"[A-Z]+", method):
+        raise _UsageError(f"-X {args.method!r}: not an HTTP method")
+    sub = args.path if args.path.startswith("/") else "/" + args.path
+    with _client(args) as client:
+        env, name = _target(args.function, client)
+        started = time.monotonic()
+        response = client.invoke(
+            method,
+            f"/fn/{segment(env)}/{segment(name)}{sub}",
+            content=body,
+            headers=headers,
+            timeout=_positive("--timeout", args.timeout),
+        )
+    took = (time.monotonic() - started) * 1000
+    content = response.content
+    sys.stdout.buffer.write(content)
+    if content and not content.endswith(b"\n") and sys.stdout.isatty():
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.buffer.flush()
+    request_id = response.headers.get("x-request-id")
+    print(
+        f"{response.status_code} {response.reason_phrase} in {took:.0f} ms"
+        + (f", request id {request_id}" if request_id else ""),
+        file=sys.stderr,
+    )
+    return EXIT_OK if response.is_success else EXIT_NOT_OK
+
+
+# --- sync -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """A line that counts seconds on a terminal's stderr while the block runs."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while True:
+            sys.stderr.write(f"\r{what}… {time.monotonic() - started:.0f}s")
+            sys.stderr.flush()
+            if done.wait(0.2):
+                return
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+
+def _sync(args: argparse.Namespace) -> int:
+    wait = args.wait
+    if not 0 <= wait <= MAX_SYNC_WAIT:
+        raise _UsageError(f"--wait {wait:g}: must be 0 to {MAX_SYNC_WAIT}")
+    with _client(args) as client, _progress("syncing"):
+        answer = client.api("POST", "/api/v1/sync", params={"wait": wait}, timeout=wait + 30)
+    if wait == 0:
+        print("sync requested: the pass runs in the background (gitops-sless status shows it)")
+        return EXIT_OK
+    if not answer["finished"]:
+        print(
+            f"gitops-sless sync: the pass did not finish within {wait:g} s; it goes on "
+            "(gitops-sless status shows it)",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_OK
+    last = answer["lastSync"]
+    if last is None:
+        print("gitops-sless sync: the server recorded no pass", file=sys.stderr)
+        return EXIT_NOT_OK
+    paint = _colour(sys.stdout)
+    error = f": {last['error']}" if last["error"] else ""
+    print(
+        f"{paint(last['result'], _PHASE_STYLE.get(last['result'], ''))} at "
+        f"{_short(last['revision'])}{error}"
+    )
+    return EXIT_OK if last["result"] == "Succeeded" else EXIT_NOT_OK
+
+
+# --- shell completion --------------------------------------------------------------------------
+
+
+def _complete(argv: Sequence[str]) -> int:
+    """``__complete envs|functions [--server URL]``: names for the shell, quietly."""
+    server = None
+    if "--server" in argv[:-1]:
+        server = argv[list(argv).index("--server") + 1]
+    try:
+        with Client(server_url(server), os.environ.get("SLESS_API_TOKEN"), timeout=2) as client:
+            envs = [e["name"] for e in client.get("/api/v1/environments")]
+            if argv[:1] == ["envs"]:
+                print("\n".join(envs))
+                return EXIT_OK
+            for env in envs:
+                for fn in client.get(f"/api/v1/environments/{segment(env)}/functions"):
+                    print(f"{env}/{fn['name']}")
+    except (ClientError, ValueError, KeyError, TypeError):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# what the value of an option or positional completes to, by its dest: a kind, or choices
+_DIRS = ("path", "state_dir", "secrets_dir")
+_NAMES = {"function": "functions"}
+
+
+def _value_kind(action: argparse.Action, talks_to_server: bool) -> str | list[str]:
+    if action.choices:
+        return [str(choice) for choice in action.choices]
+    if action.dest in _DIRS and (action.dest != "path" or not action.option_strings):
+        return "dirs"
+    if action.dest in _NAMES:
+        return _NAMES[action.dest]
+    if action.dest == "env" and talks_to_server:
+        return "envs"
+    if action.dest in ("data", "repo"):
+        return "files"
+    return "none"
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {choice.dest: choice.help or "" for choice in action._choices_actions}
+    return {}
+
+
+def _bash_script(parser: argparse.ArgumentParser) -> str:
+    commands = _commands(parser)
+    cases = []
+    for name, sub in commands.items():
+        server = any("--server" in a.option_strings for a in sub._actions)
+        options, values, positional = [], [], "none"
+        for action in sub._actions:
+            if not action.option_strings:
+                kind = _value_kind(action, server)
+                positional = kind if isinstance(kind, str) else "words:" + " ".join(kind)
+                continue
+            options += action.option_strings
+            if action.nargs != 0:
+                kind = _value_kind(action, server)
+                word = kind if isinstance(kind, str) else "words:" + " ".join(kind)
+                values.append(f"            {'|'.join(action.option_strings)}) kind='{word}' ;;")
+        cases.append(
+            f"        {name})\n"
+            f"            options='{' '.join(options)}'\n"
+            f"            positional='{positional}'\n"
+            f'            case "$prev" in\n' + "\n".join(values) + "\n            esac ;;"
+        )
+    return (
+        _BASH_TEMPLATE.replace("@COMMANDS@", " ".join(commands))
+        .replace("@CASES@", "\n".join(cases))
+        .lstrip()
+    )
+
+
+_BASH_TEMPLATE = r"""
+# bash completion for gitops-sless
+#   source <(gitops-sless completion bash)      # now, or from ~/.bashrc
+# ENV/NAME and --env values come from the server (--server or $SLESS_SERVER).
+_gitops_sless_names() {
+    local server=""
+    if [[ $COMP_LINE =~ --server[=\ ]+([^ ]+) ]]; then server=${BASH_REMATCH[1]}; fi
+    "${COMP_WORDS[0]}" __complete "$1" ${server:+--server "$server"} 2>/dev/null
+}
+
+_gitops_sless() {
+    local cur prev cmd="" i
+    cur="${COMP_WORDS[COMP_CWORD]}"
+    prev="${COMP_WORDS[COMP_CWORD-1]}"
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        if [[ ${COMP_WORDS[i]} != -* ]]; then cmd="${COMP_WORDS[i]}"; break; fi
+    done
+    if [[ -z $cmd ]]; then
+        COMPREPLY=($(compgen -W "@COMMANDS@ --version --help" -- "$cur"))
+        return
+    fi
+    local options="" positional="none" kind=""
+    case "$cmd" in
+@CASES@
+        *) return ;;
+    esac
+    if [[ -z $kind ]]; then
+        if [[ $cur == -* ]]; then
+            COMPREPLY=($(compgen -W "$options" -- "$cur"))
+            return
+        fi
+        kind=$positional
+    fi
+    case "$kind" in
+        dirs) COMPREPLY=($(compgen -d -- "$cur")) ;;
+        files) COMPREPLY=($(compgen -f -- "$cur")) ;;
+        envs | functions) COMPREPLY=($(compgen -W "$(_gitops_sless_names "$kind")" -- "$cur")) ;;
+        words:*) COMPREPLY=($(compgen -W "${kind#words:}" -- "$cur")) ;;
+        *) COMPREPLY=() ;;
+    esac
+}
+
+complete -o default -F _gitops_sless gitops-sless
+"""
+
+
+def _zsh_quote(text: str) -> str:
+    """Text for a single-quoted zsh _arguments spec: brackets and quotes escaped."""
+    text = " ".join(text.split())
+    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace("'", "'\\''")
+
+
+_ZSH_ACTIONS = {
+    "dirs": "_files -/",
+    "files": "_files",
+    "envs": "_gitops_sless_envs",
+    "functions": "_gitops_sless_functions",
+    "none": " ",
+}
+
+
+def _zsh_action(kind: str | list[str]) -> str:
+    return f"({' '.join(kind)})" if isinstance(kind, list) else _ZSH_ACTIONS[kind]
+
+
+def _zsh_script(parser: argparse.ArgumentParser) -> str:
+    commands = _commands(parser)
+    helps = _helps(parser)
+    described = "\n".join(
+        "    '{}:{}'".format(name, _zsh_quote(helps.get(name, "")).replace(":", "\\:"))
+        for name in commands
+    )
+    cases = []
+    for name, sub in commands.items():
+        server = any("--server" in a.option_strings for a in sub._actions)
+        specs = []
+        for action in sub._actions:
+            kind = _value_kind(action, server)
+            help_text = _zsh_quote(
+                (action.help or "")
+                .replace("%(default)s", str(action.default))
+                .replace("%(default)g", str(action.default))
+            )
+            if not action.option_strings:
+                label = (action.metavar or action.dest).replace(":", "")
+                specs.append(f"'1:{label}:{_zsh_action(kind)}'")
+                continue
+            flags = action.option_strings
+            exclusive = f"({' '.join(flags)})" if len(flags) > 1 else ""
+            names = flags[0] if len(flags) == 1 else "{" + ",".join(flags) + "}"
+            value = ""
+            if action.nargs != 0:
+                label = str(action.metavar or action.dest).replace(":", "").replace("'", "")
+                value = f":{label}:{_zsh_action(kind)}"
+            repeat = "*" if isinstance(action, argparse._AppendAction) else ""
+            prefix = f"'{repeat or exclusive}'" if (repeat or exclusive) else ""
+            specs.append(f"{prefix}{names}'[{help_text}]{value}'")
+        body = " \\\n                ".join(specs)
+        cases.append(f"            {name})\n                _arguments {body} ;;")
+    return (
+        _ZSH_TEMPLATE.replace("@DESCRIBED@", described)
+        .replace("@CASES@", "\n".join(cases))
+        .lstrip()
+    )
+
+
+_ZSH_TEMPLATE = r"""
+#compdef gitops-sless
+# zsh completion for gitops-sless
+#   source <(gitops-sless completion zsh)       # now, or from ~/.zshrc after compinit
+#   gitops-sless completion zsh > "${fpath[1]}/_gitops-sless"   # or install it
+# ENV/NAME and --env values come from the server (--server or $SLESS_SERVER).
+
+_gitops_sless_names() {
+    local server=${opt_args[--server]}
+    "$_gitops_sless_program" __complete "$1" ${server:+--server "$server"} 2>/dev/null
+}
+
+_gitops_sless_envs() {
+    local -a names
+    names=(${(f)"$(_gitops_sless_names envs)"})
+    _describe -t environments 'environment' names
+}
+
+_gitops_sless_functions() {
+    local -a names
+    names=(${(f)"$(_gitops_sless_names functions)"})
+    _describe -t functions 'function' names
+}
+
+_gitops_sless() {
+    local curcontext="$curcontext" state line _gitops_sless_program=$words[1]
+    typeset -A opt_args
+    _arguments -C \
+        '(- *)--version[print the version]' \
+        '(- *)'{-h,--help}'[show help]' \
+        '1:command:->command' \
+        '*::argument:->argument'
+    case $state in
+        command)
+            local -a commands
+            commands=(
+@DESCRIBED@
+            )
+            _describe -t commands 'gitops-sless command' commands
+            ;;
+        argument)
+            case $words[1] in
+@CASES@
+            esac
+            ;;
+    esac
+}
+
+if [[ $funcstack[1] == _gitops-sless ]]; then
+    _gitops_sless "$@"
+else
+    compdef _gitops_sless gitops-sless
+fi
+"""
+
+
+def _completion(args: argparse.Namespace) -> int:
+    script = _bash_script(_parser()) if args.shell == "bash" else _zsh_script(_parser())
+    sys.stdout.write(script)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:
+        return _complete(argv[1:])
     args = _parser().parse_args(argv)
-    handlers = {"validate": _validate, "render": _render, "serve": _serve}
+    handlers = {
+        "validate": _validate,
+        "render": _render,
+        "serve": _serve,
+        "status": _status,
+        "diff": _diff,
+        "logs": _logs,
+        "invoke": _invoke,
+        "sync": _sync,
+        "completion": _completion,
+    }
     try:
         return handlers[args.command](args)
     except (_UsageError, SlessError) as exc:
         print(f"gitops-sless {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except ClientError as exc:
+        print(f"gitops-sless {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # | head: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
+        return EXIT_OK
 
 
 if __name__ == "__main__":

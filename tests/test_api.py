@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -10,8 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gitops_sless import api_models
+from gitops_sless import api_models, manifest
 from gitops_sless.api import create_api
+from gitops_sless.api_models import DiffRequest
+from gitops_sless.backend import deployment_for
+from gitops_sless.source import DirectorySnapshot
 from gitops_sless.store import BUILD_PHASES, FUNCTION_PHASES, JOB_PHASES, LOG_TAIL_CHARS, Store
 
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
@@ -424,3 +428,239 @@ def test_docs_work_offline(api):
     scripts = [api.http.get(link) for link in links if link.endswith(".js")]
     assert any(b"SwaggerUIBundle" in script.content for script in scripts)
     assert api.http.get("/openapi.json").json()["info"]["title"] == "gitops-sless"
+
+
+# --- diff -----------------------------------------------------------------------------------------
+
+GREET_HANDLER = "def main(event, context):\n    return {}\n"
+
+
+def _manifest_files(replicas: int = 1, run_id: int = 1, greeting: str = "hi") -> dict[str, str]:
+    return {
+        "greet/h.py": GREET_HANDLER,
+        "greet/sless.yaml": (
+            "functions:\n"
+            "  - name: greet\n"
+            "    runtime: python3.11\n"
+            "    entrypoint: h.main\n"
+            f"    replicas: {replicas}\n"
+            f"    env: {{GREETING: {greeting}, DSN: {{secret: db, key: dsn}}}}\n"
+            "    triggers: [{type: http}]\n"
+            "    jobs:\n"
+            f"      - {{name: stamp, runId: {run_id}}}\n"
+            "  - name: shower\n"
+            "    runtime: python3.11\n"
+            "    entrypoint: h.main\n"
+            "    env: {STAMP: {job: stamp}}\n"
+        ),
+    }
+
+
+class FixedSource:
+    """The mirror of a reconciler: every revision is the one snapshot."""
+
+    def __init__(self, snapshot) -> None:
+        self.snapshot_ = snapshot
+
+    def snapshot(self, commit=None):
+        return self.snapshot_
+
+
+def _deployed_api(tmp_path, write_repo) -> tuple[Api, Any]:
+    """An API whose store says ``_manifest_files()`` is built, run and deployed."""
+    snapshot = DirectorySnapshot(write_repo(_manifest_files(), tmp_path / "deployed"))
+    state = manifest.load(snapshot)
+    reconciler = RecordingReconciler()
+    reconciler.source = FixedSource(snapshot)
+    store = Store(tmp_path / "status.db")
+    app = create_api(reconciler, store, "main", "repo", api_token="t", webhook_secret="s")
+    store.set_job_run("prod", "stamp", 1, function="greet", phase="Succeeded", result='{"n": 1}')
+    for fn in state.functions.values():
+        store.start_build(fn.build_tag, fn.runtime, fn.source_id)
+        store.finish_build(fn.build_tag, "Succeeded", "built")
+        spec_hash = deployment_for("prod", fn, {"stamp": '{"n": 1}'}).spec_hash
+        store.set_function(
+            "prod",
+            fn.name,
+            phase="Ready",
+            build_tag=fn.build_tag,
+            revision="r1",
+            manifest=fn.manifest,
+            spec={"hash": spec_hash, "replicas": fn.replicas, "http": fn.http},
+        )
+    return Api(Client(app), reconciler, store), state
+
+
+def _diff_of(api: Api, tmp_path, write_repo, files: dict[str, str], name: str = "local"):
+    state = manifest.load(DirectorySnapshot(write_repo(files, tmp_path / name)))
+    body = DiffRequest.from_state(state).model_dump(mode="json")
+    response = api.http.post("/api/v1/environments/prod/diff", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_diff_of_what_is_deployed_is_empty(tmp_path, write_repo):
+    api, _ = _deployed_api(tmp_path, write_repo)
+    answer = _diff_of(api, tmp_path, write_repo, _manifest_files())
+    assert answer["hasChanges"] is False
+    assert answer["unchanged"] == ["greet", "shower"]
+    assert answer["builds"] == answer["added"] == answer["changed"] == answer["jobs"] == []
+
+
+def test_diff_names_changed_fields_never_literal_values(tmp_path, write_repo):
+    api, _ = _deployed_api(tmp_path, write_repo)
+    answer = _diff_of(
+        api, tmp_path, write_repo, _manifest_files(replicas=3, greeting="secret-ish-value")
+    )
+    assert "secret-ish-value" not in json.dumps(answer)
+    assert answer["hasChanges"] is True
+    (build,) = answer["builds"]
+    assert (build["folder"], build["functions"]) == ("greet", ["greet", "shower"])
+    greet, shower = answer["changed"]
+    fields = {f["field"]: (f["old"], f["new"], f["detail"]) for f in greet["fields"]}
+    assert fields["replicas"] == ("1", "3", None)
+    assert fields["image"][1] == build["tag"] != fields["image"][0]
+    assert fields["env.GREETING"] == (
+        "(literal)",
+        "(literal)",
+        "value changed (literal values are not shown)",
+    )
+    assert "env.DSN" not in fields  # the same secret reference
+    assert [f["field"] for f in shower["fields"]] == ["image"]
+
+
+def test_diff_runs_a_bumped_job_and_redeploys_what_takes_its_result(tmp_path, write_repo):
+    api, _ = _deployed_api(tmp_path, write_repo)
+    answer = _diff_of(api, tmp_path, write_repo, _manifest_files(run_id=2))
+    assert [(j["name"], j["runId"], j["function"]) for j in answer["jobs"]] == [
+        ("stamp", 2, "greet")
+    ]
+    changed = {fn["name"]: fn["fields"] for fn in answer["changed"]}
+    assert changed["shower"][-1] == {
+        "field": "env.STAMP",
+        "old": "result of job stamp",
+        "new": "result of job stamp run 2",
+        "detail": "job stamp runs first; redeployed if its result differs",
+    }
+
+
+def test_diff_keeps_what_an_invalid_manifest_declared_and_removes_the_rest(tmp_path, write_repo):
+    api, _ = _deployed_api(tmp_path, write_repo)
+    api.store.set_function(
+        "prod", "old", phase="Ready", manifest="old/sless.yaml", spec={"hash": "x"}
+    )
+    files = {
+        "greet/h.py": GREET_HANDLER,
+        "greet/sless.yaml": "functions: [oops\n",  # cannot be read: no names of its own
+    }
+    answer = _diff_of(api, tmp_path, write_repo, files)
+    (invalid,) = answer["invalid"]
+    assert invalid["manifest"] == "greet/sless.yaml"
+    assert invalid["functions"] == ["greet", "shower"]  # the store knows what it declared
+    assert invalid["problems"] == [
+        "greet/sless.yaml:2: (file): YAML syntax error: expected ',' or ']', but got '<stream end>'"
+    ]
+    assert answer["removed"] == ["old"]
+    assert answer["hasChanges"] is True
+
+
+def test_diff_refuses_bodies_it_cannot_use(api):
+    big = api.http.post(
+        "/api/v1/environments/prod/diff",
+        content=b"{" + b" " * (1 << 20) + b"}",
+        headers={"Content-Type": "application/json"},
+    )
+    assert big.status_code == 413
+    assert "larger than 1048576 bytes" in big.json()["error"]
+    bad = api.http.post("/api/v1/environments/prod/diff", json={"functions": [{"name": 1}]})
+    assert bad.status_code == 422
+    assert "body field 'functions.0.name'" in bad.json()["error"]
+    spec = {
+        "name": "f",
+        "folder": "f",
+        "manifest": "f/sless.yaml",
+        "runtime": "cobol",
+        "entrypoint": "h.main",
+        "memoryMB": 128,
+        "timeoutSec": 30,
+        "replicas": 1,
+        "enabled": True,
+        "http": True,
+        "sourceId": "0" * 40,
+    }
+    unknown = api.http.post("/api/v1/environments/prod/diff", json={"functions": [spec]})
+    assert unknown.status_code == 422
+    assert "runtime 'cobol' is not one of" in unknown.json()["error"]
+
+
+# --- logs -----------------------------------------------------------------------------------------
+
+
+def _log(tmp_path, content: bytes, env: str = "prod", name: str = "greet") -> None:
+    path = tmp_path / "logs" / env / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+
+
+def test_function_logs_are_read_page_by_page_never_inside_a_character(api, tmp_path):
+    api.store.set_function("prod", "greet", phase="Ready")
+    _log(tmp_path, "ab\né\n".encode())  # é is two bytes: 3 and 4
+    headers = {"Authorization": "Bearer t"}
+    url = "/api/v1/environments/prod/functions/greet/logs"
+    first = api.http.get(url, params={"limit": 4}, headers=headers).json()
+    assert first == {
+        "text": "ab\n",
+        "offset": 0,
+        "nextOffset": 3,
+        "size": 6,
+        "reset": False,
+        "finished": False,
+    }
+    rest = api.http.get(url, params={"offset": 3}, headers=headers).json()
+    assert (rest["text"], rest["nextOffset"]) == ("é\n", 6)
+    cut = api.http.get(url, params={"offset": 100}, headers=headers).json()
+    assert (cut["reset"], cut["offset"], cut["text"]) == (True, 0, "ab\né\n")
+
+
+def test_function_logs_need_the_token_when_one_is_configured(tmp_path):
+    api = make_api(tmp_path)
+    api.store.set_function("prod", "greet", phase="Ready")
+    _log(tmp_path, b"printed\n")
+    url = "/api/v1/environments/prod/functions/greet/logs"
+    refused = api.http.get(url)
+    assert refused.status_code == 401
+    assert "Authorization: Bearer" in refused.json()["error"]
+    assert api.http.get(url, headers={"Authorization": "Bearer t"}).json()["text"] == "printed\n"
+
+    open_api = make_api(tmp_path / "open", token=None)
+    open_api.store.set_function("prod", "greet", phase="Ready")
+    _log(tmp_path / "open", b"open\n")
+    assert open_api.http.get(url).json()["text"] == "open\n"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/environments/prod/functions/nope/logs",
+        "/api/v1/environments/prod/functions/..%2f..%2fstatus/logs",
+        "/api/v1/builds/nope/log",
+        "/api/v1/builds/..%2fstatus.db/log",
+    ],
+)
+def test_logs_of_unknown_things_are_404(api, path):
+    response = api.http.get(path, headers={"Authorization": "Bearer t"})
+    assert response.status_code == 404, response.text
+
+
+def test_a_build_log_follows_the_file_and_falls_back_to_the_store(api, tmp_path):
+    headers = {"Authorization": "Bearer t"}
+    api.store.start_build("py-1", "python3.11", "src")
+    (tmp_path / "artifacts").mkdir()
+    (tmp_path / "artifacts" / "py-1.log").write_text("step 1\n")
+    running = api.http.get("/api/v1/builds/py-1/log", headers=headers).json()
+    assert (running["text"], running["finished"]) == ("step 1\n", False)
+
+    api.store.finish_build("py-1", "Failed", "the whole log kept in the store\n", "exit 1")
+    (tmp_path / "artifacts" / "py-1.log").unlink()  # collected
+    done = api.http.get("/api/v1/builds/py-1/log", headers=headers).json()
+    assert (done["text"], done["finished"]) == ("the whole log kept in the store\n", True)

@@ -66,9 +66,12 @@ OPERATIONS = [
     ("GET", "/api/v1/syncs"),
     ("POST", "/api/v1/sync"),
     ("POST", "/api/v1/webhooks/{forge}"),
+    ("POST", "/api/v1/environments/{env}/diff"),
+    ("GET", "/api/v1/environments/{env}/functions/{name}/logs"),
+    ("GET", "/api/v1/builds/{tag}/log"),
 ]
 # path parameters that name what the store holds, so answers are not all empty or 404
-KNOWN = {"env": "prod", "name": "fn0", "forge": "github"}
+KNOWN = {"env": "prod", "name": "fn0", "forge": "github", "tag": "python3.11-0"}
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def cases(schema, method: str, path: str) -> st.SearchStrategy:
     strategies = [operation.as_strategy(mode) for mode in GenerationMode]
     if known:
         strategies.append(operation.as_strategy(path_parameters=known))
-    if method == "POST":
+    if method == "POST" or path.endswith(("/logs", "/log")):
         token = {"Authorization": f"Bearer {TOKEN}"}
         strategies.append(operation.as_strategy(headers=token, path_parameters=known or None))
     return st.one_of(strategies)

@@ -33,6 +33,7 @@ RANKS = {
     "renderer": 4,
     "backend": 4,
     "planner": 5,
+    "diff": 5,
     "local": 6,
     "local.secrets": 6,
     "local.builder": 6,
@@ -49,9 +50,9 @@ RANKS = {
     "reconciler": 7,
     "api": 8,
     "api_models": 8,
-    "dashboard": 8,
     "serve": 9,
     "cli": 9,
+    "client": 9,
     "__init__": 9,
     "__main__": 10,
 }
