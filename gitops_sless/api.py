@@ -47,6 +47,7 @@ from .api_models import (
     SyncAccepted,
     WebhookReply,
 )
+from .dashboard import router as dashboard_router
 from .errors import SlessError
 from .metrics import METRICS
 from .reconciler import Reconciler
@@ -239,6 +240,7 @@ def create_api(
     api_token: str | None,
     webhook_secret: str | None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    poll_interval: float | None = None,
 ) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -487,4 +489,5 @@ def create_api(
             return _read_log(path, offset, limit, finished)
         return _text_log(build["log"] or "", offset, limit, finished)
 
+    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval))
     return app

@@ -50,6 +50,7 @@ RANKS = {
     "reconciler": 7,
     "api": 8,
     "api_models": 8,
+    "dashboard": 8,
     "serve": 9,
     "cli": 9,
     "client": 9,
