@@ -182,6 +182,7 @@ class Server:
             api_token=config.api_token,
             webhook_secret=config.webhook_secret,
             on_shutdown=self._shutdown,
+            poll_interval=config.poll_interval,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
