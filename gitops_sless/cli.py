@@ -499,11 +499,8 @@ def _status(args: argparse.Namespace) -> int:
         env["lastSync"] and env["lastSync"]["result"] == "Failed" for env in listing
     )
     if args.output == "json":
-        print(
-            json.dumps(
-                {"server": client.server, **status, "ok": ok, "environments": listing}, indent=2
-            )
-        )
+        answer = {"server": client.server, "ok": ok, "status": status, "environments": listing}
+        print(json.dumps(answer, indent=2))
         return EXIT_OK if ok else EXIT_NOT_OK
     paint = _colour(sys.stdout)
     print(

@@ -219,6 +219,7 @@ def test_status_lists_every_function_and_exits_zero_when_all_are_ready_or_disabl
 
     as_json = json.loads(run("status", "-o", "json", server=stack.server).stdout)
     assert as_json["ok"] is True
+    assert (as_json["server"], as_json["status"]["branch"]) == (stack.server.base, "main")
     (prod,) = as_json["environments"]
     assert prod["name"] == "prod"
     assert {fn["name"]: fn["phase"] for fn in prod["functions"]}["resting"] == "Disabled"
@@ -554,7 +555,7 @@ def test_a_broken_push_fails_sync_and_status_and_shows_in_diff(setup, tmp_path):
 
 def bash_complete(line: str, server: SlessServer | None = None) -> list[str]:
     """What the bash completion offers for ``line`` (completing its last word)."""
-    script = run("completion", "bash").stdout
+    script = cli._bash_script(cli._parser())  # what `gitops-sless completion bash` prints
     words = line.split(" ")
     program = (
         script
@@ -573,6 +574,7 @@ def bash_complete(line: str, server: SlessServer | None = None) -> list[str]:
 
 
 def test_bash_completes_commands_options_choices_and_names_from_the_server(stack):
+    assert run("completion", "bash").stdout == cli._bash_script(cli._parser())
     assert bash_complete("gitops-sless s") == ["serve", "status", "sync"]
     assert bash_complete("gitops-sless logs --") == [
         "--build",
