@@ -328,9 +328,9 @@ def create_api(
         ] = 0,
     ) -> SyncAccepted:
         authorize(credentials)
-        before = reconciler.passes
-        reconciler.request_sync("api")
-        finished = reconciler.wait_for_pass(before, min(wait, MAX_WAIT_SEC)) if wait > 0 else False
+        served_after = reconciler.request_sync("api")
+        timeout = min(wait, MAX_WAIT_SEC)
+        finished = reconciler.wait_for_pass(served_after - 1, timeout) if wait > 0 else False
         return SyncAccepted.from_rows(store.last_sync(reconciler.env), finished=finished)
 
     @app.post(

@@ -104,6 +104,7 @@ class Reconciler:
         self._stopping = threading.Event()
         self._idle = threading.Condition()
         self._passes = 0
+        self._taken = False  # a pass has taken the waiting triggers and not finished yet
         self._exclusive = threading.Lock()  # one pass, or one maintenance task, at a time
         self._logged_problems: frozenset[str] = frozenset()
         self._last_revision: str | None = None
@@ -112,17 +113,26 @@ class Reconciler:
 
     # --- the loop ----------------------------------------------------------------------
 
-    def request_sync(self, trigger: str) -> None:
-        """Ask for a pass; requests that arrive while one runs become one more pass."""
-        self._triggers.append(trigger)
-        self._wanted.set()
+    def request_sync(self, trigger: str) -> int:
+        """Ask for a pass; requests that arrive while one runs become one more pass.
+
+        Returns how many passes will have finished once one has served this
+        request (a pass that already took its triggers may have fetched before
+        it), for :meth:`wait_for_pass`.
+        """
+        with self._idle:
+            self._triggers.append(trigger)
+            self._wanted.set()
+            return self._passes + (2 if self._taken else 1)
 
     def run_forever(self) -> None:
         while not self._stopping.is_set():
             if not self._wanted.wait(0.5):
                 continue
-            self._wanted.clear()
-            triggers, self._triggers = self._triggers, []
+            with self._idle:
+                self._wanted.clear()
+                triggers, self._triggers = self._triggers, []
+                self._taken = True
             self.sync(",".join(sorted(set(triggers))) or "manual")
 
     def wait_for_pass(self, after: int, timeout: float) -> bool:
@@ -152,6 +162,7 @@ class Reconciler:
             finally:
                 with self._idle:
                     self._passes += 1
+                    self._taken = False
                     self._idle.notify_all()
 
     def _sync(self, current: _Pass) -> PassResult:

@@ -34,8 +34,9 @@ class RecordingReconciler:
         self.waits: list[float] = []
         self.finishes = finishes
 
-    def request_sync(self, trigger: str) -> None:
+    def request_sync(self, trigger: str) -> int:
         self.requests.append(trigger)
+        return self.passes + 1
 
     def wait_for_pass(self, after: int, timeout: float) -> bool:
         self.waits.append(timeout)
