@@ -43,6 +43,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -337,7 +338,10 @@ def _start_runtime(tmp: str, procs: list[subprocess.Popen]) -> int:
     return upstream
 
 
-def run(args: argparse.Namespace) -> list[Result]:
+Runs = dict[tuple[str, int], list[Result]]  # (target, connections) -> one per round
+
+
+def run(args: argparse.Namespace) -> Runs:
     _check_tools()
     connections = [int(c) for c in args.connections.split(",")]
     variants = _variants(args)
@@ -381,16 +385,19 @@ def run(args: argparse.Namespace) -> list[Result]:
                 targets.append((f"/fn/ {label}", url, proc.pid))
 
         for round_ in range(args.rounds):
+            # Each round starts one target further on: no target always runs right after
+            # the same other one (after nginx, the runtime holds its idle connections).
+            turn = round_ % len(targets)
             for n in connections:
                 # Interleaved, so a burst of load from elsewhere hits every target alike.
-                for name, url, pid in targets:
+                for name, url, pid in targets[turn:] + targets[:turn]:
                     wrk(url, n, 1, None)  # warm-up: open the connections, fill the pools
                     rps, p50, p99, cpu = wrk(url, n, args.duration, pid)
                     results.setdefault((name, n), []).append(Result(name, n, rps, p50, p99, cpu))
                     cpu_text = f"{cpu:.1f} µs/req" if cpu is not None else ""
                     line = f"{rps:>9.0f} req/s  p50 {p50:.2f} ms  {cpu_text}"
                     print(f"round {round_ + 1} c={n:<3} {name:<20} {line}", file=sys.stderr)
-    return [_median(runs) for runs in results.values()]
+    return results
 
 
 # --------------------------------------------------------------------------- instructions
@@ -476,6 +483,28 @@ def _median(runs: list[Result]) -> Result:
     return sorted(runs, key=lambda r: r.rps)[len(runs) // 2]
 
 
+def paired(runs: Runs) -> str:
+    """Each variant against its (base) twin, round by round: the median of the ratios."""
+    lines = [
+        "| target | conns | CPU µs/req ÷ base | req/s ÷ base | ÷ nginx | ÷ nginx, base |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (target, n), ours in runs.items():
+        base, nginx = runs.get((f"{target} (base)", n)), runs.get(("nginx", n))
+        if not base or not nginx:
+            continue
+        rounds = list(zip(ours, base, nginx, strict=True))
+        cpu = [a.cpu_us / b.cpu_us for a, b, _ in rounds if a.cpu_us and b.cpu_us]
+        rps = statistics.median(a.rps / b.rps for a, b, _ in rounds)
+        vs_nginx = statistics.median(a.rps / x.rps for a, _, x in rounds)
+        base_vs_nginx = statistics.median(b.rps / x.rps for _, b, x in rounds)
+        lines.append(
+            f"| {target} | {n} | {statistics.median(cpu):.3f} | {rps:.3f} "
+            f"| {vs_nginx:.2f} | {base_vs_nginx:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
     by = {(r.target, r.connections): r for r in results}
     lines = [
@@ -527,8 +556,13 @@ def main() -> None:
     if args.instructions:
         print(instructions_table(instructions(args)))
         return
-    results = sorted(run(args), key=lambda r: (r.connections, r.target not in ("direct", "nginx")))
+    runs = run(args)
+    medians = [_median(each) for each in runs.values()]
+    results = sorted(medians, key=lambda r: (r.connections, r.target not in ("direct", "nginx")))
     print(table(results))
+    if args.baseline:
+        print("\nRound by round against --baseline (medians of the ratios):\n")
+        print(paired(runs))
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
 
