@@ -157,6 +157,8 @@ class ProxyApp:
         declared = call.declared
         if route is None and declared is None:
             return 404, "function not found"
+        if route is None and declared is not None and not declared.http:
+            return 404, "function has no http trigger"
         if declared is not None and declared.phase == "Disabled":
             return 503, "function disabled"
         if route is None:

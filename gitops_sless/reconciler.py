@@ -517,7 +517,14 @@ class Reconciler:
         if self.routes is None:
             return
         self.routes.declare(
-            self.env, {r["name"]: Declared(r["phase"], r["message"]) for r in records}
+            self.env,
+            {
+                # an invalid manifest may never have said which triggers it has: 503
+                r["name"]: Declared(
+                    r["phase"], r["message"], r["url"] is not None or r["phase"] == "Invalid"
+                )
+                for r in records
+            },
         )
 
     def _report(self, current: Plan, desired: DesiredState) -> int:

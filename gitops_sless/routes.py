@@ -23,6 +23,7 @@ class Declared:
 
     phase: str  # Pending, Building, Ready, Failed, Invalid, Disabled
     message: str | None = None
+    http: bool = True  # False: declared without an http trigger, so never callable
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,8 @@ def test_a_declared_function_that_does_not_serve_answers_503_with_its_phase(setu
         **http_function("ready", "up"),
         "nosecret/handler.py": handler("never"),
         "nosecret/sless.yaml": manifest("nosecret", HTTP, "    env: {DSN: {secret: db, key: k}}"),
+        "plain/handler.py": handler("not callable"),
+        "plain/sless.yaml": manifest("plain"),
     }
     setup.push(files)
     server = setup.serve()
@@ -86,6 +88,8 @@ def test_a_declared_function_that_does_not_serve_answers_503_with_its_phase(setu
     assert body["phase"] == "Failed"
     assert "secret 'db' key 'k'" in body["message"]
     assert server.call("nobody-declares-this").status_code == 404
+    plain = server.call("plain")  # declared, Ready, but with no http trigger to call
+    assert plain.status_code == 404 and "no http trigger" in plain.json()["error"]
 
     metrics = server.wait(
         lambda: (
