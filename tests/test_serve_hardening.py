@@ -327,3 +327,38 @@ def test_garbage_collection_keeps_what_runs_and_reports_what_it_reclaimed(setup)
         line for line in metrics.splitlines() if line.startswith("sless_gc_reclaimed_bytes_total")
     )
     assert float(reclaimed.split()[-1]) > 0
+
+
+def test_a_secret_and_the_token_appear_in_no_page_response_metric_or_log(setup, tmp_path):
+    secret = "hunter2-but-much-longer-and-unique"
+    secrets = tmp_path / "secrets"
+    (secrets / "db").mkdir(parents=True)
+    (secrets / "db" / "dsn").write_text(secret + "\n")
+    uses = "import os\ndef main(event):\n    return {'length': len(os.environ['DSN'])}\n"
+    setup.push(
+        {
+            "uses/handler.py": uses,
+            "uses/sless.yaml": manifest("uses", HTTP, "    env: {DSN: {secret: db, key: dsn}}"),
+        }
+    )
+    server = setup.serve(secrets_dir=secrets)
+    assert server.call("uses").json() == {"length": len(secret)}
+    server.wait(lambda: server.function("uses")["invocations"], "the call to be recorded")
+    paths = [
+        "/",
+        "/functions/prod/uses",
+        "/metrics",
+        "/openapi.json",
+        "/api/v1/status",
+        "/api/v1/syncs",
+        "/api/v1/environments",
+        "/api/v1/environments/prod/functions",
+        "/api/v1/environments/prod/functions/uses",
+        "/api/v1/environments/prod/jobs",
+    ]
+    for path in paths:
+        response = server.client.get(path)
+        assert response.status_code == 200, path
+        assert secret not in response.text and TOKEN not in response.text, path
+    server.stop()
+    assert secret not in server.output() and TOKEN not in server.output()
