@@ -35,6 +35,7 @@ __all__ = [
     "InvalidManifest",
     "JobToRun",
     "compute",
+    "job_errors",
     "job_results",
 ]
 
@@ -104,7 +105,7 @@ class Diff:
 def job_results(jobs: Mapping[str, Job], runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """The result each job hands on: its current runId's, else the newest that succeeded.
 
-    The reconciler's rule (``Reconciler._job_results``), for the runs of one environment.
+    The rule the reconciler deploys by, for the runs of one environment.
     """
     runs = list(runs)
     results: dict[str, str] = {}
@@ -118,7 +119,7 @@ def job_results(jobs: Mapping[str, Job], runs: Iterable[Mapping[str, Any]]) -> d
     return results
 
 
-def _job_errors(jobs: Mapping[str, Job], runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+def job_errors(jobs: Mapping[str, Job], runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     current = {job.name: job.run_id for job in jobs.values()}
     return {
         run["name"]: run["error"] or "failed"
@@ -276,7 +277,7 @@ def compute(
     finished = {(r["name"], r["run_id"]) for r in runs if r["phase"] in FINISHED}
     phases = {(r["name"], r["run_id"]): r["phase"] for r in runs}
     results = job_results(jobs, runs)
-    errors = _job_errors(jobs, runs)
+    errors = job_errors(jobs, runs)
     functions = sorted(desired.functions.values(), key=lambda f: f.name)
 
     to_build: dict[str, list[Function]] = {}

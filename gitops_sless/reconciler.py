@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from . import logs, manifest
 from .backend import Backend, BuildFailed, Deployment, deployment_for
+from .diff import job_errors, job_results
 from .errors import SlessError
 from .manifest import DesiredState, Function, Job
 from .metrics import METRICS
@@ -310,31 +311,10 @@ class Reconciler:
             built=frozenset(built),
             failed_builds=failed,
             finished_runs=finished,
-            job_results=self._job_results(desired, runs),
+            job_results=job_results(desired.jobs, runs),
             deployed=self.backend.deployed(self.env),
-            job_errors=self._job_errors(desired, runs),
+            job_errors=job_errors(desired.jobs, runs),
         )
-
-    def _job_errors(self, desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
-        """Why the current runId of a job failed, for the jobs whose current run did."""
-        current = {job.name: job.run_id for job in desired.jobs.values()}
-        return {
-            run["name"]: run["error"] or "failed"
-            for run in runs
-            if run["phase"] == "Failed" and current.get(run["name"]) == run["run_id"]
-        }
-
-    def _job_results(self, desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
-        """The result each job hands on: the current runId's, else the newest that succeeded."""
-        results: dict[str, str] = {}
-        current = {job.name: job.run_id for job in desired.jobs.values()}
-        for run in sorted(runs, key=lambda r: r["run_id"]):  # newest wins
-            if run["phase"] == "Succeeded" and run["result"] is not None:
-                results[run["name"]] = run["result"]
-        for run in runs:
-            if run["phase"] == "Succeeded" and current.get(run["name"]) == run["run_id"]:
-                results[run["name"]] = run["result"]
-        return results
 
     def _interrupted_runs(self) -> None:
         """Runs left 'Running' by a killed reconciler run again, up to MAX_JOB_ATTEMPTS."""
@@ -415,7 +395,8 @@ class Reconciler:
         )
         where = {"env": self.env, "function": fn.name, "job": job.name, "runId": job.run_id}
         logs.event(log, "job.started", f"{job.name} run {job.run_id}, attempt {attempt}", **where)
-        results = self._job_results(self._desired or DesiredState(""), self.store.jobs(self.env))
+        declared = self._desired.jobs if self._desired else {}
+        results = job_results(declared, self.store.jobs(self.env))
         try:
             deployment = deployment_for(self.env, fn, results)
             result = self.backend.run_job(self.env, fn, job, deployment.env_vars)

@@ -452,10 +452,10 @@ def test_invoke_exits_one_on_an_error_answer_and_never_sends_the_token(stack):
     assert missing.returncode == 1
     assert json.loads(missing.stdout)["error"]
     assert missing.stderr.startswith("404 Not Found")
-    disabled = run("invoke", "prod/resting", server=stack.server)
-    assert disabled.returncode == 1
-    assert json.loads(disabled.stdout)["phase"] == "Disabled"
-    assert disabled.stderr.startswith("503 ")
+    uncallable = run("invoke", "prod/resting", server=stack.server)  # no http trigger
+    assert uncallable.returncode == 1
+    assert "no http trigger" in json.loads(uncallable.stdout)["error"]
+    assert uncallable.stderr.startswith("404 ")
 
 
 # --- sync -----------------------------------------------------------------------------------------
