@@ -265,7 +265,8 @@ class Server:
         lines = [f"gitops-sless is serving {mirror_mod.redact(self.url)} ({self.config.branch})"]
         for fn in self.store.functions(self.config.env):
             target = f"curl {fn['url']}" if fn["url"] else f"{fn['name']} (no http trigger)"
-            why = (fn["message"] or "").splitlines()[0] if fn["phase"] != "Ready" else ""
+            why = next(iter((fn["message"] or "").splitlines()), "")
+            why = "" if fn["phase"] == "Ready" else why
             why = why if len(why) <= 90 else why[:89] + "…"
             lines.append(f"  {fn['phase']:<9} {target}" + (f"  ({why})" if why else ""))
         lines += [

@@ -362,3 +362,19 @@ def test_a_secret_and_the_token_appear_in_no_page_response_metric_or_log(setup, 
         assert secret not in response.text and TOKEN not in response.text, path
     server.stop()
     assert secret not in server.output() and TOKEN not in server.output()
+
+
+def test_the_start_up_listing_names_every_function_and_why_it_is_not_ready(setup):
+    setup.push(
+        {
+            **http_function("up", "u"),
+            **http_function("paused", "p", "    enabled: false"),
+            "broken/handler.py": handler("b"),
+            "broken/sless.yaml": manifest("broken", HTTP, "    env: {S: {secret: db, key: k}}"),
+        }
+    )
+    server = setup.serve()
+    output = server.wait(lambda: "API docs:" in (text := server.output()) and text, "listing")
+    assert f"Ready     curl {server.base}/fn/prod/up/" in output
+    assert f"Disabled  curl {server.base}/fn/prod/paused/\n" in output
+    assert f"Failed    curl {server.base}/fn/prod/broken/  (secret 'db' key 'k'" in output
