@@ -475,23 +475,12 @@ class Supervisor:
                     return
                 unit.replicas = [r for r in unit.replicas if r not in dead]
                 unit.last_exit = reasons[-1]
-                unit.failures += 1
                 unit.degraded = True
-                backoff = _backoff(unit.failures)
-                unit.restart_at = now + backoff
+                backoff = self._back_off(unit, now)
                 self._publish(key)
             for replica, reason in zip(dead, reasons, strict=True):
-                logs.event(
-                    log,
-                    "replica.exited",
-                    f"replica on port {replica.port}: {reason}; restarting in {backoff:.1f}s",
-                    level=logging.WARNING,
-                    env=key[0],
-                    function=key[1],
-                    reason=reason,
-                    backoffSec=backoff,
-                )
-                self._notify(key, "exited", reason)
+                message = f"replica on port {replica.port}: {reason}; restarting in {backoff:.1f}s"
+                self._exited(key, "replica.exited", message, reason, backoff)
         with self._lock:
             if self._units.get(key) is not unit or self._closing:
                 return
@@ -508,6 +497,31 @@ class Supervisor:
                 target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
             ).start()
 
+    @staticmethod
+    def _back_off(unit: _Unit, now: float) -> float:
+        """One more failure: the next restart waits longer. Call with the lock held."""
+        unit.failures += 1
+        backoff = _backoff(unit.failures)
+        unit.restart_at = now + backoff
+        return backoff
+
+    def _exited(
+        self, key: tuple[str, str], event: str, message: str, reason: str | None, backoff: float
+    ) -> None:
+        """Log a replica that ended (or never became healthy) and tell the status store."""
+        logs.event(
+            log,
+            event,
+            message,
+            level=logging.WARNING,
+            env=key[0],
+            function=key[1],
+            reason=reason,
+            backoffSec=backoff,
+        )
+        if reason:
+            self._notify(key, "exited", reason)
+
     def _restart_one(self, key: tuple[str, str], unit: _Unit) -> None:
         try:
             self._restart(key, unit)
@@ -522,24 +536,13 @@ class Supervisor:
             with self._lock:
                 if self._units.get(key) is not unit or self._closing:
                     return
-                unit.failures += 1
-                backoff = _backoff(unit.failures)
-                unit.restart_at = time.monotonic() + backoff
+                backoff = self._back_off(unit, time.monotonic())
                 if reason:
                     unit.last_exit = reason
                     self._publish(key)
-            logs.event(
-                log,
-                "replica.exited" if reason else "replica.unhealthy",
-                f"restart failed (next try in {backoff:.1f}s): {exc}",
-                level=logging.WARNING,
-                env=key[0],
-                function=key[1],
-                reason=reason,
-                backoffSec=backoff,
-            )
-            if reason:
-                self._notify(key, "exited", reason)
+            event = "replica.exited" if reason else "replica.unhealthy"
+            message = f"restart failed (next try in {backoff:.1f}s): {exc}"
+            self._exited(key, event, message, reason, backoff)
             return
         with self._lock:
             current = self._units.get(key) is unit and not self._closing
