@@ -10,7 +10,7 @@ it; and one uvicorn process per proxy variant, each with a RouteTable pointing
 at the same runtime server:
 
     fast     proxy.config() as shipped: uvloop, httptools, /fn/ served from
-             uvicorn's protocol callbacks (gitops_sless/proxy_fast.py)
+             uvicorn's protocol callbacks (gitops_sless/proxy/fast.py)
     asgi     uvloop + httptools, ProxyApp called as a plain ASGI app
     asyncio  the fast path on the standard asyncio loop (no uvloop)
     h11      ProxyApp as ASGI on asyncio + h11: neither uvloop nor httptools
@@ -551,7 +551,10 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port, args.upstream, args.root)
         return
-    if args.baseline and not Path(args.baseline, "gitops_sless", "proxy.py").is_file():
+    if args.baseline and not any(
+        Path(args.baseline, "gitops_sless", path).is_file()
+        for path in ("proxy.py", "proxy/__init__.py")  # a module, later a package
+    ):
         raise SystemExit(f"--baseline {args.baseline}: not a checkout of this project")
     if args.instructions:
         print(instructions_table(instructions(args)))

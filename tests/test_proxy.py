@@ -32,8 +32,8 @@ import uvicorn
 
 from gitops_sless.metrics import METRICS
 from gitops_sless.proxy import Invocation, Limits, ProxyApp, config
-from gitops_sless.proxy_http import Peer, peer_of, request_head
-from gitops_sless.proxy_upstream import CLOSED_EARLY
+from gitops_sless.proxy.http import Peer, peer_of, request_head
+from gitops_sless.proxy.upstream import CLOSED_EARLY
 from gitops_sless.routes import Declared, Route, RouteTable
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@
 :class:`EdgeProtocol` is uvicorn's httptools protocol with the checks and
 limits an edge server needs, for every request whatever serves it (the
 API over ASGI, or the proxy), configured by
-:class:`~gitops_sless.proxy_http.Limits`:
+:class:`~gitops_sless.proxy.http.Limits`:
 
 - the request line and headers together at most ``max_head_bytes``: 431;
 - a request line without an HTTP version (which httptools reads as
@@ -47,7 +47,7 @@ behind one in flight, a server with uvicorn's ``limit_concurrency`` --
 takes uvicorn's usual ASGI route, so the application behind it sees no
 difference.
 
-Behaviour is the ASGI path's (:class:`~gitops_sless.proxy.ProxyApp`), checked
+Behaviour is the ASGI path's (:class:`~gitops_sless.proxy.app.ProxyApp`), checked
 by running the same tests against both. This leans on uvicorn internals (the
 protocol's ``url``, ``headers``, ``parser``, ``cycle``, ``pipeline``, ``flow``,
 ``connections``, ``timeout_keep_alive_task`` and ``on_response_complete``;
@@ -61,15 +61,17 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .metrics import METRICS
-from .proxy_http import (
+from ..metrics import METRICS
+from ..routes import Route
+from .http import (
     CHUNKED,
     NO_BODY,
+    Call,
     Limits,
     Peer,
     error_body,
@@ -77,12 +79,16 @@ from .proxy_http import (
     request_id_of,
     response_headers,
 )
-from .proxy_upstream import CLOSED_EARLY, UpstreamConnection, UpstreamError
+from .upstream import CLOSED_EARLY, Pool, Upstream, UpstreamConnection, UpstreamError
 
-if TYPE_CHECKING:
-    from .proxy import ProxyApp
-
-__all__ = ["EdgeProtocol", "FastCall", "ProxyHttpProtocol", "edge_protocol", "protocol_for"]
+__all__ = [
+    "EdgeProtocol",
+    "FastCall",
+    "Proxy",
+    "ProxyHttpProtocol",
+    "edge_protocol",
+    "protocol_for",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -97,7 +103,31 @@ LINGER_SEC = 2.0
 _IDLE, _HEAD, _BODY = 0, 1, 2
 
 
-def protocol_for(proxy: ProxyApp, limits: Limits | None = None) -> type[ProxyHttpProtocol]:
+class Proxy(Protocol):
+    """What the fast path needs of the proxy it carries calls for.
+
+    :class:`~gitops_sless.proxy.app.ProxyApp` is one (its methods of the same
+    names say what they do); named here so that this module does not import
+    :mod:`.app`, which imports this one.
+    """
+
+    max_body_bytes: int
+    pool: Pool
+
+    def begin(
+        self, raw_path: bytes, query: bytes, method: str
+    ) -> tuple[Call, Route | None, bytes]: ...
+
+    def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]: ...
+
+    def closed_early(self, call: Call, upstream: Upstream, what: str) -> str: ...
+
+    def peer(self, host: str | None) -> Peer: ...
+
+    def finish(self, call: Call) -> None: ...
+
+
+def protocol_for(proxy: Proxy, limits: Limits | None = None) -> type[ProxyHttpProtocol]:
     """The protocol class to give uvicorn as ``http=``, bound to ``proxy`` and ``limits``."""
     attrs = {"proxy": proxy, **_limit_attrs(limits or Limits())}
     return type("ProxyHttpProtocol", (ProxyHttpProtocol,), attrs)
@@ -432,7 +462,7 @@ class _NoEvent:
 class ProxyHttpProtocol(EdgeProtocol):
     """The edge protocol, with ``/fn/`` requests carried by :class:`FastCall`."""
 
-    proxy: ClassVar[ProxyApp]
+    proxy: ClassVar[Proxy]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

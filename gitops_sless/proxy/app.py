@@ -3,8 +3,8 @@
 :class:`ProxyApp` is a raw ASGI 3 application, kept off FastAPI on purpose. It
 only ever connects to an upstream that the
 :class:`~gitops_sless.routes.RouteTable` names: the URL chooses a route, never
-a host. Per call it writes the request head (see :mod:`.proxy_http`) on a
-pooled keep-alive connection (:mod:`.proxy_upstream`), streams the request
+a host. Per call it writes the request head (see :mod:`.http`) on a
+pooled keep-alive connection (:mod:`.upstream`), streams the request
 body, waits for the response head until the function's timeout, then streams
 the response back.
 
@@ -16,9 +16,9 @@ handed to ``record``; calls to undeclared names are only counted, unlabelled
 (``sless_proxy_unknown_total``): their names come from the URL.
 
 Served by uvicorn through :func:`config`, ``/fn/`` requests skip ASGI
-altogether (:mod:`.proxy_fast`): the same proxy, driven from uvicorn's
+altogether (:mod:`.fast`): the same proxy, driven from uvicorn's
 protocol callbacks, at about 30 % less CPU per call. :func:`config` also
-puts the :class:`~gitops_sless.proxy_http.Limits` of the edge in front of
+puts the :class:`~gitops_sless.proxy.http.Limits` of the edge in front of
 every request, ``/fn/`` or not: head size and timeouts, connection count,
 and a strict reading of the request line and its framing headers.
 """
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from .metrics import METRICS
-from .proxy_http import (
+from ..metrics import METRICS
+from ..routes import Route, RouteTable
+from .http import (
     CHUNKED,
     LABEL_MAX,
     NO_BODY,
@@ -49,8 +50,7 @@ from .proxy_http import (
     response_headers,
     split_target,
 )
-from .proxy_upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
-from .routes import Route, RouteTable
+from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
 __all__ = ["Invocation", "Limits", "ProxyApp", "config"]
 
@@ -85,7 +85,7 @@ class ProxyApp:
     Its connection pool belongs to the event loop that serves it: one loop per
     ProxyApp. ``record`` is called on that loop, once per call to a routed or
     declared function. ``trusted_proxies`` are CIDRs (or addresses) of proxies in
-    front whose ``X-Forwarded-For`` and ``Forwarded`` are kept (see :mod:`.proxy_http`).
+    front whose ``X-Forwarded-For`` and ``Forwarded`` are kept (see :mod:`.http`).
     """
 
     def __init__(
@@ -445,7 +445,7 @@ def config(
     """
     import uvicorn  # the proxy itself does not need a server to be imported
 
-    from . import proxy_fast
+    from . import fast  # nor the fast path, built on uvicorn's protocol
 
     if proxy is None and isinstance(app, ProxyApp):
         proxy = app
@@ -466,9 +466,9 @@ def config(
     }
     http = overrides.pop("http", None)
     if http is None and proxy is not None:
-        settings["http"] = proxy_fast.protocol_for(proxy, limits)
+        settings["http"] = fast.protocol_for(proxy, limits)
     elif http is None or http == "httptools":
-        settings["http"] = proxy_fast.edge_protocol(limits)
+        settings["http"] = fast.edge_protocol(limits)
     else:  # uvicorn's own protocol: its connection cap (503 past it) is the one that applies
         settings["http"] = http
         settings["limit_concurrency"] = limits.max_connections + 1

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import httptools
 
-from .errors import TransientError
+from ..errors import TransientError
 
 __all__ = ["CLOSED_EARLY", "Pool", "UpstreamConnection", "UpstreamError"]
 
