@@ -1,0 +1,399 @@
+"""Server-side apply, field ownership (``managedFields``) and the patch formats.
+
+Simplified but honest server-side apply, compared with the real structured-merge-diff:
+
+* A field manager owns a set of *leaf paths*. Maps are walked into; every other value is a
+  leaf. Lists are atomic leaves, except lists whose items are all objects with a string
+  ``name`` (containers, env, ports, volumes, volumeMounts, ...), which merge by ``name``
+  (the real server merges some of them by other keys, e.g. volumeMounts by mountPath and
+  container ports by containerPort). A keyed item also has a ``.`` path for the item itself,
+  as in real ``fieldsV1``.
+* Conflicts are found on exact paths only: the applied config sets a leaf to a value that
+  differs from the live one, and another manager (any other manager name, Apply or Update)
+  owns that path. ``force=true`` moves the ownership instead. Managers are told apart by
+  name only, so a manager's own Update entry never conflicts with its Apply.
+* Fields the applier owned before and no longer sets are removed unless another manager
+  owns them (or, for a list item, something inside it); maps left empty by that go too.
+* Non-apply writes (create, update, merge/strategic/JSON patch) record an ``Update`` entry
+  for their manager holding every leaf they changed (defaulted fields included, like the
+  real server), and those leaves leave the other managers.
+* ``status`` and server-owned metadata are never tracked; writes to ``/status`` record
+  no ownership.
+* Strategic merge patch is a JSON merge patch in which name-keyed lists merge by name and
+  ``$patch: delete`` removes an item; other directives are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from .resources import ApiError, bad_request, clone, now_iso
+
+Path = tuple[Any, ...]  # str field names, ("k", name) for list items, "." for the item
+MISSING = object()
+SERVER_META = {
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "selfLink",
+    "generateName",
+}
+
+
+def keyed(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, dict) and isinstance(i.get("name"), str) for i in value)
+    )
+
+
+def _leaves(value: Any, prefix: Path) -> Iterator[tuple[Path, Any]]:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from _leaves(v, (*prefix, k))
+    elif keyed(value):
+        for item in value:
+            p = (*prefix, ("k", item["name"]))
+            yield (*p, "."), True
+            yield from _leaves(item, p)
+    else:
+        yield prefix, value
+
+
+def leaves(obj: dict[str, Any] | None) -> dict[Path, Any]:
+    """Leaf path -> value of the tracked part of ``obj`` (not status, not server metadata)."""
+    out: dict[Path, Any] = {}
+    if not obj:
+        return out
+    for k, v in obj.items():
+        if k in ("apiVersion", "kind", "status"):
+            continue
+        if k == "metadata":
+            for mk, mv in v.items():
+                if mk not in SERVER_META:
+                    out.update(_leaves(mv, ("metadata", mk)))
+            continue
+        out.update(_leaves(v, (k,)))
+    return out
+
+
+def value_at(obj: Any, path: Path) -> Any:
+    for seg in path:
+        if seg == ".":
+            return True
+        if isinstance(seg, tuple):
+            if not isinstance(obj, list):
+                return MISSING
+            obj = next((i for i in obj if isinstance(i, dict) and i.get("name") == seg[1]), None)
+            if obj is None:
+                return MISSING
+        elif isinstance(obj, dict) and seg in obj:
+            obj = obj[seg]
+        else:
+            return MISSING
+    return obj
+
+
+def _remove(obj: Any, path: Path) -> None:
+    """Remove the leaf at ``path`` (or the list item, for a ``.`` path); prune empty maps."""
+    if path[-1] == ".":
+        path = path[:-1]
+    parent = value_at(obj, path[:-1]) if len(path) > 1 else obj
+    seg = path[-1]
+    if isinstance(seg, tuple) and isinstance(parent, list):
+        parent[:] = [i for i in parent if i.get("name") != seg[1]]
+        now_empty = not parent
+    elif isinstance(parent, dict) and seg in parent:
+        del parent[seg]
+        now_empty = not parent
+    else:
+        return
+    if now_empty and len(path) > 2:
+        _remove(obj, path[:-1])
+
+
+def to_fields(paths: set[Path]) -> dict[str, Any]:
+    """Leaf paths -> ``fieldsV1``."""
+    root: dict[str, Any] = {}
+    for path in sorted(paths, key=repr):
+        node = root
+        for seg in path:
+            if seg == ".":
+                name = "."
+            elif isinstance(seg, tuple):
+                name = "k:" + json.dumps({"name": seg[1]}, separators=(",", ":"))
+            else:
+                name = "f:" + seg
+            node = node.setdefault(name, {})
+    return root
+
+
+def from_fields(fields: dict[str, Any], prefix: Path = ()) -> set[Path]:
+    """``fieldsV1`` -> leaf paths (``v:`` and ``i:`` members are not produced here)."""
+    out: set[Path] = set()
+    for name, sub in fields.items():
+        if name == ".":
+            seg: Any = "."
+        elif name.startswith("f:"):
+            seg = name[2:]
+        elif name.startswith("k:"):
+            seg = ("k", json.loads(name[2:]).get("name"))
+        else:
+            continue
+        if sub:
+            out |= from_fields(sub, (*prefix, seg))
+        else:
+            out.add((*prefix, seg))
+    return out
+
+
+def path_text(path: Path) -> str:
+    """``.spec.template.spec.containers[name="app"].image`` like the real server."""
+    out = ""
+    for seg in path:
+        if seg == ".":
+            continue
+        out += f'[name="{seg[1]}"]' if isinstance(seg, tuple) else "." + seg
+    return out
+
+
+class Managed:
+    """The ``managedFields`` of an object as (entry, paths) pairs."""
+
+    def __init__(self, entries: list[dict[str, Any]] | None) -> None:
+        self.items = [(e, from_fields(e.get("fieldsV1") or {})) for e in entries or ()]
+
+    def find(self, manager: str, operation: str) -> set[Path]:
+        for e, paths in self.items:
+            if e.get("manager") == manager and e.get("operation") == operation:
+                return paths
+        return set()
+
+    def others(self, manager: str) -> list[tuple[dict[str, Any], set[Path]]]:
+        return [(e, p) for e, p in self.items if e.get("manager") != manager]
+
+    def render(self, manager: str, operation: str, paths: set[Path], api_version: str) -> list:
+        """The entries after ``manager``'s ``operation`` now owns ``paths`` (order kept; an
+        entry whose fields did not change keeps its time, so a no-op write changes nothing)."""
+        out: list[Any] = []
+        fields = to_fields(paths)
+        mine: dict[str, Any] | None = {
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": api_version,
+            "time": now_iso(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": fields,
+        }
+        for e, p in self.items:
+            if e.get("manager") == manager and e.get("operation") == operation:
+                assert mine is not None
+                if e.get("fieldsV1") == fields and e.get("apiVersion") == api_version:
+                    mine["time"] = e.get("time", mine["time"])
+                out.append(mine)
+                mine = None
+            elif p:
+                rendered = to_fields(p)
+                out.append(e if rendered == e.get("fieldsV1") else dict(e, fieldsV1=rendered))
+        if mine is not None:
+            out.append(mine)
+        return [e for e in out if e.get("fieldsV1")]
+
+
+def _who(entry: dict[str, Any]) -> str:
+    text = f'"{entry.get("manager")}" using {entry.get("apiVersion")}'
+    if entry.get("operation") == "Update" and entry.get("time"):
+        text += f" at {entry['time']}"
+    return text
+
+
+def conflict_error(conflicts: list[tuple[dict[str, Any], Path]]) -> ApiError:
+    causes = [
+        {
+            "reason": "FieldManagerConflict",
+            "message": f"conflict with {_who(e)}",
+            "field": path_text(p),
+        }
+        for e, p in conflicts
+    ]
+    if len(conflicts) == 1:
+        e, p = conflicts[0]
+        text = f"Apply failed with 1 conflict: conflict with {_who(e)}: {path_text(p)}"
+    else:
+        by_who: dict[str, list[str]] = {}
+        for e, p in conflicts:
+            by_who.setdefault(_who(e), []).append(path_text(p))
+        lines = []
+        for who in sorted(by_who):
+            lines.append(f"conflicts with {who}:")
+            lines += [f"- {p}" for p in by_who[who]]
+        text = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(lines)
+    return ApiError(409, "Conflict", text, {"causes": causes})
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _merge_apply(live: dict[str, Any], config: dict[str, Any]) -> None:
+    for k, v in config.items():
+        cur = live.get(k)
+        if isinstance(v, dict) and v and isinstance(cur, dict):
+            _merge_apply(cur, v)
+        elif keyed(v) and (keyed(cur) or cur == []):
+            by_name = {i["name"]: i for i in cur}
+            for item in v:
+                if item["name"] in by_name:
+                    _merge_apply(by_name[item["name"]], item)
+                else:
+                    cur.append(clone(item))
+        else:
+            live[k] = clone(v)
+
+
+def server_side_apply(
+    live: dict[str, Any] | None,
+    config: dict[str, Any],
+    manager: str,
+    force: bool,
+    api_version: str,
+) -> dict[str, Any]:
+    """The object after ``manager`` applies ``config`` to ``live`` (None: create)."""
+    config = _drop_nulls(config)
+    managed = Managed((live or {}).get("metadata", {}).get("managedFields"))
+    wanted = leaves(config)
+    conflicts: list[tuple[dict[str, Any], Path]] = []
+    for path, value in wanted.items():
+        if path[-1] == "." or value_at(live, path) == value:
+            continue
+        conflicts += [(e, path) for e, owned in managed.others(manager) if path in owned]
+    if conflicts and not force:
+        raise conflict_error(conflicts)
+    for e, path in conflicts:
+        for entry, owned in managed.items:
+            if entry is e:
+                owned.discard(path)
+    obj = clone(live) if live else {}
+    before = managed.find(manager, "Apply")
+    owned_by_others = set().union(*(p for _, p in managed.others(manager)))
+    for path in sorted(before - set(wanted), key=len, reverse=True):
+        if path[-1] == "name" and len(path) > 1 and isinstance(path[-2], tuple):
+            continue  # an item's key goes with the item (its "." path)
+        if path[-1] == ".":
+            inside = path[:-1]
+            if any(o[: len(inside)] == inside for o in owned_by_others):
+                continue
+        elif path in owned_by_others:
+            continue
+        _remove(obj, path)
+    _merge_apply(obj, config)
+    obj.setdefault("metadata", {})["managedFields"] = managed.render(
+        manager, "Apply", set(wanted), api_version
+    )
+    return obj
+
+
+def track_update(
+    old: dict[str, Any] | None, new: dict[str, Any], manager: str, api_version: str
+) -> None:
+    """Record in ``new``'s managedFields that ``manager`` (operation Update) wrote it."""
+    managed = Managed((old or {}).get("metadata", {}).get("managedFields"))
+    old_leaves, new_leaves = leaves(old), leaves(new)
+    changed = {p for p, v in new_leaves.items() if old_leaves.get(p, MISSING) != v}
+    gone = set(old_leaves) - set(new_leaves)
+    mine = set(managed.find(manager, "Update"))
+    for entry, owned in managed.items:
+        if not (entry.get("manager") == manager and entry.get("operation") == "Update"):
+            owned -= changed | gone
+    mine = (mine | changed) - gone
+    new.setdefault("metadata", {})["managedFields"] = managed.render(
+        manager, "Update", mine, api_version
+    )
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 JSON merge patch (``strategic``: name-keyed lists merge by name)."""
+    if not isinstance(patch, dict):
+        return clone(patch)
+    out = clone(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if strategic and k.startswith("$"):
+            continue
+        if v is None:
+            out.pop(k, None)
+        elif strategic and keyed(v) and (keyed(out.get(k)) or out.get(k) == []):
+            items = {i["name"]: i for i in out[k]}
+            order = [i["name"] for i in out[k]]
+            for item in v:
+                name = item["name"]
+                if item.get("$patch") == "delete":
+                    items.pop(name, None)
+                    continue
+                if name not in items:
+                    order.append(name)
+                items[name] = merge_patch(items.get(name), item, True)
+            out[k] = [items[n] for n in order if n in items]
+        else:
+            out[k] = merge_patch(out.get(k), v, strategic)
+    return out
+
+
+def _pointer(doc: Any, pointer: str) -> tuple[Any, str | int]:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    if not parts:
+        raise bad_request("the root cannot be patched")
+    for part in parts[:-1]:
+        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
+    last = parts[-1]
+    if isinstance(doc, list):
+        return doc, len(doc) if last == "-" else int(last)
+    return doc, last
+
+
+def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    doc = clone(target)
+    try:
+        for op in ops:
+            kind = op["op"]
+            if kind in ("move", "copy"):
+                src, skey = _pointer(doc, op["from"])
+                value = src[skey]
+                if kind == "move":
+                    del src[skey]
+                op = {"op": "add", "path": op["path"], "value": clone(value)}
+                kind = "add"
+            parent, key = _pointer(doc, op["path"])
+            if kind == "test":
+                if parent[key] != op["value"]:
+                    raise bad_request(f"testing value {op['path']} failed")
+            elif kind == "remove":
+                del parent[key]
+            elif kind == "add" and isinstance(parent, list):
+                parent.insert(int(key), clone(op["value"]))
+            elif kind in ("add", "replace"):
+                if kind == "replace" and not isinstance(parent, list) and key not in parent:
+                    raise bad_request(
+                        f"replace operation does not apply: doc is missing key: {op['path']}"
+                    )
+                parent[key] = clone(op["value"])
+            else:
+                raise bad_request(f"Unexpected kind: {kind}")
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise bad_request(
+            f"the server rejected our request due to an error in our request: {exc}"
+        ) from exc
+    return doc

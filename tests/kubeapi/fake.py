@@ -1,0 +1,328 @@
+"""``FakeKube``: the fake Kubernetes API server as a Python object (start/stop, kubeconfig,
+inspection and fault-injection hooks, also served as JSON under ``/_test/``)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import cronjobs
+from .controllers import Controllers
+from .ops import Api
+from .resources import BY_KIND, ApiError, bad_request, not_found
+from .server import Handler
+from .store import Store
+
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+MESSAGES = {
+    409: "Operation cannot be fulfilled on {kind}: the object has been modified; please apply "
+    "your changes to the latest version and try again",
+    429: "Too many requests, please try again later.",
+    500: "Internal error occurred: injected failure",
+    503: "the server is currently unable to handle the request",
+    504: "the server was unable to return a response in the time allotted",
+}
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    fake: FakeKube
+
+
+class FakeKube:
+    """A strict in-process double of the Kubernetes REST API (see the package docs)."""
+
+    def __init__(
+        self, token: str = "test-token", host: str = "127.0.0.1", port: int = 0, tick: float = 0.05
+    ) -> None:
+        self.token = token
+        self.store = Store()
+        self.api = Api(self.store)
+        self.controllers = Controllers(self.store, self.api, tick)
+        self.kubelet = self.controllers.kubelet
+        self.kubeconfig: Path | None = None
+        self._address = (host, port)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._requests: Counter[tuple[str, str]] = Counter()
+        self._writes: Counter[tuple[str, str]] = Counter()
+        self._injections: list[dict[str, Any]] = []
+        for ns in SYSTEM_NAMESPACES:
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            self.api.create(BY_KIND["Namespace"], "", body, "kube-apiserver")
+        self.controllers.process()
+
+    # ---- lifecycle
+    def start(self) -> FakeKube:
+        self._server = _Server(self._address, Handler)
+        self._server.fake = self
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-kube", daemon=True
+        )
+        self._thread.start()
+        self.controllers.start()
+        return self
+
+    def stop(self) -> None:
+        with self.store.lock:
+            self.store.closed = True
+            self.store.changed.notify_all()
+        self.controllers.stop()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> FakeKube:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeKube is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        """A kubeconfig whose current context reaches this server with the bearer token."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": self.token}}],
+            "contexts": [
+                {
+                    "name": "fake",
+                    "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
+                }
+            ],
+            "current-context": "fake",
+            "preferences": {},
+        }
+        path = Path(path)
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return path
+
+    # ---- counting and injected failures
+    def count_request(self, verb: str, kind: str) -> ApiError | None:
+        """Count one request; the injected error it is to get, if any."""
+        with self._lock:
+            self._requests[(verb, kind)] += 1
+            for inj in self._injections:
+                if inj["verb"] in (verb, "*") and inj["kind"] in (kind, "*"):
+                    inj["times"] -= 1
+                    if inj["times"] <= 0:
+                        self._injections.remove(inj)
+                    return _injected(inj, kind)
+        return None
+
+    def count_write(self, verb: str, kind: str) -> None:
+        with self._lock:
+            self._writes[(verb, kind)] += 1
+
+    def counts(self) -> dict[str, dict[tuple[str, str], int]]:
+        """``{"requests": {(verb, Kind): n}, "writes": {(verb, Kind): n}}``."""
+        with self._lock:
+            return {"requests": dict(self._requests), "writes": dict(self._writes)}
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._requests.clear()
+            self._writes.clear()
+
+    def inject(
+        self, verb: str, kind: str, status: int, times: int = 1, retry_after: int | None = None
+    ) -> None:
+        """The next ``times`` requests (verb, Kind; ``*`` matches any) get ``status``."""
+        with self._lock:
+            self._injections.append(
+                {
+                    "verb": verb,
+                    "kind": kind,
+                    "status": int(status),
+                    "times": int(times),
+                    "retry_after": retry_after,
+                }
+            )
+
+    # ---- inspection
+    def objects(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return self.store.list(kind, namespace)[0]
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        return self.store.get(kind, namespace or "", name)
+
+    @property
+    def pushed_images(self) -> set[str]:
+        return self.kubelet.pushed_images
+
+    @property
+    def preloaded_images(self) -> set[str]:
+        return self.kubelet.preloaded_images
+
+    @preloaded_images.setter
+    def preloaded_images(self, images: set[str]) -> None:
+        self.kubelet.preloaded_images = set(images)
+        self._kick_pods()
+
+    @property
+    def build_contexts(self) -> dict[str, list[str]]:
+        return self.kubelet.build_contexts
+
+    # ---- behaviour of the cluster
+    def set_job_log(self, namespace: str, job_name: str, log: str, succeed: bool = True) -> None:
+        self.kubelet.job_logs[(namespace, job_name)] = (log, succeed)
+
+    def fail_build(self, tag_substring: str, log: str) -> None:
+        self.kubelet.failing_builds.append((tag_substring, log))
+
+    def fire_cronjob(self, namespace: str, name: str) -> dict[str, Any]:
+        return cronjobs.fire(self.controllers, namespace, name)
+
+    def crash_loop(
+        self, namespace: str, deployment: str, reason: str = "Error", exit_code: int = 1
+    ) -> None:
+        self.kubelet.crashing[(namespace, deployment)] = (reason, exit_code)
+        self._kick_pods()
+
+    def stall(self, namespace: str, deployment: str) -> None:
+        self.kubelet.stalled.add((namespace, deployment))
+
+    def heal(self, namespace: str, deployment: str) -> None:
+        """Undo ``crash_loop`` and ``stall`` for a Deployment."""
+        self.kubelet.crashing.pop((namespace, deployment), None)
+        self.kubelet.stalled.discard((namespace, deployment))
+        self._kick_pods()
+
+    def _kick_pods(self) -> None:
+        for pod in self.store.scan("Pod"):
+            self.controllers.enqueue(("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
+        self.controllers.process()
+
+    def pod_log(self, namespace: str, name: str, query: dict[str, str]) -> str:
+        """The text ``GET .../pods/{name}/log`` answers (``ApiError`` like the real server)."""
+        pod = self.store.peek("Pod", namespace, name)
+        if pod is None:
+            raise not_found(BY_KIND["Pod"], name)
+        spec = pod["spec"]
+        names = [c["name"] for c in spec.get("containers") or ()]
+        container = query.get("container")
+        if not container:
+            if len(names) > 1:
+                choices = " ".join(names)
+                raise bad_request(
+                    f"a container name must be specified for pod {name}, choose one of: [{choices}]"
+                )
+            container = names[0]
+        elif container not in names + [c["name"] for c in spec.get("initContainers") or ()]:
+            raise bad_request(f"container {container} is not valid for pod {name}")
+        statuses = {s["name"]: s for s in (pod.get("status") or {}).get("containerStatuses") or ()}
+        status = statuses.get(container) or {
+            "state": {"waiting": {"reason": "ContainerCreating"}},
+            "restartCount": 0,
+        }
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting and not status.get("restartCount"):
+            why = waiting.get("reason", "ContainerCreating")
+            if why in ("ErrImagePull", "ImagePullBackOff"):
+                why = "trying and failing to pull image"
+            raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: {why}')
+        log = self.kubelet.logs.get((namespace, name), "")
+        if query.get("tailLines", "").isdigit():
+            n = int(query["tailLines"])
+            log = "".join(log.splitlines(keepends=True)[-n:]) if n else ""
+        if query.get("limitBytes", "").isdigit():
+            log = log[: int(query["limitBytes"])]
+        return log
+
+    # ---- /_test over HTTP
+    def test_hook(
+        self, method: str, path: str, query: dict[str, str], raw: bytes
+    ) -> tuple[int, Any]:
+        body = json.loads(raw) if raw else {}
+        hook = path[len("/_test/") :]
+        if method == "GET" and hook == "counts":
+            counts = self.counts()
+            return 200, {
+                k: {f"{v} {kind}": n for (v, kind), n in d.items()} for k, d in counts.items()
+            }
+        if method == "GET" and hook == "objects":
+            return 200, self.objects(query["kind"], query.get("namespace") or None)
+        if method == "GET" and hook == "object":
+            obj = self.get(query["kind"], query.get("namespace"), query["name"])
+            return (200, obj) if obj is not None else (404, None)
+        if method == "GET" and hook == "images":
+            return 200, {
+                "pushed": sorted(self.pushed_images),
+                "preloaded": sorted(self.preloaded_images),
+                "build_contexts": self.build_contexts,
+            }
+        actions = {
+            "reset": lambda: self.reset_counts(),
+            "inject": lambda: self.inject(
+                body["verb"],
+                body["kind"],
+                body["status"],
+                body.get("times", 1),
+                body.get("retry_after"),
+            ),
+            "job-log": lambda: self.set_job_log(
+                body["namespace"],
+                body.get("job_name") or body["job"],
+                body["log"],
+                body.get("succeed", True),
+            ),
+            "fail-build": lambda: self.fail_build(body["tag_substring"], body["log"]),
+            "fire-cronjob": lambda: self.fire_cronjob(body["namespace"], body["name"]),
+            "preload": lambda: setattr(
+                self, "preloaded_images", self.preloaded_images | set(body["images"])
+            ),
+            "crash-loop": lambda: self.crash_loop(
+                body["namespace"],
+                body["deployment"],
+                body.get("reason", "Error"),
+                body.get("exit_code", 1),
+            ),
+            "stall": lambda: self.stall(body["namespace"], body["deployment"]),
+            "heal": lambda: self.heal(body["namespace"], body["deployment"]),
+        }
+        if method != "POST" or hook not in actions:
+            return 404, {"error": f"no test hook {method} {path}"}
+        result = actions[hook]()
+        return 200, result if result is not None else {}
+
+
+def _injected(inj: dict[str, Any], kind: str) -> ApiError:
+    code = inj["status"]
+    plural = BY_KIND[kind.split("/")[0]].qualified if kind.split("/")[0] in BY_KIND else kind
+    message = MESSAGES.get(code, f"injected failure {code}").format(kind=plural)
+    details: dict[str, Any] = {}
+    headers = {}
+    if inj["retry_after"] is not None:
+        details["retryAfterSeconds"] = int(inj["retry_after"])
+        headers["Retry-After"] = str(inj["retry_after"])
+    return ApiError(code, REASONS.get(code, "Unknown"), message, details, headers)

@@ -1,0 +1,401 @@
+"""The HTTP layer of the fake API server: bearer-token auth, routing of the Kubernetes REST
+paths (resources, subresources, cluster-wide lists, discovery), watches as chunked event
+streams, pods/log, services/proxy, injected failures, request counting, ``/_test`` hooks."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from .ops import APPLY, parse_body
+from .resources import (
+    BY_KIND,
+    BY_PATH,
+    GROUPS,
+    VERSION_INFO,
+    ApiError,
+    Res,
+    bad_request,
+    discovery_groups,
+    discovery_resources,
+    discovery_versions,
+    not_found,
+)
+from .store import match_field, matches, parse_field_selector, parse_label_selector
+
+if TYPE_CHECKING:
+    from .fake import FakeKube
+
+WRITES = {"create", "update", "patch", "apply", "delete", "deletecollection"}
+PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
+
+
+def _true(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+class Route:
+    """What a request path names."""
+
+    def __init__(
+        self, res: Res, ns: str | None, name: str | None, sub: str | None, tail: str
+    ) -> None:
+        self.res, self.ns, self.name, self.sub, self.tail = res, ns, name, sub, tail
+
+
+def route(path: str) -> Route | dict[str, Any]:
+    """A ``Route``, or the discovery document the path names; ``ApiError`` 404 otherwise."""
+    parts = path.split("/")[1:]
+    missing = ApiError(404, "NotFound", "the server could not find the requested resource", {})
+    if parts[0] == "api":
+        if len(parts) == 1 or parts[1] == "":
+            return {"_discovery": "versions"}
+        if parts[1] != "v1":
+            raise missing
+        group, version, rest = "", "v1", parts[2:]
+    elif parts[0] == "apis":
+        if len(parts) == 1 or parts[1] == "":
+            return discovery_groups()
+        if parts[1] not in GROUPS:
+            raise missing
+        if len(parts) == 2 or parts[2] == "":
+            gv = {"groupVersion": f"{parts[1]}/v1", "version": "v1"}
+            return {
+                "kind": "APIGroup",
+                "apiVersion": "v1",
+                "name": parts[1],
+                "versions": [gv],
+                "preferredVersion": gv,
+            }
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise missing
+    if not rest or rest == [""]:
+        doc = discovery_resources(group, version)
+        if doc is None:
+            raise missing
+        return doc
+    ns = None
+    if rest[0] == "namespaces" and len(rest) >= 3 and (group, version, rest[2]) in BY_PATH:
+        ns, rest = unquote(rest[1]), rest[2:]
+    res = BY_PATH.get((group, version, rest[0]))
+    if res is None or (ns is not None and not res.namespaced):
+        raise missing
+    name = unquote(rest[1]) if len(rest) > 1 and rest[1] else None
+    if res.namespaced and ns is None and name is not None:
+        raise missing
+    sub = rest[2] if len(rest) > 2 else None
+    if sub is not None and (
+        sub not in res.subresources or (sub not in ("proxy",) and len(rest) > 3)
+    ):
+        raise missing
+    tail = "/" + "/".join(rest[3:])
+    return Route(res, ns, name, sub, tail)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """One connection of the fake API server; ``server.fake`` is the ``FakeKube``."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-kube-apiserver"
+    sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    @property
+    def fake(self) -> FakeKube:
+        return self.server.fake  # type: ignore[attr-defined]
+
+    # ---- responses
+    def send(
+        self,
+        code: int,
+        body: Any,
+        headers: dict[str, str] | None = None,
+        ctype: str = "application/json",
+    ) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def fail(self, err: ApiError) -> None:
+        self.send(err.code, err.status(), err.headers)
+
+    def do_GET(self) -> None:
+        self.handle_any("GET")
+
+    def do_POST(self) -> None:
+        self.handle_any("POST")
+
+    def do_PUT(self) -> None:
+        self.handle_any("PUT")
+
+    def do_PATCH(self) -> None:
+        self.handle_any("PATCH")
+
+    def do_DELETE(self) -> None:
+        self.handle_any("DELETE")
+
+    def do_OPTIONS(self) -> None:
+        self.handle_any("OPTIONS")
+
+    def handle_any(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        path = (
+            url.path.rstrip("/")
+            if url.path not in ("/",) and "/proxy/" not in url.path
+            else url.path
+        )
+        try:
+            if path.startswith("/_test/"):
+                code, body = self.fake.test_hook(method, path, query, raw)
+                self.send(code, body)
+                return
+            if path in PUBLIC:
+                self.send(200, VERSION_INFO) if path == "/version" else self.send(
+                    200, b"ok", ctype="text/plain"
+                )
+                return
+            if self.headers.get("Authorization") != f"Bearer {self.fake.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            found = route(path)
+            if isinstance(found, dict):
+                if found.get("_discovery") == "versions":
+                    found = discovery_versions(f"127.0.0.1:{self.server.server_address[1]}")
+                self.send(200, found)
+                return
+            self.dispatch(method, found, query, raw, url.query)
+        except ApiError as err:
+            self.fail(err)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            self.fail(ApiError(500, "InternalError", f"Internal error occurred: {exc}"))
+
+    def dispatch(
+        self, method: str, r: Route, query: dict[str, str], raw: bytes, raw_query: str
+    ) -> None:
+        ctype = self.headers.get("Content-Type") or ""
+        verb = self._verb(method, r, query, ctype)
+        kind = r.res.kind + ("/status" if r.sub == "status" else "")
+        if r.sub == "log":
+            kind = "Pod"
+        if r.sub == "proxy":
+            kind = "Service"
+        injected = self.fake.count_request(verb, kind)
+        if injected is not None:
+            self.fail(injected)
+            return
+        fake, api, res = self.fake, self.fake.api, r.res
+        ns = r.ns or ""
+        manager = query.get("fieldManager") or None
+        dry = "dryRun" in query
+        headers: dict[str, str] = {}
+        if verb == "proxy":
+            self.proxy(r, method, raw, raw_query)
+            return
+        if verb == "log":
+            self.send(200, fake.pod_log(ns, r.name or "", query).encode(), ctype="text/plain")
+            return
+        if verb == "watch":
+            self.watch(r, query)
+            return
+        if verb == "list":
+            body = api.list(res, r.ns, query.get("labelSelector"), query.get("fieldSelector"))
+            self.send(200, body)
+            return
+        if verb == "get":
+            self.send(200, api.get(res, ns, r.name or ""))
+            return
+        name = r.name or ""
+        code = 200
+        if r.sub == "status" and verb in ("update", "patch"):
+            out = api.write_status(res, ns, name, raw, None if verb == "update" else ctype)
+        elif verb == "create":
+            out, code = (
+                api.create(res, ns, parse_body(raw), manager or self._ua_manager(), dry),
+                201,
+            )
+        elif verb == "update":
+            out = api.replace(res, ns, name, parse_body(raw), manager or self._ua_manager(), dry)
+        elif verb in ("patch", "apply"):
+            if verb == "patch":
+                manager = manager or self._ua_manager()
+            code, out = api.patch(
+                res, ns, name, raw, ctype, manager, _true(query.get("force")), dry
+            )
+        elif verb == "delete":
+            options = parse_body(raw) if raw else {}
+            options = dict(
+                options or {}, **{k: query[k] for k in ("propagationPolicy",) if k in query}
+            )
+            out, headers = api.delete(res, ns, name, options)
+        else:
+            options = {k: query[k] for k in ("propagationPolicy",) if k in query}
+            out = api.delete_collection(
+                res, r.ns, query.get("labelSelector"), query.get("fieldSelector"), options
+            )
+        fake.count_write(verb, kind)
+        fake.controllers.process()
+        self.send(code, out, headers)
+
+    def _ua_manager(self) -> str:
+        agent = self.headers.get("User-Agent") or ""
+        return agent.split("/", 1)[0][:128] or "unknown"
+
+    def _verb(self, method: str, r: Route, query: dict[str, str], ctype: str) -> str:
+        if r.sub == "proxy":
+            return "proxy"
+        if r.sub == "log":
+            if method != "GET":
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            return "log"
+        if method == "GET":
+            if r.name is None:
+                return "watch" if _true(query.get("watch")) else "list"
+            return "get"
+        if method == "POST" and r.name is None and (r.ns is not None or not r.res.namespaced):
+            return "create"
+        if method == "PUT" and r.name is not None:
+            return "update"
+        if method == "PATCH" and r.name is not None:
+            return "apply" if ctype.split(";")[0].strip() == APPLY else "patch"
+        if method == "DELETE":
+            return "delete" if r.name is not None else "deletecollection"
+        raise ApiError(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+
+    # ---- services/proxy
+    def proxy(self, r: Route, method: str, raw: bytes, raw_query: str) -> None:
+        ns = r.ns or ""
+        target = r.name or ""
+        parts = target.split(":")
+        name = parts[1] if len(parts) == 3 else parts[0]
+        port = parts[-1] if len(parts) > 1 else None
+        svc = self.fake.store.peek("Service", ns, name)
+        if svc is None:
+            raise not_found(BY_KIND["Service"], name)
+        spec = svc.get("spec") or {}
+        ports = spec.get("ports") or []
+        port_ok = port is None or any(
+            port in (str(p.get("name")), str(p.get("port"))) for p in ports
+        )
+        selector = spec.get("selector") or {}
+        ready = [
+            p
+            for p in self.fake.store.scan("Pod", ns)
+            if selector
+            and port_ok
+            and matches(
+                [(k, "=", (v,)) for k, v in selector.items()], p["metadata"].get("labels") or {}
+            )
+            and (p.get("status") or {}).get("phase") == "Running"
+            and any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p["status"].get("conditions") or ()
+            )
+        ]
+        if not ready:
+            raise ApiError(
+                503, "ServiceUnavailable", f'no endpoints available for service "{target}"'
+            )
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
+        echo = {
+            "namespace": ns,
+            "service": name,
+            "method": method,
+            "path": r.tail,
+            "query": raw_query,
+            "headers": headers,
+            "body": raw.decode(errors="replace"),
+        }
+        self.send(200, echo)
+
+    # ---- watch
+    def watch(self, r: Route, query: dict[str, str]) -> None:
+        store, res = self.fake.store, r.res
+        labels = parse_label_selector(query["labelSelector"]) if query.get("labelSelector") else []
+        fields = (
+            parse_field_selector(res.kind, query["fieldSelector"])
+            if query.get("fieldSelector")
+            else []
+        )
+        timeout = min(float(query.get("timeoutSeconds") or 1800), 3600)
+        rv_text = query.get("resourceVersion") or "0"
+        if not rv_text.isdigit():
+            raise bad_request(f"invalid resource version: {rv_text}")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def wanted(obj: dict[str, Any]) -> bool:
+            meta = obj["metadata"]
+            return (
+                (r.ns is None or meta.get("namespace") == r.ns)
+                and matches(labels, meta.get("labels") or {})
+                and all(match_field(obj, f) for f in fields)
+            )
+
+        def emit(etype: str, obj: dict[str, Any]) -> None:
+            line = (
+                json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n"
+            )
+            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+
+        with store.lock:
+            if rv_text == "0":
+                objs, rv_now = store.scan(res.kind, r.ns), int(store.resource_version)
+                initial = [o for o in objs if wanted(o)]
+            else:
+                rv_now, initial = int(rv_text), []
+        try:
+            for obj in initial:
+                emit("ADDED", obj)
+            end = time.monotonic() + timeout
+            while not store.closed and time.monotonic() < end:
+                try:
+                    events = store.events_after(rv_now, [res.kind])
+                except ApiError as err:
+                    emit("ERROR", err.status())
+                    break
+                for rv, etype, _, obj in events:
+                    rv_now = rv
+                    if wanted(obj):
+                        emit(etype, obj)
+                if not events:
+                    with store.changed:
+                        if not store.events or store.events[-1][0] <= rv_now:
+                            store.changed.wait(min(1.0, max(0.0, end - time.monotonic())))
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        self.close_connection = True
