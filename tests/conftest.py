@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .s3server import s3_server  # noqa: F401 - a session fixture, started on first use
+
 WriteRepo = Callable[..., Path]
 
 

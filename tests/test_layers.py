@@ -43,6 +43,9 @@ RANKS = {
     "local.orphans": 6,
     "local.memory": 6,
     "local.gc": 6,
+    "kube": 6,
+    "kube.contexts": 6,
+    "kube.storage": 6,
     # the proxy package's modules import one way: http, upstream, fast, app, the package
     "proxy.http": 7.1,
     "proxy.upstream": 7.2,

@@ -38,6 +38,7 @@ from typing import IO, Any
 from ..backend import BuildFailed
 from ..errors import TransientError
 from ..manifest import Function
+from ..paths import stays_inside
 from ..runtimes import get as get_runtime
 from ..source import Snapshot
 from .orphans import ProcessGroups
@@ -465,7 +466,7 @@ def _lay_out(tag: str, snapshot: Snapshot, folder: str, target: Path) -> int:
         elif entry.kind == "link":
             link_target = _verified(snapshot, path, entry.oid).decode("utf-8", "surrogateescape")
             # the manifest loader refuses these already; a tag must not depend on that
-            if not _stays_inside(rel, link_target):
+            if not stays_inside(rel, link_target):
                 raise BuildFailed(tag, f"symlink {rel} -> {link_target} leaves the folder")
             os.symlink(link_target, dest)
             links.append(dest)
@@ -489,13 +490,6 @@ def _verified(snapshot: Snapshot, path: str, oid: str) -> bytes:
     if hashlib.sha1(b"blob %d\0%s" % (len(data), data)).hexdigest() != oid:
         raise SourceChanged(f"{path} changed while it was being built")
     return data
-
-
-def _stays_inside(rel: str, link_target: str) -> bool:
-    if link_target.startswith("/"):
-        return False
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), link_target))
-    return resolved != ".." and not resolved.startswith("../")
 
 
 def _write_marker(
