@@ -4,17 +4,26 @@ The backend writes it (a function is added when deployed, its upstreams change
 as replicas become healthy, it is removed the moment its manifest is gone);
 the proxy only reads it. Lookups never touch the disk or take a lock: the
 table is an immutable dict swapped whole on every change.
+
+A route either reaches its upstreams directly, over plain HTTP, or through a
+:class:`Gateway`: another HTTP server that forwards to them, such as the
+Kubernetes API server's service proxy for a backend outside the cluster.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from dataclasses import dataclass, field
+from ssl import SSLContext
 
-__all__ = ["Declared", "Route", "RouteTable"]
+__all__ = ["Address", "Declared", "Gateway", "Route", "RouteTable"]
 
 Upstream = tuple[str, int]
+# Where the proxy connects: (host, port) over plain HTTP, (host, port, context, server
+# name) over TLS; its upstream connections are pooled by this.
+Address = tuple[str, int] | tuple[str, int, SSLContext, str | None]
 
 
 @dataclass(frozen=True)
@@ -27,8 +36,77 @@ class Declared:
 
 
 @dataclass(frozen=True)
+class Gateway:
+    """An HTTP server that a route's calls go through, e.g. the Kubernetes API server.
+
+    A call through it connects to ``host:port`` (over TLS with ``ssl``, checking
+    the certificate against ``server_hostname``, by default ``host``) rather than
+    to an upstream, and sends ``path_prefix`` followed by the path it would have
+    sent (``/``, the path after ``/fn/{env}/{name}/``, the query). For the API
+    server's service proxy::
+
+        Gateway("10.0.0.1", 6443, "/api/v1/namespaces/prod/services/hello:80/proxy",
+                (("Authorization", "Bearer ..."),), ssl=context)
+
+    ``Host`` is the gateway's (``host``, with ``:port`` unless it is the scheme's
+    default) and ``headers`` are added. The client's own ``Authorization`` is
+    dropped: the gateway would take it for credentials. The client's Host still
+    makes ``X-Forwarded-Host``; hop-by-hop and forwarding headers are as without
+    a gateway. ``headers`` are left out of ``repr``, so a token in them never
+    reaches a log line that way.
+
+    Calls of every route through the same gateway share connections: they are
+    pooled by :attr:`address`.
+    """
+
+    host: str
+    port: int
+    path_prefix: str = ""  # "" or "/..." with no trailing slash, percent-encoded
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    ssl: SSLContext | None = None
+    server_hostname: str | None = None
+    # worked out once: the path prefix and header lines the proxy writes, and where it connects
+    prefix: bytes = field(init=False, repr=False, compare=False)
+    head: bytes = field(init=False, repr=False, compare=False)
+    address: Address = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        prefix = self.path_prefix
+        if prefix and (prefix[0] != "/" or prefix[-1] == "/" or _NOT_IN_PATH & set(prefix)):
+            raise ValueError(f"gateway path prefix {prefix!r}: not a path without a final /")
+        for name, value in self.headers:
+            # (the value is not named: it may be a token)
+            if not _TOKEN.fullmatch(name) or name.lower() in _OWN_HEADERS:
+                raise ValueError(f"gateway header {name!r}: not a name it may set")
+            if "\r" in value or "\n" in value:
+                raise ValueError(f"gateway header {name!r}: its value has a line break")
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        if self.port != (80 if self.ssl is None else 443):
+            host += f":{self.port}"
+        lines = "".join(f"{name}: {value}\r\n" for name, value in (("host", host), *self.headers))
+        address = (
+            (self.host, self.port)
+            if self.ssl is None
+            else (self.host, self.port, self.ssl, self.server_hostname)
+        )
+        object.__setattr__(self, "prefix", prefix.encode("ascii"))
+        object.__setattr__(self, "head", lines.encode("latin-1"))
+        object.__setattr__(self, "address", address)
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_NOT_IN_PATH = frozenset(" ?#\r\n")
+# the proxy writes these itself
+_OWN_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connection"))
+
+
+@dataclass(frozen=True)
 class Route:
-    """One function of one environment. No upstreams means known but not ready (503)."""
+    """One function of one environment. No upstreams means known but not ready (503).
+
+    With a ``gateway``, calls connect to it, and it finds the function itself:
+    ``upstreams`` then only say whether the function is ready.
+    """
 
     env: str
     name: str
@@ -37,6 +115,8 @@ class Route:
     # why the last replica that left the route ended (e.g. "OOMKilled: ..."), so a call it
     # was answering can say why it got a 502
     last_exit: str | None = None
+    # None: calls connect to the upstream picked; else to the gateway (see Gateway)
+    gateway: Gateway | None = None
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
 
     def pick(self) -> Upstream | None:

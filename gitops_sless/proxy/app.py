@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..metrics import METRICS
-from ..routes import Route, RouteTable
+from ..routes import Address, Route, RouteTable, Upstream
 from .http import (
     CHUNKED,
     LABEL_MAX,
@@ -57,7 +57,6 @@ __all__ = ["Invocation", "Limits", "ProxyApp", "config"]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-Upstream = tuple[str, int]
 
 _log = logging.getLogger(__name__)
 
@@ -231,6 +230,7 @@ class ProxyApp:
                 scope.get("scheme", "http"),
                 route.env,
                 route.name,
+                route.gateway,
             )
             await self._forward(call, route, head, body_mode, length, receive, send)
         finally:
@@ -251,9 +251,10 @@ class ProxyApp:
             return
         upstream = route.pick()
         assert upstream is not None  # begin() saw upstreams, and a route never changes
+        address = upstream if route.gateway is None else route.gateway.address
         timeout = route.timeout_sec
         try:
-            conn = await self._exchange(upstream, head, body_mode, timeout, receive)
+            conn = await self._exchange(address, head, body_mode, timeout, receive)
         except UpstreamError as exc:
             await self._error(call, send, 502, self.closed_early(call, upstream, str(exc)))
             return
@@ -266,17 +267,17 @@ class ProxyApp:
         except _ClientGone:
             call.status = 499
             return
-        await self._respond(call, conn, upstream, receive, send)
+        await self._respond(call, conn, address, receive, send)
 
     async def _exchange(
-        self, upstream: Upstream, head: bytes, body_mode: int, timeout: float, receive: Receive
+        self, address: Address, head: bytes, body_mode: int, timeout: float, receive: Receive
     ) -> UpstreamConnection:
         """Send the request, wait for the response head; the connection holding it."""
         pool = self.pool
-        conn = pool.take(upstream)
+        conn = pool.take(address)
         reused = conn is not None
         if conn is None:
-            conn = await pool.connect(upstream, timeout)
+            conn = await pool.connect(address, timeout)
         deadline = conn.loop.time() + timeout
         pool.watch(conn, deadline)
         try:
@@ -295,7 +296,7 @@ class ProxyApp:
                     # once on a new one (the request never reached the function).
                     reused = False
                     pool.unwatch(conn)
-                    conn = await pool.connect(upstream, deadline - conn.loop.time())
+                    conn = await pool.connect(address, deadline - conn.loop.time())
                     pool.watch(conn, deadline)
                     conn.write(head)
                     continue
@@ -337,7 +338,7 @@ class ProxyApp:
                 await conn.wait()
 
     async def _respond(
-        self, call: Call, conn: UpstreamConnection, upstream: Upstream, receive: Receive, send: Send
+        self, call: Call, conn: UpstreamConnection, address: Address, receive: Receive, send: Send
     ) -> None:
         call.status = conn.status
         METRICS.proxy_latency.observe(time.perf_counter() - call.started)
@@ -353,15 +354,15 @@ class ProxyApp:
             return
         if conn.complete:  # the common case: the whole response came with its head
             body = conn.take_body()
-            self.pool.release(upstream, conn)
+            self.pool.release(address, conn)
             await send(start)
             await send({"type": "http.response.body", "body": body})
             return
         await send(start)
-        await self._stream(conn, upstream, receive, send)
+        await self._stream(conn, address, receive, send)
 
     async def _stream(
-        self, conn: UpstreamConnection, upstream: Upstream, receive: Receive, send: Send
+        self, conn: UpstreamConnection, address: Address, receive: Receive, send: Send
     ) -> None:
         # The client may leave in the middle of a long stream; the ASGI server says so
         # only through receive(), and then the upstream connection is dropped.
@@ -384,7 +385,7 @@ class ProxyApp:
                     await conn.wait()
         finally:
             watcher.cancel()
-        self.pool.release(upstream, conn)
+        self.pool.release(address, conn)
         await send({"type": "http.response.body", "body": b""})
 
     # -- answers of the proxy itself

@@ -67,7 +67,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import METRICS
-from ..routes import Route
+from ..routes import Route, Upstream
 from .http import (
     CHUNKED,
     NO_BODY,
@@ -79,7 +79,7 @@ from .http import (
     request_id_of,
     response_headers,
 )
-from .upstream import CLOSED_EARLY, Pool, Upstream, UpstreamConnection, UpstreamError
+from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
 __all__ = [
     "EdgeProtocol",
@@ -562,6 +562,7 @@ class FastCall:
     message_event: ClassVar[_NoEvent] = _NoEvent()
 
     __slots__ = (
+        "address",
         "body_mode",
         "call",
         "chunked_out",
@@ -627,6 +628,7 @@ class FastCall:
             proto.scheme or "http",
             route.env,
             route.name,
+            route.gateway,
         )
         if length > self.proxy.max_body_bytes:
             self.too_large()
@@ -634,9 +636,12 @@ class FastCall:
         upstream = route.pick()
         assert upstream is not None  # begin() saw upstreams, and a route never changes
         self.route, self.upstream = route, upstream
+        # where to connect: the upstream, or the gateway it is reached through
+        gateway = route.gateway
+        self.address = upstream if gateway is None else gateway.address
         self.deadline = proto.loop.time() + route.timeout_sec
         self.upstream_out.append(self.head)
-        conn = self.proxy.pool.take(upstream)
+        conn = self.proxy.pool.take(self.address)
         if conn is None:
             self.connect()
         else:
@@ -684,7 +689,7 @@ class FastCall:
     async def _connect(self) -> None:
         pool = self.proxy.pool
         try:
-            conn = await pool.connect(self.upstream, self.deadline - self.proto.loop.time())
+            conn = await pool.connect(self.address, self.deadline - self.proto.loop.time())
         except UpstreamError as exc:
             if not self.response_complete:
                 self.fail(502, self.proxy.closed_early(self.call, self.upstream, str(exc)))
@@ -747,7 +752,7 @@ class FastCall:
             transport.write(out[0] if len(out) == 1 else b"".join(out))
         if done:
             if conn.complete and self.request_complete and not self.is_head:
-                self.proxy.pool.release(self.upstream, conn)
+                self.proxy.pool.release(self.address, conn)
             else:
                 conn.close()
             self._complete()

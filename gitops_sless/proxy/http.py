@@ -27,6 +27,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+from ..routes import Gateway
+
 __all__ = [
     "HOP_BY_HOP",
     "Call",
@@ -127,7 +129,8 @@ HOP_BY_HOP = frozenset(
 
 # What the request header loop does with a name: _PASS = pass on unchanged. Expect is
 # answered by the proxy's own server. Forwarding headers are kept only from a trusted peer.
-_PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED, _FWD, _XFP, _XFH = range(11)
+_PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED = range(8)
+_FWD, _XFP, _XFH, _AUTH = range(8, 12)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
     b"x-real-ip": _DROP,
@@ -141,6 +144,7 @@ _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"x-request-id": _REQID,
     b"content-length": _LENGTH,
     b"transfer-encoding": _CHUNKED,
+    b"authorization": _AUTH,  # passed on, but not to a gateway
 }
 _XF = b"x-forwarded-"
 _SCHEMES = {b"http": b"http", b"https": b"https"}
@@ -319,12 +323,20 @@ def request_head(
     scheme: str,
     env: str,
     name: str,
+    gateway: Gateway | None = None,
 ) -> tuple[bytes, int, int, bytes]:
     """(upstream request head, body framing, Content-Length or -1, request id).
 
     ``headers`` have lower-case names, as both uvicorn and the ASGI spec give them.
     The server in front has checked them already (one Host, plain chunked).
+
+    Through a ``gateway`` the target follows its path prefix, and Host and the
+    gateway's headers are its own. The client's Authorization is dropped then, not
+    to be taken for the gateway's credentials (e.g. by the Kubernetes API server);
+    the client's Host still makes X-Forwarded-Host and Forwarded's ``host=``.
     """
+    if gateway is not None:
+        target = gateway.prefix + target
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     connection = host = request_id = None
     forwarded_for = forwarded = forwarded_proto = forwarded_host = None
@@ -339,7 +351,8 @@ def request_head(
             parts += (header, b": ", value, b"\r\n")
         elif kind == _HOST:
             host = value
-            parts += (header, b": ", value, b"\r\n")
+            if gateway is None:
+                parts += (header, b": ", value, b"\r\n")
         elif kind == _LENGTH:
             length = int(value)
             body_mode = FIXED
@@ -358,8 +371,12 @@ def request_head(
             body_mode = CHUNKED if body_mode == NO_BODY else body_mode
         elif kind == _CONNECTION:
             connection = value
+        elif kind == _AUTH and gateway is None:
+            parts += (header, b": ", value, b"\r\n")
     if connection is not None:
         parts = _without_connection_tokens(parts, connection)
+    if gateway is not None:  # after: the client's Connection cannot name these away
+        parts.append(gateway.head)
     if body_mode == CHUNKED:
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):

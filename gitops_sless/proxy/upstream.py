@@ -2,9 +2,10 @@
 
 One :class:`UpstreamConnection` is an asyncio protocol that writes a request
 head and body, and parses the response with httptools as bytes arrive. The
-:class:`Pool` keeps idle connections per upstream and hands out the most
-recently used first (LIFO), so a steady load runs on a few warm sockets and
-the rest time out on the server's side.
+:class:`Pool` keeps idle connections per address (an upstream, or a route's
+:class:`~gitops_sless.routes.Gateway`: host, port and TLS) and hands out the
+most recently used first (LIFO), so a steady load runs on a few warm sockets
+and the rest time out on the server's side.
 
 Everything here runs on the event loop thread; nothing takes a lock.
 """
@@ -18,10 +19,9 @@ from collections.abc import Callable
 import httptools
 
 from ..errors import TransientError
+from ..routes import Address
 
 __all__ = ["CLOSED_EARLY", "Pool", "UpstreamConnection", "UpstreamError"]
-
-Upstream = tuple[str, int]
 
 # The runtime servers close idle connections after 75 s; stop reusing ours well before,
 # so a request never races the server's close.
@@ -76,7 +76,7 @@ class UpstreamConnection(asyncio.Protocol):
         "write_paused",
     )
 
-    def __init__(self, pool: Pool, key: Upstream, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, pool: Pool, key: Address, loop: asyncio.AbstractEventLoop) -> None:
         self._pool = pool
         self._key = key
         self.loop = loop
@@ -216,15 +216,21 @@ class UpstreamConnection(asyncio.Protocol):
 
 
 class Pool:
-    """Idle keep-alive connections per upstream, most recently used first."""
+    """Idle keep-alive connections per address, most recently used first.
+
+    An address is an upstream's ``(host, port)``, reached over plain HTTP, or a
+    gateway's ``(host, port, context, server_hostname)``, reached over TLS with
+    that :class:`ssl.SSLContext` (a connection made with one context, and its
+    client certificate, serves only calls that name the same context).
+    """
 
     def __init__(self) -> None:
-        self._idle: dict[Upstream, list[UpstreamConnection]] = {}
+        self._idle: dict[Address, list[UpstreamConnection]] = {}
         self._waiting: set[UpstreamConnection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self.opened = 0  # connections ever opened: tests check that keep-alive works
 
-    def take(self, key: Upstream) -> UpstreamConnection | None:
+    def take(self, key: Address) -> UpstreamConnection | None:
         """An idle connection to ``key``, the most recently used, or None."""
         idle = self._idle.get(key)
         if idle:
@@ -237,13 +243,17 @@ class Pool:
                 conn.close()
         return None
 
-    async def connect(self, key: Upstream, timeout: float) -> UpstreamConnection:
-        """A new connection to ``key``; UpstreamError if it cannot be made within ``timeout``."""
+    async def connect(self, key: Address, timeout: float) -> UpstreamConnection:
+        """A new connection to ``key``; UpstreamError if it cannot be made within ``timeout``.
+
+        Over TLS the handshake is part of it, and so is a certificate that fails checks.
+        """
         loop = asyncio.get_running_loop()
+        tls = {} if len(key) == 2 else {"ssl": key[2], "server_hostname": key[3]}
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    lambda: UpstreamConnection(self, key, loop), *key
+                    lambda: UpstreamConnection(self, key, loop), key[0], key[1], **tls
                 )
         except (OSError, TimeoutError) as exc:
             message = f"upstream unavailable: cannot connect to {key[0]}:{key[1]}: {exc}"
@@ -251,7 +261,7 @@ class Pool:
         self.opened += 1
         return conn
 
-    def release(self, key: Upstream, conn: UpstreamConnection) -> None:
+    def release(self, key: Address, conn: UpstreamConnection) -> None:
         """Back to the pool after a complete response, or closed if it cannot carry another."""
         conn.notify = None
         if conn.closed or not conn.keep or conn.chunks:
@@ -283,7 +293,7 @@ class Pool:
             conn.expire()
         self._sweeper = loop.call_later(SWEEP_SEC, self._sweep, loop) if self._waiting else None
 
-    def forget(self, key: Upstream, conn: UpstreamConnection) -> None:
+    def forget(self, key: Address, conn: UpstreamConnection) -> None:
         idle = self._idle.get(key)
         if idle and conn in idle:
             idle.remove(conn)
