@@ -21,6 +21,11 @@ from kubernetes.client.rest import ApiException
 from tests.kubeapi import FakeKube
 from tests.kubeapi.fixtures import fake_kube  # noqa: F401  (the fixture)
 
+try:  # the team's real S3 (SeaweedFS); moto stands in where it is missing
+    from tests.s3server import s3_server
+except ImportError:
+    s3_server = None
+
 NS = "default"
 IMAGE = "registry.local/app:v1"
 
@@ -392,6 +397,61 @@ def test_jobs_logs_and_cronjobs(api: client.ApiClient, fake_kube: FakeKube) -> N
     )
 
 
+def test_updates_patches_deletes(api: client.ApiClient, fake_kube: FakeKube) -> None:  # noqa: F811
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    fake_kube.preloaded_images.add(IMAGE)
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}})
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"generateName": "cfg-"},
+        "data": {"a": "1"},
+    }
+    created = core.create_namespaced_config_map("team", cm)
+    name = created.metadata.name
+    assert name.startswith("cfg-") and len(name) == len("cfg-") + 5
+
+    # PUT with the current resourceVersion works once; the stale one is a 409 Conflict
+    body = created.to_dict()
+    body["data"] = {"a": "2"}
+    replaced = core.replace_namespaced_config_map(name, "team", body)
+    assert replaced.data == {"a": "2"}
+    with pytest.raises(ApiException) as err:
+        core.replace_namespaced_config_map(name, "team", body)
+    assert (
+        err.value.status == 409
+        and "the object has been modified" in json.loads(err.value.body)["message"]
+    )
+    unchanged = core.replace_namespaced_config_map(name, "team", replaced.to_dict())
+    assert unchanged.metadata.resource_version == replaced.metadata.resource_version
+
+    path = f"/api/v1/namespaces/team/configmaps/{name}"
+    ops = [{"op": "add", "path": "/data/b", "value": "3"}, {"op": "remove", "path": "/data/a"}]
+    code, patched, _ = call(api, "PATCH", path, ops, ctype="application/json-patch+json")
+    assert code == 200 and patched["data"] == {"b": "3"}
+    code, patched, _ = call(
+        api, "PATCH", path, {"data": {"b": None, "c": "4"}}, ctype="application/merge-patch+json"
+    )
+    assert code == 200 and patched["data"] == {"c": "4"}
+
+    # the status subresource of a Deployment, and cascading deletes
+    apps.create_namespaced_deployment("team", deployment("web", replicas=2))
+    status = apps.read_namespaced_deployment_status("web", "team")
+    assert status.status.observed_generation == 1
+    assert len(core.list_namespaced_pod("team").items) == 2
+    code, body, _ = call(api, "DELETE", "/apis/apps/v1/namespaces/team/deployments/web")
+    assert code == 200 and (body["kind"], body["status"]) == ("Status", "Success")
+    assert not core.list_namespaced_pod("team").items
+    apps.create_namespaced_deployment("team", deployment("api"))
+    assert len(fake_kube.objects("Pod", "team")) == 1
+    core.delete_namespace("team")
+    with pytest.raises(ApiException) as err:
+        core.read_namespace("team")
+    assert err.value.status == 404
+    assert not fake_kube.objects("Pod", "team") and not fake_kube.objects("Deployment", "team")
+    assert not fake_kube.objects("ConfigMap", "team")
+
+
 def test_counts_inject_watch_and_discovery(api: client.ApiClient, fake_kube: FakeKube) -> None:  # noqa: F811
     core = client.CoreV1Api(api)
     fake_kube.reset_counts()
@@ -436,35 +496,49 @@ def _tarball(files: dict[str, bytes]) -> bytes:
     return gzip.compress(raw.getvalue())
 
 
-def test_kaniko_build_reads_s3(api: client.ApiClient, fake_kube: FakeKube) -> None:  # noqa: F811
+@pytest.fixture
+def s3(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, dict[str, str]]]:
+    """(endpoint, boto3 client, keys) of a real S3: the team's SeaweedFS, else moto."""
+    if s3_server is not None:
+        server = request.getfixturevalue("s3_server")
+        yield (
+            server.endpoint,
+            server.client(),
+            {"id": server.access_key, "secret": server.secret_key},
+        )
+        return
     moto_server = pytest.importorskip("moto.server")
     import boto3
 
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    keys = {"aws_access_key_id": "ak", "aws_secret_access_key": "sk"}
     try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="ak",
-            aws_secret_access_key="sk",
-        )
-        s3.create_bucket(Bucket="ctx")
-        s3.put_object(
-            Bucket="ctx",
-            Key="good.tar.gz",
-            Body=_tarball({"Dockerfile": b"FROM python:3.12\n", "app.py": b""}),
-        )
-        s3.put_object(Bucket="ctx", Key="nodockerfile.tar.gz", Body=_tarball({"app.py": b""}))
-        _run_builds(api, fake_kube, endpoint)
+        s3_client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
+        yield endpoint, s3_client, {"id": "ak", "secret": "sk"}
     finally:
-        server.stop()
+        moto.stop()
 
 
-def _run_builds(api: client.ApiClient, fake_kube: FakeKube, endpoint: str) -> None:  # noqa: F811
+def test_kaniko_build_reads_s3(api: client.ApiClient, fake_kube: FakeKube, s3: Any) -> None:  # noqa: F811
+    endpoint, s3_client, keys = s3
+    bucket = f"ctx-{time.monotonic_ns()}"
+    s3_client.create_bucket(Bucket=bucket)
+    good = _tarball({"Dockerfile": b"FROM python:3.12\n", "app.py": b""})
+    s3_client.put_object(Bucket=bucket, Key="good.tar.gz", Body=good)
+    s3_client.put_object(Bucket=bucket, Key="nodockerfile.tar.gz", Body=_tarball({"app.py": b""}))
+    _run_builds(api, fake_kube, endpoint, bucket, keys)
+
+
+def _run_builds(
+    api: client.ApiClient,
+    fake_kube: FakeKube,  # noqa: F811
+    endpoint: str,
+    bucket: str,
+    keys: dict[str, str],
+) -> None:
     batch, core = client.BatchV1Api(api), client.CoreV1Api(api)
 
     def build(name: str, key: str, dest: str) -> None:
@@ -483,7 +557,7 @@ def _run_builds(api: client.ApiClient, fake_kube: FakeKube, endpoint: str) -> No
         ]
         body = job(name, image="gcr.io/kaniko-project/executor:v1.23.0")
         container = body["spec"]["template"]["spec"]["containers"][0]
-        container["args"] = [f"--context=s3://ctx/{key}", f"--destination={dest}"]
+        container["args"] = [f"--context=s3://{bucket}/{key}", f"--destination={dest}"]
         container["env"] = env
         batch.create_namespaced_job(NS, body)
 
@@ -502,7 +576,7 @@ def _run_builds(api: client.ApiClient, fake_kube: FakeKube, endpoint: str) -> No
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {"name": "s3"},
-        "stringData": {"id": "ak", "secret": "sk"},
+        "stringData": keys,
     }
     core.create_namespaced_secret(NS, secret)
     assert wait_for(lambda: finished("b-nosecret")).status.succeeded == 1
@@ -516,7 +590,7 @@ def _run_builds(api: client.ApiClient, fake_kube: FakeKube, endpoint: str) -> No
             "b-missing",
             "absent.tar.gz",
             "registry.local/app:x",
-            "error resolving source context: NoSuchKey: s3://ctx/absent.tar.gz",
+            f"error resolving source context: NoSuchKey: s3://{bucket}/absent.tar.gz",
         ),
         (
             "b-nodf",
@@ -553,6 +627,8 @@ def test_standalone_process(tmp_path: Path) -> None:
             )
         counts = json.loads(urllib.request.urlopen(f"{url}/_test/counts").read())
         assert counts["writes"] == {"create Namespace": 1}
+        objects = json.loads(urllib.request.urlopen(f"{url}/_test/objects?kind=Namespace").read())
+        assert "bench" in [o["metadata"]["name"] for o in objects]
         request = urllib.request.Request(f"{url}/_test/reset", data=b"{}", method="POST")
         urllib.request.urlopen(request).read()
         assert json.loads(urllib.request.urlopen(f"{url}/_test/counts").read())["requests"] == {}

@@ -15,12 +15,15 @@ import time
 from typing import Any
 
 from . import cronjobs
+from .apply import track_update
 from .cronjobs import finished as _finished
 from .defaults import apply_defaults
 from .kubelet import Kubelet, conditions, owner_of
 from .ops import Api
 from .resources import ApiError, clone, now_iso, suffix
 from .store import Key, Obj, Store
+
+REVISION = "deployment.kubernetes.io/revision"
 
 
 def template_hash(template: Obj) -> str:
@@ -62,6 +65,7 @@ class Controllers:
         self._progress: dict[str, tuple[int, float, bool]] = {}  # uid -> generation, since, done
         self._job_start: dict[str, float] = {}
         self._job_done: dict[str, float] = {}
+        self._revisions: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         store.listeners.append(self._changed)
@@ -92,7 +96,7 @@ class Controllers:
         if new is None and kind == "Pod":
             self.kubelet.forget(obj)
 
-    def image_pushed(self) -> None:
+    def recheck_pending(self) -> None:
         for pod in self.store.scan("Pod"):
             if (pod.get("status") or {}).get("phase") == "Pending":
                 self.enqueue(("Pod", pod["metadata"]["namespace"], pod["metadata"]["name"]))
@@ -140,6 +144,7 @@ class Controllers:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick):
+            self.recheck_pending()  # pending pods look again (images and secrets may have come)
             self.process()
 
     # ---- pods from templates
@@ -177,6 +182,7 @@ class Controllers:
         replicas = spec.get("replicas", 1)
         template = spec.get("template") or {}
         h = template_hash(template)
+        self._revision(dep, h)
         pods = [p for p in self.store.owned_by(uid) if p["kind"] == "Pod"]
         new = [p for p in pods if (p["metadata"].get("labels") or {}).get("pod-template-hash") == h]
         old = [p for p in pods if p not in new]
@@ -199,6 +205,20 @@ class Controllers:
         ]:
             self.api.remove("Pod", ns, pod["metadata"]["name"])
         self._deployment_status(dep, h)
+
+    def _revision(self, dep: Obj, h: str) -> None:
+        """The ``deployment.kubernetes.io/revision`` annotation: +1 for each new template."""
+        meta = dep["metadata"]
+        seen = self._revisions.setdefault(meta["uid"], {})
+        if h not in seen:
+            seen[h] = max(seen.values(), default=0) + 1
+        rev = str(seen[h])
+        if (meta.get("annotations") or {}).get(REVISION) == rev:
+            return
+        annotations = dict(meta.get("annotations") or {}, **{REVISION: rev})
+        new = dict(dep, metadata=dict(meta, annotations=annotations))
+        track_update(dep, new, "kube-controller-manager", "apps/v1")
+        self.store.update(new)
 
     def _deployment_status(self, dep: Obj, h: str) -> None:
         meta, spec = dep["metadata"], dep["spec"]

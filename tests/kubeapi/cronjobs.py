@@ -77,7 +77,7 @@ def fire(ctl: Controllers, namespace: str, name: str) -> Obj:
             status["lastScheduleTime"] = when
             ctl.store.update(dict(live, status=status))
     ctl.process()
-    return job
+    return clone(job)
 
 
 def job_done(ctl: Controllers, job: Obj, cronjob: str) -> None:

@@ -190,6 +190,15 @@ class FakeKube:
         self._kick_pods()
 
     @property
+    def job_seconds(self) -> float:
+        """How long a (non-build) Job pod runs before it ends; 0.05 s by default."""
+        return self.kubelet.job_seconds
+
+    @job_seconds.setter
+    def job_seconds(self, seconds: float) -> None:
+        self.kubelet.job_seconds = seconds
+
+    @property
     def build_contexts(self) -> dict[str, list[str]]:
         return self.kubelet.build_contexts
 

@@ -364,6 +364,6 @@ class Kubelet:
             self.results[uid] = result
             if result[0]:
                 self.pushed_images.update(build["destinations"])
-                self.ctl.image_pushed()
+                self.ctl.recheck_pending()
             self.ctl.enqueue(("Pod", ns, name))
             self.ctl.process()

@@ -121,10 +121,8 @@ class Api:
         return obj
 
     def list(self, res: Res, ns: str | None, labels: str | None, fields: str | None) -> Obj:
-        items, rv = self.store.list(res.kind, ns, labels, fields)
-        for item in items:
-            item.pop("kind", None)
-            item.pop("apiVersion", None)
+        found, rv = self.store.list(res.kind, ns, labels, fields, copy=False)
+        items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in found]
         meta = {"resourceVersion": rv}
         return {
             "kind": f"{res.kind}List",
@@ -243,9 +241,7 @@ class Api:
         dry_run: bool,
     ) -> tuple[int, Obj]:
         if not manager:
-            raise bad_request(
-                "PATCH requests with apply-patch+yaml content type must specify a fieldManager"
-            )
+            raise bad_request("fieldManager is required for apply requests")
         config = self._check_type(res, config)
         meta = config["metadata"]
         if meta.get("name", name) != name:
@@ -329,7 +325,7 @@ class Api:
             gone = self.remove(res.kind, ns, name, policy)
         if res.kind in RETURNS_OBJECT:
             if res.kind == "Namespace":
-                gone["status"] = {"phase": "Terminating"}
+                gone = dict(gone, status={"phase": "Terminating"})
             return gone, headers
         details = {"name": name, "kind": res.plural, "uid": gone["metadata"]["uid"]}
         if res.group:

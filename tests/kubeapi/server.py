@@ -132,8 +132,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache, private")
         for k, v in (headers or {}).items():
             self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
+        self._headers_buffer.append(b"\r\n" + data)  # type: ignore[attr-defined]
+        self.flush_headers()  # headers and body in one write
 
     def fail(self, err: ApiError) -> None:
         self.send(err.code, err.status(), err.headers)

@@ -3,7 +3,8 @@ resourceVersion counter, uid / generation / creationTimestamp, an owner index fo
 collection, a bounded event log for watches, and label / field selectors.
 
 Stored dicts are never changed in place: every write stores a fresh dict, so readers inside
-the package may hold references (``peek``) while callers outside get copies."""
+the package may hold references (``peek``, and what ``create``/``update``/``delete``
+return) while callers outside the package get copies (``get``, ``list``)."""
 
 from __future__ import annotations
 
@@ -81,12 +82,14 @@ class Store:
         namespace: str | None = None,
         labels: str | None = None,
         fields: str | None = None,
+        copy: bool = True,
     ) -> tuple[list[Obj], str]:
+        """Matching objects in name order (``copy=False``: the stored dicts, read-only)."""
         label_reqs = parse_label_selector(labels) if labels else []
         field_reqs = parse_field_selector(kind, fields) if fields else []
         with self.lock:
             out = [
-                clone(o)
+                clone(o) if copy else o
                 for o in self.scan(kind, namespace)
                 if matches(label_reqs, o["metadata"].get("labels") or {})
                 and all(match_field(o, req) for req in field_reqs)
@@ -138,7 +141,7 @@ class Store:
                 meta.pop("generation", None)
             table[(ns, meta["name"])] = obj
             self._record(kind, obj, None)
-            return clone(obj)
+            return obj
 
     def update(self, obj: Obj, expect_rv: str | None = None) -> Obj:
         """Replace a stored object; a change-free write keeps the resourceVersion."""
@@ -159,11 +162,11 @@ class Store:
                 meta["generation"] = gen + (obj.get("spec") != old.get("spec"))
             meta["resourceVersion"] = old_meta["resourceVersion"]
             if obj == old:
-                return clone(old)
+                return old
             meta["resourceVersion"] = self._bump()
             self._objects[kind][(ns, name)] = obj
             self._record(kind, obj, old)
-            return clone(obj)
+            return obj
 
     def delete(self, kind: str, namespace: str, name: str) -> Obj:
         with self.lock:
@@ -172,7 +175,7 @@ class Store:
                 raise not_found(BY_KIND[kind], name)
             gone = dict(old, metadata=dict(old["metadata"], resourceVersion=self._bump()))
             self._record(kind, None, gone)
-            return clone(gone)
+            return gone
 
     def events_after(self, rv: int, kinds: Iterable[str]) -> list[tuple[int, str, str, Obj]]:
         """Events newer than ``rv``; ``ApiError`` 410 when the log no longer reaches back."""

@@ -105,13 +105,23 @@ def _field(path: Any) -> str:
     return out
 
 
+_VALID: set[str] = set()  # bodies already found valid (a re-apply of the same config is common)
+
+
 def schema_causes(obj: dict[str, Any]) -> list[Cause]:
     """The strict-schema errors of ``obj`` (status and managedFields are not checked)."""
     meta = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
     body = {k: v for k, v in obj.items() if k != "status"}
     body["metadata"] = meta
+    digest = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if digest in _VALID:
+        return []
     check = validator(VERSION, obj["kind"], obj["apiVersion"])
     errors = sorted(check.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
+    if not errors:
+        if len(_VALID) >= 4096:
+            _VALID.clear()
+        _VALID.add(digest)
     return [(_field(e.absolute_path), e.message, "FieldValueInvalid") for e in errors[:20]]
 
 
