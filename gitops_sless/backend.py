@@ -21,8 +21,11 @@ __all__ = [
     "ApplyFailed",
     "Backend",
     "BuildFailed",
+    "CronRun",
     "Deployment",
+    "Health",
     "JobFailed",
+    "JobRecord",
     "deployment_for",
 ]
 
@@ -45,6 +48,44 @@ class JobFailed(PermanentError):
 
 class ApplyFailed(TransientError):
     """A deployment could not be brought up this time (a replica failed its health check)."""
+
+
+@dataclass(frozen=True)
+class CronRun:
+    """One firing of a cron trigger, for the status store."""
+
+    env: str
+    function: str
+    index: int
+    ok: bool
+    duration_ms: float
+    output: str
+
+
+@dataclass(frozen=True)
+class Health:
+    """A function as the backend sees it running (a backend that runs it elsewhere reports)."""
+
+    phase: str  # Ready, Pending, Failed or Disabled
+    message: str | None = None
+    last_exit: str | None = None  # why the last container or process ended
+    restarts: int = 0
+    revision: str | None = None  # the commit its running objects were written at
+    build_tag: str | None = None
+    settling: bool = False  # expected to change on its own soon (a rollout in progress)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job run the backend remembers (in the cluster), for a reconciler with no history."""
+
+    name: str
+    run_id: int
+    function: str
+    phase: str  # Succeeded or Failed
+    result: str | None = None
+    error: str | None = None
+    finished: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +131,22 @@ def deployment_for(env: str, fn: Function, job_results: Mapping[str, str]) -> De
 
 
 class Backend(ABC):
-    """Where functions are built and run."""
+    """Where functions are built and run.
+
+    A backend whose state lives elsewhere (a cluster) reads it once per plan in
+    :meth:`refresh` and answers the other questions from what it read.
+    """
+
+    def refresh(self, env: str) -> None:  # noqa: B027 - optional hook
+        """Read what runs in ``env``; called before every plan."""
+
+    def health(self, env: str) -> Mapping[str, Health]:
+        """Deployed functions whose phase the backend observes; empty: the reconciler's own."""
+        return {}
+
+    def job_runs(self, env: str) -> list[JobRecord]:
+        """Finished job runs recorded by the backend itself (empty: the store is the record)."""
+        return []
 
     @abstractmethod
     def is_built(self, fn: Function) -> bool: ...
@@ -104,8 +160,11 @@ class Backend(ABC):
         """Functions running in ``env``: name -> spec hash."""
 
     @abstractmethod
-    def apply(self, deployment: Deployment) -> None:
-        """Start or replace a function; the old version serves until the new one is healthy."""
+    def apply(self, deployment: Deployment, revision: str | None = None) -> None:
+        """Start or replace a function; the old version serves until the new one is healthy.
+
+        ``revision`` is the commit being deployed, for a backend that records it.
+        """
 
     @abstractmethod
     def remove(self, env: str, name: str) -> None: ...

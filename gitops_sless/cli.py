@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -124,8 +125,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-builds", type=int, default=2, help="concurrent builds (default: 2)")
     serve.add_argument(
-        "--build-timeout", type=float, default=600.0, help="seconds per build (default: 600)"
+        "--build-timeout",
+        type=float,
+        default=float(os.environ.get("SLESS_BUILD_TIMEOUT") or 600),
+        help="seconds per build (default: $SLESS_BUILD_TIMEOUT or 600)",
     )
+    serve.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="let a commit that declares no function prune every function (Argo CD's allowEmpty)",
+    )
+    _add_kube_flags(serve)
     serve.add_argument(
         "--fetch-timeout", type=float, default=60.0, help="seconds per fetch (default: 60)"
     )
@@ -302,6 +312,54 @@ def _register_secrets(args: argparse.Namespace) -> None:
         logs.register_secret(urlsplit(args.repo).password)  # https://user:password@host/...
 
 
+# --flag, environment variable, help: the Kubernetes backend's settings (kube/settings.py)
+_KUBE_FLAGS = (
+    ("--kubeconfig", "KUBECONFIG", "kubeconfig file (in a pod: its service account)"),
+    ("--kube-context", None, "kubeconfig context (default: the current one)"),
+    ("--namespace", "SLESS_NAMESPACE", "the reconciler's namespace, where builds run"),
+    ("--namespace-prefix", "SLESS_NAMESPACE_PREFIX", "environment E lives in <prefix>E"),
+    ("--registry", "SLESS_REGISTRY", "image repository prefix, e.g. registry.example.com/team"),
+    ("--pull-secret", "SLESS_PULL_SECRET", "docker-registry Secret for pulls, copied to envs"),
+    ("--push-secret", "SLESS_PUSH_SECRET", "docker-registry Secret kaniko pushes with"),
+    ("--s3-endpoint", "SLESS_S3_ENDPOINT", "S3 endpoint for build contexts, with scheme"),
+    ("--s3-bucket", "SLESS_S3_BUCKET", "S3 bucket for build contexts"),
+    ("--s3-region", "SLESS_S3_REGION", "S3 region"),
+    ("--kaniko-image", "SLESS_KANIKO_IMAGE", "kaniko executor image, pinned"),
+    ("--build-cpu", "SLESS_BUILD_CPU", "CPU request of a build pod"),
+    ("--build-memory", "SLESS_BUILD_MEMORY", "memory request and limit of a build pod"),
+    ("--build-service-account", "SLESS_BUILD_SERVICE_ACCOUNT", "service account of build pods"),
+)
+
+
+def _add_kube_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        default=_env_choice("SLESS_BACKEND", "local"),
+        help="where functions run (default: $SLESS_BACKEND or local)",
+    )
+    group = serve.add_argument_group("Kubernetes backend (--backend kubernetes)")
+    for flag, variable, text in _KUBE_FLAGS:
+        where = f" (default: ${variable})" if variable else ""
+        group.add_argument(flag, default=None, help=text + where)
+
+
+def _kube_settings(args: argparse.Namespace) -> Any:
+    from .kube.settings import KubeSettings
+
+    overrides = {
+        flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+        for flag, _, _ in _KUBE_FLAGS
+    }
+    overrides["context"] = overrides.pop("kube_context")
+    s3 = {k: overrides.pop(f"s3_{k}") for k in ("endpoint", "bucket", "region")}
+    settings = KubeSettings.from_env(os.environ, build_timeout=int(args.build_timeout), **overrides)
+    s3_values = {k: v for k, v in s3.items() if v}
+    if s3_values:
+        settings = dataclasses.replace(settings, s3=dataclasses.replace(settings.s3, **s3_values))
+    return settings
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, Server  # the server stack loads only for this command
 
@@ -330,6 +388,9 @@ def _serve(args: argparse.Namespace) -> int:
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
         gc_interval=_positive("--gc-interval", args.gc_interval),
         trusted_proxies=_trusted_proxies(args.trusted_proxies),
+        allow_empty=args.allow_empty,
+        backend=args.backend,
+        kube=_kube_settings(args) if args.backend == "kubernetes" else None,
     )
     logs.configure(config.log_format, config.log_level)
     Server(config).run()

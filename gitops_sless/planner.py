@@ -40,6 +40,7 @@ class Plan:
     # function -> why it is not deployed yet (Pending) or cannot be (Failed)
     waiting: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    refused: str | None = None  # why the prunes were held back (they would empty the env)
 
     @property
     def is_empty(self) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import logs, manifest
-from .backend import Backend, BuildFailed, Deployment, deployment_for
+from .backend import Backend, BuildFailed, Deployment, Health, deployment_for
 from .diff import job_errors, job_results
 from .errors import SlessError
 from .manifest import DesiredState, Function, Job
@@ -38,6 +38,7 @@ MAX_ROUNDS = 5  # plan again after jobs finish, so their dependents deploy in th
 # a run interrupted by a reconciler crash runs again, as Kubernetes reruns a Job whose pod
 # vanished (at-least-once), up to this many attempts in all
 MAX_JOB_ATTEMPTS = 3
+SETTLE_SEC = 1.0  # a backend reporting a rollout in progress is looked at again this soon
 
 
 class Source(Protocol):
@@ -75,7 +76,7 @@ class _Pass:
     @property
     def quiet(self) -> bool:
         """A poll at a known commit that did nothing: not worth an info line."""
-        return self.trigger == "poll" and not self.changed
+        return self.trigger in ("poll", "settle") and not self.changed
 
 
 class Reconciler:
@@ -89,6 +90,7 @@ class Reconciler:
         build_retry_sec: float = 300.0,
         workers: int = 4,
         routes: RouteTable | None = None,
+        allow_empty: bool = False,
     ) -> None:
         self.source = source
         self.backend = backend
@@ -97,6 +99,9 @@ class Reconciler:
         self.routes = routes
         self.public_url = public_url.rstrip("/")
         self.build_retry_sec = build_retry_sec
+        # Argo CD's allowEmpty: without it, a pass never prunes every function at once
+        self.allow_empty = allow_empty
+        self._settle: threading.Timer | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
         self._desired: DesiredState | None = None
         self._manifests = manifest.ManifestCache()
@@ -147,6 +152,8 @@ class Reconciler:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._settle is not None:
+            self._settle.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def exclusively(self, task: Callable[[], Any]) -> Any:
@@ -167,7 +174,7 @@ class Reconciler:
                     self._idle.notify_all()
 
     def _sync(self, current: _Pass) -> PassResult:
-        level = logging.DEBUG if current.trigger == "poll" else logging.INFO
+        level = logging.DEBUG if current.trigger in ("poll", "settle") else logging.INFO
         logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
             fetched = self.source.fetch()
@@ -177,7 +184,11 @@ class Reconciler:
             self._log_problems(desired)
             last = self._converge(desired, snapshot, current)
             result = "Succeeded" if not desired.invalid else "Invalid"
-            error = "; ".join(str(e).splitlines()[0] for e in desired.invalid.values()) or None
+            problems = [str(e).splitlines()[0] for e in desired.invalid.values()]
+            if last.refused:
+                result, problems = "Failed", [last.refused, *problems]
+            error = "; ".join(problems) or None
+            self._settle_later()
             self._finish(current, result, error)
             return PassResult(current.revision, last, error)
         except SlessError as exc:
@@ -265,7 +276,7 @@ class Reconciler:
                 desired.invalid_names.setdefault(record["name"], path)
 
     def _converge(self, desired: DesiredState, snapshot: Snapshot, current: _Pass) -> Plan:
-        planned = plan(desired, self.env, self._observe(desired))
+        planned = self._plan(desired)
         for _ in range(MAX_ROUNDS):
             reported = self._report(planned, desired)
             if reported or planned.builds or planned.jobs or planned.prunes:
@@ -285,7 +296,21 @@ class Reconciler:
                 self._prune(name)
             if not (planned.builds or planned.jobs):
                 break
-            planned = plan(desired, self.env, self._observe(desired))
+            planned = self._plan(desired)
+        return planned
+
+    def _plan(self, desired: DesiredState) -> Plan:
+        observed = self._observe(desired)
+        planned = plan(desired, self.env, observed)
+        emptying = planned.prunes and not desired.functions and not desired.invalid_names
+        if emptying and not self.allow_empty:
+            # a wrong path or a bad fetch must not empty an environment (Argo CD: allowEmpty)
+            planned.refused = (
+                f"refused to prune all {len(planned.prunes)} functions of {self.env}: "
+                f"revision {_short(desired.revision)} declares none "
+                "(serve --allow-empty permits it)"
+            )
+            planned.prunes = []
         return planned
 
     def _run_all(self, step: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
@@ -294,6 +319,8 @@ class Reconciler:
     # --- observing --------------------------------------------------------------------------
 
     def _observe(self, desired: DesiredState) -> Observed:
+        self.backend.refresh(self.env)
+        self._adopt_job_runs()
         now = time.time()
         failed = {}
         built = set()
@@ -315,6 +342,24 @@ class Reconciler:
             deployed=self.backend.deployed(self.env),
             job_errors=job_errors(desired.jobs, runs),
         )
+
+    def _adopt_job_runs(self) -> None:
+        """Runs the backend remembers and the store does not (a new or emptied state folder)."""
+        for run in self.backend.job_runs(self.env):
+            known = self.store.job_run(self.env, run.name, run.run_id)
+            if known is not None and known["phase"] in FINISHED:
+                continue
+            self.store.set_job_run(
+                self.env,
+                run.name,
+                run.run_id,
+                function=run.function,
+                phase=run.phase,
+                result=run.result,
+                error=run.error,
+                finished=run.finished,
+                attempts=(known["attempts"] if known else None) or 1,
+            )
 
     def _interrupted_runs(self) -> None:
         """Runs left 'Running' by a killed reconciler run again, up to MAX_JOB_ATTEMPTS."""
@@ -426,7 +471,7 @@ class Reconciler:
         where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
         replacing = fn.name in self.backend.deployed(self.env)
         try:
-            self.backend.apply(deployment)
+            self.backend.apply(deployment, revision)
         except SlessError as exc:
             if self._stopping.is_set():  # refused by the shutdown, not by the function
                 return False
@@ -439,13 +484,14 @@ class Reconciler:
             level = logging.DEBUG if repeat else logging.ERROR
             logs.event(log, "deploy.failed", str(exc), level=level, **where)
             return not repeat
+        health = self.backend.health(self.env).get(fn.name)
         self.store.set_function(
             self.env,
             fn.name,
-            phase="Ready" if fn.enabled else "Disabled",
+            phase=health.phase if health else ("Ready" if fn.enabled else "Disabled"),
             build_tag=fn.build_tag,
             revision=revision,
-            message=None,
+            message=health.message if health else None,
             restarts=0,
             last_exit=None,
             spec={"hash": deployment.spec_hash, "replicas": fn.replicas, "http": fn.http},
@@ -529,7 +575,37 @@ class Reconciler:
                 update(name, phase="Failed", message=reason)
         for fn in desired.functions.values():
             update(fn.name, manifest=fn.manifest, url=self.url(fn))
+        busy = {*current.waiting, *current.failed, *(d.name for d in current.applies)}
+        busy |= {fn.name for fn in current.builds}
+        for name, health in self.backend.health(self.env).items():
+            if name in desired.functions and name not in busy:
+                update(name, **_health_fields(health))
         return writes
+
+    def _settle_later(self) -> None:
+        """Look again soon while the backend reports a rollout in progress."""
+        if self._stopping.is_set() or not any(
+            h.settling for h in self.backend.health(self.env).values()
+        ):
+            return
+        if self._settle is None or not self._settle.is_alive():
+            self._settle = threading.Timer(SETTLE_SEC, self.request_sync, args=("settle",))
+            self._settle.daemon = True
+            self._settle.start()
+
+
+def _health_fields(health: Health) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "phase": health.phase,
+        "message": health.message,
+        "last_exit": health.last_exit,
+        "restarts": health.restarts,
+    }
+    if health.revision:
+        fields["revision"] = health.revision
+    if health.build_tag:
+        fields["build_tag"] = health.build_tag
+    return fields
 
 
 def _short(revision: str | None) -> str | None:

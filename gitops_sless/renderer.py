@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from . import runtimes, templates
+from .backend import Deployment
 from .manifest import DesiredState, Function, Job, JobRef, SecretRef
 from .templates import OMIT
 
@@ -30,6 +31,8 @@ __all__ = [
     "dump",
     "image_ref",
     "render_environment",
+    "render_function",
+    "render_job",
     "spec_hash",
 ]
 
@@ -37,8 +40,15 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 ENV_LABEL = "gitops-sless.dev/environment"
 FUNCTION_LABEL = "gitops-sless.dev/function"
 JOB_LABEL = "gitops-sless.dev/job"
+RUN_LABEL = "gitops-sless.dev/run-id"
 BUILD_LABEL = "gitops-sless.dev/build-tag"
 SPEC_HASH = "gitops-sless.dev/spec-hash"
+# the commit an object was last written at, and the function spec it runs: facts about
+# the write, kept out of the spec hash so a new commit alone never rewrites an object
+REVISION = "gitops-sless.dev/revision"
+FUNCTION_HASH = "gitops-sless.dev/function-hash"
+OBJECT_COUNT = "gitops-sless.dev/objects"  # how many long-running objects the function has
+UNHASHED = frozenset({SPEC_HASH, REVISION})
 CONTAINER_PORT = 8080
 
 
@@ -52,11 +62,16 @@ class RenderConfig:
     image_pull_secret: str | None = None
     kaniko_image: str = "gcr.io/kaniko-project/executor:v1.23.2"
     build_timeout_sec: int = 1800
+    build_cpu: str = "500m"
+    build_memory: str = "1Gi"
+    build_service_account: str | None = None  # None: the namespace's default, no token
+    build_ttl_sec: int = 3600  # finished build Jobs are deleted after this long
     s3_bucket: str = "sless-builds"
     s3_endpoint: str = "https://s3.amazonaws.com"
     s3_region: str = "us-east-1"
-    s3_secret: str = "sless-s3"
-    registry_secret: str = "sless-registry"
+    s3_secret: str = "gitops-sless-build"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+    push_secret: str | None = None  # a docker-registry Secret kaniko pushes with
+    progress_deadline_sec: int = 600
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
@@ -78,16 +93,19 @@ def image_ref(config: RenderConfig, tag: str) -> str:
 def spec_hash(obj: Mapping[str, Any]) -> str:
     """sha256 of the object's canonical JSON, ignoring the hash annotation itself."""
     meta = dict(obj.get("metadata", {}))
-    annotations = {k: v for k, v in meta.get("annotations", {}).items() if k != SPEC_HASH}
+    annotations = {k: v for k, v in meta.get("annotations", {}).items() if k not in UNHASHED}
     meta["annotations"] = annotations
     canonical = json.dumps({**obj, "metadata": meta}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
-def _finish(obj: dict[str, Any], labels: Mapping[str, str]) -> dict[str, Any]:
+def _finish(
+    obj: dict[str, Any], labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     meta = obj.setdefault("metadata", {})
     meta["labels"] = {**meta.get("labels", {}), **labels}
-    meta["annotations"] = {**meta.get("annotations", {}), SPEC_HASH: spec_hash(obj)}
+    meta["annotations"] = {**meta.get("annotations", {}), **(annotations or {})}
+    meta["annotations"][SPEC_HASH] = spec_hash(obj)
     return obj
 
 
@@ -113,7 +131,7 @@ def _env_var(name: str, value: str | SecretRef) -> dict[str, Any]:
 class _EnvironmentRenderer:
     def __init__(
         self,
-        state: DesiredState,
+        state: DesiredState | None,
         environment: str,
         config: RenderConfig,
         job_results: Mapping[str, str],
@@ -124,7 +142,15 @@ class _EnvironmentRenderer:
         self.job_results = job_results
         self.namespace = config.namespace(environment)
 
-    def container_env(self, fn: Function, extra: Mapping[str, str]) -> list[dict[str, Any]]:
+    def resolved(self, fn: Function) -> dict[str, str | SecretRef]:
+        return {
+            name: self.job_results[value.job] if isinstance(value, JobRef) else value
+            for name, value in fn.env_for(self.environment).items()
+        }
+
+    def container_env(
+        self, fn: Function, extra: Mapping[str, str], env_vars: Mapping[str, str | SecretRef]
+    ) -> list[dict[str, Any]]:
         values: dict[str, str | SecretRef] = {
             "PORT": str(CONTAINER_PORT),
             "SLESS_ENTRYPOINT": fn.entrypoint,
@@ -132,12 +158,17 @@ class _EnvironmentRenderer:
             "SLESS_FUNCTION_NAME": fn.name,
             "SLESS_TIMEOUT_SEC": str(fn.timeout_sec),
             **extra,
+            **env_vars,
         }
-        for name, value in fn.env_for(self.environment).items():
-            values[name] = self.job_results[value.job] if isinstance(value, JobRef) else value
         return [_env_var(k, v) for k, v in sorted(values.items())]
 
-    def pod_spec(self, fn: Function, role: str, extra_env: Mapping[str, str]) -> Any:
+    def pod_spec(
+        self,
+        fn: Function,
+        role: str,
+        extra_env: Mapping[str, str],
+        env_vars: Mapping[str, str | SecretRef],
+    ) -> Any:
         runtime = runtimes.get(fn.runtime)
         serving = role == "server"
         probe = {
@@ -154,7 +185,7 @@ class _EnvironmentRenderer:
                 "imagePullSecrets": [{"name": secret}] if secret else OMIT,
                 "image": image_ref(self.config, fn.build_tag),
                 "command": runtime.container_command(role),
-                "env": self.container_env(fn, extra_env),
+                "env": self.container_env(fn, extra_env, env_vars),
                 "ports": [{"name": "http", "containerPort": CONTAINER_PORT}] if serving else OMIT,
                 "readinessProbe": probe if serving else OMIT,
                 "memory": f"{fn.memory_mb}Mi",
@@ -164,15 +195,20 @@ class _EnvironmentRenderer:
     def base_values(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
         return {"name": name, "namespace": self.namespace, "podLabels": dict(labels)}
 
-    def function_objects(self, fn: Function) -> Iterator[dict[str, Any]]:
+    def function_objects(
+        self,
+        fn: Function,
+        env_vars: Mapping[str, str | SecretRef],
+    ) -> Iterator[dict[str, Any]]:
         labels = _function_labels(fn, self.environment)
         if fn.http:
             selector = {FUNCTION_LABEL: fn.name}
             values = {
                 **self.base_values(fn.name, labels),
                 "replicas": fn.replicas if fn.enabled else 0,
+                "progressDeadline": self.config.progress_deadline_sec,
                 "selector": selector,
-                "podSpec": self.pod_spec(fn, "server", {}),
+                "podSpec": self.pod_spec(fn, "server", {}, env_vars),
             }
             yield _finish(templates.render("deployment", values), labels)
             yield _finish(templates.render("service", values), labels)
@@ -183,17 +219,23 @@ class _EnvironmentRenderer:
                 "schedule": trigger.schedule,
                 "suspend": not fn.enabled,
                 "activeDeadline": fn.timeout_sec,
-                "podSpec": self.pod_spec(fn, "runner", event),
+                "podSpec": self.pod_spec(fn, "runner", event, env_vars),
             }
             yield _finish(templates.render("cronjob", values), labels)
 
-    def job_object(self, fn: Function, job: Job) -> dict[str, Any]:
-        labels = {**_function_labels(fn, self.environment), JOB_LABEL: job.name}
+    def job_object(
+        self, fn: Function, job: Job, env_vars: Mapping[str, str | SecretRef]
+    ) -> dict[str, Any]:
+        labels = {
+            **_function_labels(fn, self.environment),
+            JOB_LABEL: job.name,
+            RUN_LABEL: str(job.run_id),
+        }
         event = {"SLESS_EVENT": json.dumps(job.event, sort_keys=True)}
         values = {
             **self.base_values(job_object_name(job), labels),
             "activeDeadline": fn.timeout_sec,
-            "podSpec": self.pod_spec(fn, "runner", event),
+            "podSpec": self.pod_spec(fn, "runner", event, env_vars),
         }
         return _finish(templates.render("job", values), labels)
 
@@ -207,6 +249,7 @@ class _EnvironmentRenderer:
         yield _finish(templates.render("networkpolicy", values), labels)
 
     def build_objects(self) -> Iterator[dict[str, Any]]:
+        assert self.state is not None
         seen: set[str] = set()
         for fn in sorted(self.state.functions.values(), key=lambda f: f.build_tag):
             if fn.build_tag not in seen:
@@ -214,15 +257,16 @@ class _EnvironmentRenderer:
                 yield build_job(fn, self.config)
 
     def render(self, builds: bool) -> Rendered:
+        assert self.state is not None
         out = Rendered(objects=list(self.environment_objects()))
         if builds:
             out.objects.extend(self.build_objects())
         for fn in sorted(self.state.functions.values(), key=lambda f: f.name):
             for job in fn.jobs:
                 if job.run_id > 0 and self.ready(fn, out):
-                    out.objects.append(self.job_object(fn, job))
+                    out.objects.append(self.job_object(fn, job, self.resolved(fn)))
             if self.ready(fn, out):
-                out.objects.extend(self.function_objects(fn))
+                out.objects.extend(self.function_objects(fn, self.resolved(fn)))
         return out
 
     def ready(self, fn: Function, out: Rendered) -> bool:
@@ -258,9 +302,63 @@ def build_job(fn: Function, config: RenderConfig) -> dict[str, Any]:
         "s3Region": config.s3_region,
         "s3Endpoint": config.s3_endpoint,
         "s3Secret": config.s3_secret,
-        "registrySecret": config.registry_secret,
+        "cacheRepo": f"{config.registry}/cache",
+        "cpu": config.build_cpu,
+        "memory": config.build_memory,
+        "ttl": config.build_ttl_sec,
+        "serviceAccount": config.build_service_account or OMIT,
+        "pushSecretVolume": (
+            [
+                {
+                    "name": "registry-auth",
+                    "secret": {
+                        "secretName": config.push_secret,
+                        "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
+                    },
+                }
+            ]
+            if config.push_secret
+            else OMIT
+        ),
+        "pushSecretMount": (
+            [{"name": "registry-auth", "mountPath": "/kaniko/.docker", "readOnly": True}]
+            if config.push_secret
+            else OMIT
+        ),
     }
     return _finish(templates.render("build-job", values), labels)
+
+
+def render_function(
+    deployment: Deployment,
+    config: RenderConfig,
+    revision: str | None = None,
+) -> list[dict[str, Any]]:
+    """The long-running objects of one function (Deployment, Service, CronJobs), env resolved."""
+    fn = deployment.function
+    renderer = _EnvironmentRenderer(None, deployment.env, config, {})
+    count = (2 if fn.http else 0) + len(fn.crons)
+    objects = list(renderer.function_objects(fn, deployment.env_vars))
+    if objects:
+        # on the first object only (the Deployment, else the first CronJob): a new image
+        # must not rewrite a Service whose own spec did not change
+        annotations = {FUNCTION_HASH: deployment.spec_hash, OBJECT_COUNT: str(count)}
+        if revision:
+            annotations[REVISION] = revision
+        _finish(objects[0], {}, annotations)
+    return objects
+
+
+def render_job(
+    env: str, fn: Function, job: Job, env_vars: Mapping[str, str | SecretRef], config: RenderConfig
+) -> dict[str, Any]:
+    """The Job of one run of ``job``, with the env its function runs with."""
+    return _EnvironmentRenderer(None, env, config, {}).job_object(fn, job, env_vars)
+
+
+def environment_objects(environment: str, config: RenderConfig) -> list[dict[str, Any]]:
+    """The Namespace and NetworkPolicy every environment has."""
+    return list(_EnvironmentRenderer(None, environment, config, {}).environment_objects())
 
 
 def render_environment(

@@ -24,8 +24,9 @@ from . import logs, seed
 from . import mirror as mirror_mod
 from . import proxy as proxy_mod
 from .api import create_api
+from .backend import Backend, CronRun
 from .local import gc
-from .local.backend import CronRun, LocalBackend
+from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
 from .metrics import METRICS
 from .reconciler import Reconciler
@@ -65,6 +66,9 @@ class ServeConfig:
     keep_builds: int = 3  # builds kept per function folder beyond those in use
     gc_interval: float = 3600.0  # seconds between garbage collections of the state folder
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose forwarding headers are kept
+    allow_empty: bool = False  # a commit declaring no function may prune every function
+    backend: str = "local"  # local | kubernetes
+    kube: Any = None  # kube.settings.KubeSettings, for --backend kubernetes
 
     @property
     def public_url(self) -> str:
@@ -143,16 +147,7 @@ class Server:
         self.store = Store(config.state_dir / "status.db")
         self.routes = RouteTable()
         self.invocations = InvocationBuffer(self.store)
-        self.backend = LocalBackend(
-            config.state_dir,
-            self.routes,
-            SecretsDir(config.secrets_dir),
-            max_builds=config.max_builds,
-            build_timeout_sec=config.build_timeout,
-            on_cron=self.invocations.record_cron,
-            # the reconciler is made below; replicas exist only once it has run a pass
-            on_replica_event=lambda *event: self.reconciler.replica_event(*event),
-        )
+        self.backend = self._backend()
         self.mirror = mirror_mod.Mirror(
             self.url,
             config.branch,
@@ -167,6 +162,9 @@ class Server:
             env=config.env,
             public_url=config.public_url,
             routes=self.routes,
+            allow_empty=config.allow_empty,
+            # builds run in the cluster there: the reconciler only waits for them
+            workers=16 if config.backend == "kubernetes" else 4,
         )
         self.proxy = proxy_mod.ProxyApp(
             self.routes,
@@ -188,6 +186,23 @@ class Server:
         self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
 
+    def _backend(self) -> Backend:
+        config = self.config
+        if config.backend == "kubernetes":
+            from .kube.connect import connect  # the kubernetes client loads only for this
+
+            return connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
+        return LocalBackend(
+            config.state_dir,
+            self.routes,
+            SecretsDir(config.secrets_dir),
+            max_builds=config.max_builds,
+            build_timeout_sec=config.build_timeout,
+            on_cron=self.invocations.record_cron,
+            # the reconciler is made below; replicas exist only once it has run a pass
+            on_replica_event=lambda *event: self.reconciler.replica_event(*event),
+        )
+
     def start_background(self) -> None:
         threading.Thread(target=self.reconciler.run_forever, name="sless-sync", daemon=True).start()
         self.scheduler.add_job(
@@ -199,9 +214,10 @@ class Server:
             id="poll",
         )
         self.scheduler.add_job(self.invocations.flush, "interval", seconds=FLUSH_SEC, id="flush")
-        self.scheduler.add_job(
-            self.collect_garbage, "interval", seconds=self.config.gc_interval, id="gc"
-        )
+        if isinstance(self.backend, LocalBackend):  # artifacts on disk are local only
+            self.scheduler.add_job(
+                self.collect_garbage, "interval", seconds=self.config.gc_interval, id="gc"
+            )
         self.scheduler.start()
         self.reconciler.request_sync("startup")
 
@@ -228,6 +244,7 @@ class Server:
         return self.reconciler.exclusively(self._collect_garbage)
 
     def _collect_garbage(self) -> gc.Collected:
+        assert isinstance(self.backend, LocalBackend)
         records = [r for env in self.store.environments() for r in self.store.functions(env)]
         in_use = {r["build_tag"] for r in records if r["build_tag"]}
         in_use |= self.backend.tags_in_use()

@@ -8,12 +8,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import runtimes
-from ..backend import Backend, Deployment, EnvValue, JobFailed
+from ..backend import Backend, CronRun, Deployment, EnvValue, JobFailed
 from ..manifest import Function, Job, SecretRef
 from ..routes import Route, RouteTable
 from ..source import Snapshot
@@ -25,18 +24,6 @@ from .secrets import SecretsDir
 __all__ = ["CronRun", "LocalBackend"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CronRun:
-    """One firing of a cron trigger, for the status store."""
-
-    env: str
-    function: str
-    index: int
-    ok: bool
-    duration_ms: float
-    output: str
 
 
 class LocalBackend(Backend):
@@ -113,7 +100,7 @@ class LocalBackend(Backend):
     def deployed(self, env: str) -> dict[str, str]:
         return self.supervisor.deployed(env)
 
-    def apply(self, deployment: Deployment) -> None:
+    def apply(self, deployment: Deployment, revision: str | None = None) -> None:
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
         if fn.http:

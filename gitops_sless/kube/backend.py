@@ -1,0 +1,223 @@
+"""The Kubernetes backend: images built by kaniko, objects kept true by server-side apply.
+
+Each environment is a namespace (``<prefix><env>``). Before every plan the
+backend reads the namespace once per kind (:class:`View`); what is built,
+deployed and finished is answered from that read and from records in the
+cluster, so the reconciler's state folder is only a cache here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobRecord
+from ..manifest import Function, Job
+from ..renderer import (
+    ENV_LABEL,
+    FUNCTION_LABEL,
+    MANAGED_BY,
+    RenderConfig,
+    render_function,
+)
+from ..routes import Route, RouteTable
+from ..source import Snapshot
+from .apply import Applier
+from .builds import Builds
+from .client import KubeClient
+from .jobs import JobRunner, finished_runs
+from .status import health, needs_pods, rolled_out
+from .view import FUNCTION_KINDS, View, label
+
+__all__ = ["KubeBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class KubeBackend(Backend):
+    def __init__(
+        self,
+        client: KubeClient,
+        builds: Builds,
+        config: RenderConfig,
+        routes: RouteTable,
+        route_for: Callable[[str, str, str, float], Route],
+        on_cron: Callable[[CronRun], None] | None = None,
+    ) -> None:
+        """``route_for(env, name, namespace, timeout)``: the route the proxy takes to a
+        function's Service (in the cluster: its DNS name; outside: the API server's proxy)."""
+        self.client = client
+        self.builds = builds
+        self.config = config
+        self.routes = routes
+        self.route_for = route_for
+        self.applier = Applier(client, config)
+        self.jobs = JobRunner(client, config)
+        self._views: dict[str, View] = {}
+        self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
+        self._on_cron = on_cron
+        self._seen_cron_runs: set[str] | None = None
+        self._lock = threading.Lock()
+
+    # --- reading -------------------------------------------------------------------------
+
+    def view(self, env: str) -> View:
+        with self._lock:
+            if env not in self._views:
+                self._views[env] = View(env, self.config.namespace(env))
+            return self._views[env]
+
+    def refresh(self, env: str) -> None:
+        view = self.view(env)
+        namespaces = {
+            ns["metadata"]["name"]
+            for ns in self.client.list("Namespace", None, {MANAGED_BY: "gitops-sless"})
+        }
+        view.read(self.client, namespaces)
+        if needs_pods(view):
+            view.pods = self.client.list(
+                "Pod", view.namespace, {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
+            )
+        self.applier.forget(env)
+        self.builds.refresh()
+        self._publish_routes(view)
+        self._report_cron_runs(view)
+
+    def _publish_routes(self, view: View) -> None:
+        """A route for every function with an available replica; 503 with its phase otherwise."""
+        serving = set()
+        for deployment in view.all("Deployment"):
+            name = label(deployment, FUNCTION_LABEL)
+            status = deployment.get("status") or {}
+            if not name or not int(status.get("availableReplicas") or 0):
+                continue
+            if view.get("Service", name) is None:
+                continue
+            serving.add(name)
+            timeout = _timeout(deployment)
+            current = self.routes.get(view.env, name)
+            if current is None or current.timeout_sec != timeout:
+                self.routes.set(self.route_for(view.env, name, view.namespace, timeout))
+        for name in self.routes.names(view.env):
+            if name not in serving:
+                self.routes.remove(view.env, name)
+
+    def _report_cron_runs(self, view: View) -> None:
+        """CronJob runs that finished since the last look, as invocations."""
+        runs = [
+            job
+            for job in view.all("Job")
+            if any(o.get("kind") == "CronJob" for o in job["metadata"].get("ownerReferences") or [])
+        ]
+        finished = {
+            job["metadata"]["uid"]: job
+            for job in runs
+            if (job.get("status") or {}).get("succeeded") or (job.get("status") or {}).get("failed")
+        }
+        if self._seen_cron_runs is None:  # runs from before this process started are history
+            self._seen_cron_runs = set(finished)
+            return
+        for uid, job in finished.items():
+            if uid in self._seen_cron_runs:
+                continue
+            self._seen_cron_runs.add(uid)
+            if self._on_cron is not None:
+                self._on_cron(_cron_run(view.env, job))
+
+    def health(self, env: str) -> Mapping[str, Health]:
+        view = self.view(env)
+        out = {}
+        for name in view.functions():
+            observed = health(view, name)
+            if observed is not None:
+                out[name] = observed
+        return out
+
+    def job_runs(self, env: str) -> list[JobRecord]:
+        return finished_runs(self.view(env))
+
+    # --- building ------------------------------------------------------------------------
+
+    def is_built(self, fn: Function) -> bool:
+        return self.builds.is_built(fn.build_tag)
+
+    def build(self, fn: Function, snapshot: Snapshot) -> str:
+        return self.builds.build(fn, snapshot)
+
+    # --- running -------------------------------------------------------------------------
+
+    def deployed(self, env: str) -> dict[str, str]:
+        out = self.view(env).deployed()
+        for (e, name), spec_hash in self._job_only.items():
+            if e == env:
+                out[name] = spec_hash
+        return out
+
+    def apply(self, deployment: Deployment, revision: str | None = None) -> None:
+        view = self.view(deployment.env)
+        self.applier.ensure_environment(view)
+        objects = render_function(deployment, self.config, revision)
+        self.applier.apply(view, objects)
+        wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
+        stale = [
+            o
+            for o in view.of_function(deployment.name)
+            if (o["kind"], o["metadata"]["name"]) not in wanted
+        ]
+        self.applier.delete(view, stale)
+        key = (deployment.env, deployment.name)
+        with self._lock:
+            if objects:
+                self._job_only.pop(key, None)
+            else:
+                self._job_only[key] = deployment.spec_hash
+        if view.pods is None and not all(rolled_out(d) for d in view.all("Deployment")):
+            view.pods = []  # read on the next refresh; a fresh rollout has no pod problem yet
+
+    def remove(self, env: str, name: str) -> None:
+        self.routes.remove(env, name)  # 404 at once, before the objects go
+        view = self.view(env)
+        self.applier.delete(view, view.of_function(name, (*FUNCTION_KINDS, "Job")))
+        with self._lock:
+            self._job_only.pop((env, name), None)
+
+    def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
+        view = self.view(env)
+        self.applier.ensure_environment(view)
+        return self.jobs.run(view, fn, job, env_vars)
+
+
+def _timeout(deployment: dict[str, Any]) -> float:
+    containers = deployment["spec"]["template"]["spec"].get("containers") or [{}]
+    for var in containers[0].get("env") or []:
+        if var.get("name") == "SLESS_TIMEOUT_SEC":
+            try:
+                return float(var.get("value") or 30)
+            except ValueError:
+                break
+    return 30.0
+
+
+def _stamp(value: str | None) -> float | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+
+def _cron_run(env: str, job: dict[str, Any]) -> CronRun:
+    status = job.get("status") or {}
+    started = _stamp(status.get("startTime"))
+    done = _stamp(status.get("completionTime")) or started
+    owner = next(
+        o["name"] for o in job["metadata"]["ownerReferences"] if o.get("kind") == "CronJob"
+    )
+    index = owner.rsplit("-", 1)[-1]  # CronJobs are named <function>-cron-<index>
+    return CronRun(
+        env,
+        label(job, FUNCTION_LABEL) or owner,
+        int(index) if index.isdigit() else 0,
+        bool(status.get("succeeded")),
+        (done - started) * 1000 if started and done else 0.0,
+        "",
+    )

@@ -1,0 +1,352 @@
+"""The Kubernetes API, as this backend uses it: a few verbs on a few kinds, with retries.
+
+Requests go through the official client's ``ApiClient`` (its configuration,
+authentication and TLS), but bodies stay plain JSON dicts: the backend reads
+and writes the same dicts the renderer produces, and a LIST of a thousand
+objects is never turned into a thousand model instances.
+
+Errors are typed by what happens next: 409 Conflict, 429 and 5xx are retried
+with backoff (honouring ``Retry-After``) and end as :class:`KubeUnavailable`;
+404 is :class:`NotFound`; 409 AlreadyExists is :class:`AlreadyExists`; 422 is
+:class:`Invalid` with the API server's message; 401/403 is :class:`Forbidden`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from ..errors import PermanentError, TransientError
+
+__all__ = [
+    "FIELD_MANAGER",
+    "AlreadyExists",
+    "Forbidden",
+    "Invalid",
+    "KubeClient",
+    "KubeUnavailable",
+    "NotFound",
+    "kind_of",
+]
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "gitops-sless"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{quote(namespace, safe='')}"
+        base += f"/{self.plural}"
+        return base + (f"/{quote(name, safe='')}" if name is not None else "")
+
+
+KINDS = {
+    kind.name: kind
+    for kind in (
+        Kind("Namespace", "", "v1", "namespaces", namespaced=False),
+        Kind("Secret", "", "v1", "secrets"),
+        Kind("ConfigMap", "", "v1", "configmaps"),
+        Kind("ServiceAccount", "", "v1", "serviceaccounts"),
+        Kind("Service", "", "v1", "services"),
+        Kind("Pod", "", "v1", "pods"),
+        Kind("Deployment", "apps", "v1", "deployments"),
+        Kind("Job", "batch", "v1", "jobs"),
+        Kind("CronJob", "batch", "v1", "cronjobs"),
+        Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
+        Kind("Lease", "coordination.k8s.io", "v1", "leases"),
+    )
+}
+
+
+def kind_of(name: str) -> Kind:
+    return KINDS[name]
+
+
+class KubeError(Exception):
+    """What the API server said, for the messages below."""
+
+    status: int = 0
+
+
+class NotFound(KubeError, PermanentError):
+    status = 404
+
+
+class AlreadyExists(KubeError, PermanentError):
+    status = 409
+
+
+class Invalid(KubeError, PermanentError):
+    """422: the object is malformed; the same object is refused again."""
+
+    status = 422
+
+
+class Forbidden(KubeError, PermanentError):
+    """401/403: the credentials are wrong or lack a permission (RBAC)."""
+
+
+class KubeUnavailable(KubeError, TransientError):
+    """The API server could not be reached, or kept answering 409/429/5xx."""
+
+
+def _message(status: int, body: bytes) -> tuple[str, str]:
+    try:
+        payload = json.loads(body)
+        return str(payload.get("reason") or ""), str(payload.get("message") or "")
+    except (ValueError, AttributeError):
+        return "", body.decode("utf-8", "replace")[:300]
+
+
+class KubeClient:
+    """JSON verbs on the kinds of :data:`KINDS`, through one ``kubernetes.client.ApiClient``."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        in_cluster: bool = False,
+        attempts: int = 6,
+        backoff_sec: float = 0.2,
+        max_wait_sec: float = 10.0,
+        timeout_sec: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.api = api
+        self.in_cluster = in_cluster
+        self.attempts = attempts
+        self.backoff_sec = backoff_sec
+        self.max_wait_sec = max_wait_sec
+        self.timeout_sec = timeout_sec
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> KubeClient:
+        """In a pod without a kubeconfig: the service account; else the kubeconfig file."""
+        configuration = k8s.Configuration()
+        in_cluster = not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ
+        try:
+            if in_cluster:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                k8s_config.load_kube_config(
+                    config_file=kubeconfig, context=context, client_configuration=configuration
+                )
+        except (ConfigException, OSError, ValueError, TypeError) as exc:
+            where = "in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
+            raise Forbidden(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
+        configuration.retries = 0  # retries are ours: with backoff, typed errors, counted
+        return cls(k8s.ApiClient(configuration), in_cluster=in_cluster)
+
+    @property
+    def host(self) -> str:
+        return str(self.api.configuration.host)
+
+    # --- raw ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        verb: str,
+        kind: str,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One call, retried while the answer is transient; the response body."""
+        url = self.host + path + (f"?{urlencode(query)}" if query else "")
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
+        for attempt in range(1, self.attempts + 1):
+            with self._lock:
+                self.requests[(verb, kind)] += 1
+            try:
+                response = self.api.call_api(
+                    method,
+                    url,
+                    header_params=dict(headers),
+                    body=body,
+                    _request_timeout=self.timeout_sec,
+                )
+                response.read()
+                status, payload = response.status, response.data
+                retry_after = response.getheader("Retry-After")
+            except ApiException as exc:
+                status, payload = exc.status or 0, (exc.body or b"")
+                retry_after = (exc.headers or {}).get("Retry-After")
+                if isinstance(payload, str):
+                    payload = payload.encode()
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                if attempt == self.attempts:
+                    raise KubeUnavailable(f"Kubernetes API at {self.host}: {_reason(exc)}") from exc
+                self._sleep(self._delay(attempt, None))
+                continue
+            if 200 <= status < 300:
+                return payload or b""
+            reason, message = _message(status, payload or b"")
+            if status == 409 and reason == "AlreadyExists":
+                raise AlreadyExists(message)
+            retryable = status in (409, 429) or status >= 500
+            if retryable and attempt < self.attempts:
+                log.debug("%s %s: %d %s; retrying", method, path, status, reason)
+                self._sleep(self._delay(attempt, retry_after))
+                continue
+            raise _error(status, reason, message or f"{method} {path}: HTTP {status}")
+        raise AssertionError("unreachable")
+
+    def _delay(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after:
+            try:
+                return min(float(retry_after), self.max_wait_sec)
+            except ValueError:
+                pass
+        return min(self.backoff_sec * 2 ** (attempt - 1), self.max_wait_sec) * (
+            0.5 + random.random() / 2
+        )
+
+    def _json(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.request(*args, **kwargs) or b"{}")
+        return result
+
+    # --- verbs -------------------------------------------------------------------------
+
+    def version(self) -> dict[str, Any]:
+        return self._json("get", "Version", "GET", "/version")
+
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return self._json("get", kind, "GET", KINDS[kind].path(namespace, name))
+        except NotFound:
+            return None
+
+    def list(
+        self, kind: str, namespace: str | None, selector: Mapping[str, str] | str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in ``namespace`` (None: every namespace) matching the labels."""
+        query = {}
+        if selector:
+            query["labelSelector"] = (
+                selector
+                if isinstance(selector, str)
+                else ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            )
+        try:
+            body = self._json("list", kind, "GET", KINDS[kind].path(namespace), query)
+        except NotFound:
+            return []  # the namespace is not there (yet): nothing in it
+        items: list[dict[str, Any]] = body.get("items") or []
+        for item in items:  # list items come without kind and apiVersion
+            item.setdefault("kind", kind)
+            item.setdefault("apiVersion", KINDS[kind].api_version)
+        return items
+
+    def apply(self, obj: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
+        """Server-side apply of ``obj`` as the ``gitops-sless`` field manager."""
+        kind, meta = KINDS[obj["kind"]], obj["metadata"]
+        query = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        path = kind.path(meta.get("namespace"), meta["name"])
+        return self._json(
+            "apply", kind.name, "PATCH", path, query, dict(obj), "application/apply-patch+yaml"
+        )
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        kind, meta = KINDS[obj["kind"]], obj["metadata"]
+        query = {"fieldManager": FIELD_MANAGER}
+        return self._json("create", kind.name, "POST", kind.path(meta.get("namespace")), query, obj)
+
+    def patch(
+        self, kind: str, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """A JSON merge patch, under its own field manager (records written onto objects,
+        which a later apply by ``gitops-sless`` must not take back)."""
+        query = {"fieldManager": f"{FIELD_MANAGER}-records"}
+        path = KINDS[kind].path(namespace, name)
+        return self._json("patch", kind, "PATCH", path, query, body, "application/merge-patch+json")
+
+    def delete(
+        self, kind: str, namespace: str | None, name: str, propagation: str = "Background"
+    ) -> bool:
+        """False when it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        try:
+            self.request("delete", kind, "DELETE", KINDS[kind].path(namespace, name), body=body)
+        except NotFound:
+            return False
+        return True
+
+    def pod_log(self, namespace: str, pod: str, tail_lines: int | None = None) -> str:
+        query = {"tailLines": str(tail_lines)} if tail_lines else None
+        path = KINDS["Pod"].path(namespace, pod) + "/log"
+        return self.request("log", "Pod", "GET", path, query).decode("utf-8", "replace")
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return dict(self.requests)
+
+
+def _error(status: int, reason: str, message: str) -> KubeError:
+    if status == 404:
+        return NotFound(message)
+    if status == 422:
+        return Invalid(message)
+    if status in (401, 403):
+        return Forbidden(f"{reason or 'Forbidden'}: {message}")
+    if status in (409, 429) or status >= 500:
+        return KubeUnavailable(f"HTTP {status} {reason}: {message}")
+    return Invalid(f"HTTP {status} {reason}: {message}")
+
+
+def _reason(exc: BaseException) -> str:
+    inner = getattr(exc, "reason", None) or exc
+    text = str(inner)
+    if "Connection refused" in text:
+        return "connection refused"
+    return text.split(": ", 1)[-1][:200] if ": " in text else text[:200]
+
+
+def own_namespace(default: str = "gitops-sless") -> str:
+    """The pod's namespace in a cluster, else ``default``."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or default
+    except OSError:
+        return default
+
+
+def api_host(client: KubeClient) -> tuple[str, int, bool]:
+    parts = urlsplit(client.host)
+    tls = parts.scheme == "https"
+    return parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80), tls

@@ -1,0 +1,163 @@
+"""Job runs as Kubernetes Jobs: one per ``(name, runId)``, the result read from the pod's log.
+
+The Job's name holds the runId, so a run is created once whoever asks; a
+reconciler that restarts while it runs waits for the same Job. When a run
+ends, its result (or error) is written onto the Job as an annotation: the
+cluster, not the local state folder, remembers which runs ended and what they
+returned, so a reconciler with an empty state folder runs nothing again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from ..backend import EnvValue, JobFailed, JobRecord
+from ..manifest import Function, Job
+from ..renderer import FUNCTION_LABEL, JOB_LABEL, RUN_LABEL, RenderConfig, render_job
+from .client import AlreadyExists, KubeClient
+from .status import stuck_reason
+from .view import View, annotation, label
+
+__all__ = ["JobRunner", "finished_runs"]
+
+RESULT = "gitops-sless.dev/result"
+ERROR = "gitops-sless.dev/error"
+MAX_RESULT_BYTES = 200_000  # annotations are capped at 256 KiB per object
+LOG_TAIL_LINES = 40
+
+
+def _conditions(job: Mapping[str, Any]) -> set[str]:
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return {c.get("type") for c in conditions if c.get("status") == "True"}
+
+
+def _time(stamp: str | None) -> float | None:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
+
+
+def finished_runs(view: View) -> list[JobRecord]:
+    """The runs whose result or error is recorded on their Job."""
+    out = []
+    for job in view.all("Job"):
+        name, run_id = label(job, JOB_LABEL), label(job, RUN_LABEL)
+        result, error = annotation(job, RESULT), annotation(job, ERROR)
+        if not name or not run_id or (result is None and error is None):
+            continue
+        out.append(
+            JobRecord(
+                name=name,
+                run_id=int(run_id),
+                function=label(job, FUNCTION_LABEL) or "",
+                phase="Succeeded" if error is None else "Failed",
+                result=result,
+                error=error,
+                finished=_time((job.get("status") or {}).get("completionTime")),
+            )
+        )
+    return out
+
+
+class JobRunner:
+    def __init__(self, client: KubeClient, config: RenderConfig, poll_sec: float = 2.0) -> None:
+        self.client = client
+        self.config = config
+        self.poll_sec = poll_sec
+
+    def run(self, view: View, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
+        obj = render_job(view.env, fn, job, env_vars, self.config)
+        name, namespace = obj["metadata"]["name"], view.namespace
+        live = view.get("Job", name)
+        if live is None:
+            try:
+                live = self.client.create(obj)
+            except AlreadyExists:
+                live = self.client.get("Job", namespace, name) or {}
+        recorded = annotation(live, RESULT), annotation(live, ERROR)
+        if recorded[0] is not None:
+            return recorded[0]
+        if recorded[1] is not None:
+            raise JobFailed(recorded[1])
+        try:
+            live = self._wait(namespace, name, live, fn.timeout_sec)
+        except _Stuck as stuck:
+            # a missing Secret fails the run as on the local backend (fix it, bump runId);
+            # suspending the Job stops a pod that would otherwise start once it appears
+            self.client.patch(
+                "Job",
+                namespace,
+                name,
+                {"metadata": {"annotations": {ERROR: str(stuck)}}, "spec": {"suspend": True}},
+            )
+            raise JobFailed(str(stuck)) from None
+        output = self._log(namespace, name)
+        if "Complete" in _conditions(live):
+            # a pod log mixes stdout and stderr; the runner prints its result last, one line
+            lines = [line for line in output.splitlines() if line.strip()]
+            result = lines[-1].strip() if lines else ""
+            problem = _bad_result(result)
+            if problem is None:
+                self._record(namespace, name, {RESULT: result})
+                return result
+        else:
+            reason = _failure(live)
+            tail = "\n".join(output.splitlines()[-LOG_TAIL_LINES:])
+            problem = f"{reason}: {tail}" if tail else reason
+        self._record(namespace, name, {ERROR: problem})
+        raise JobFailed(problem)
+
+    def _wait(self, namespace: str, name: str, job: dict[str, Any], timeout: int) -> dict[str, Any]:
+        started = time.monotonic()
+        deadline = started + timeout + 120  # activeDeadlineSeconds ends it before
+        delay = 0.05
+        while not ({"Complete", "Failed"} & _conditions(job)):
+            if time.monotonic() - started > 1 and not (job.get("status") or {}).get("ready"):
+                reason = stuck_reason(self.client.list("Pod", namespace, {"job-name": name}))
+                if reason:
+                    raise _Stuck(f"the job's pod cannot start: {reason}")
+            if time.monotonic() > deadline:
+                raise JobFailed(f"Job {name} did not finish within {timeout + 120} s")
+            time.sleep(delay)
+            delay = min(delay * 2, self.poll_sec)
+            job = self.client.get("Job", namespace, name) or {}
+            if not job:
+                raise JobFailed(f"Job {name} was deleted while it ran")
+        return job
+
+    def _log(self, namespace: str, name: str) -> str:
+        pods = self.client.list("Pod", namespace, {"job-name": name})
+        if not pods:
+            return ""
+        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        return self.client.pod_log(namespace, newest["metadata"]["name"])
+
+    def _record(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        self.client.patch("Job", namespace, name, {"metadata": {"annotations": dict(annotations)}})
+
+
+class _Stuck(Exception):
+    pass
+
+
+def _bad_result(result: str) -> str | None:
+    if len(result.encode()) > MAX_RESULT_BYTES:
+        return f"result is {len(result.encode())} bytes; at most {MAX_RESULT_BYTES} are kept"
+    try:
+        json.loads(result)
+    except ValueError:
+        first = result.splitlines()[0][:200] if result else "(empty)"
+        return f"the runner's output is not JSON: {first}"
+    return None
+
+
+def _failure(job: Mapping[str, Any]) -> str:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            reason = cond.get("reason") or "Failed"
+            if reason == "DeadlineExceeded":
+                return "timed out (DeadlineExceeded)"
+            return f"the Job failed ({reason})"
+    return "the Job failed"

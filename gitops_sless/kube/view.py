@@ -1,0 +1,121 @@
+"""What one environment's namespace holds, read with one LIST per kind per pass.
+
+Every question the planner asks between two reads (is it deployed, with which
+spec, is it healthy) is answered from here, never with a GET per function.
+Writes made during the pass update the view with the object the API server
+returned, so the next round of the same pass sees them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+from ..renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
+from .client import KubeClient
+
+__all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
+
+# the long-running objects of a function; Jobs are runs, listed too but never "the function"
+FUNCTION_KINDS = ("Deployment", "Service", "CronJob")
+LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Secret")
+
+
+def label(obj: dict[str, Any], key: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("labels") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+def annotation(obj: dict[str, Any], key: str) -> str | None:
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    return str(value) if value is not None else None
+
+
+class View:
+    """The managed objects of one environment's namespace."""
+
+    def __init__(self, env: str, namespace: str) -> None:
+        self.env = env
+        self.namespace = namespace
+        self.namespace_exists = False
+        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] | None = None  # read only when some rollout is unsettled
+        self._lock = threading.Lock()
+
+    def read(self, client: KubeClient, namespaces: Iterable[str]) -> None:
+        self.namespace_exists = self.namespace in namespaces
+        objects: dict[tuple[str, str], dict[str, Any]] = {}
+        if self.namespace_exists:
+            selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: self.env}
+            for kind in LISTED:
+                for obj in client.list(kind, self.namespace, selector):
+                    objects[(kind, obj["metadata"]["name"])] = obj
+        with self._lock:
+            self._objects = objects
+            self.pods = None
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self._objects.get((kind, name))
+
+    def put(self, obj: dict[str, Any]) -> None:
+        with self._lock:
+            self._objects = {**self._objects, (obj["kind"], obj["metadata"]["name"]): obj}
+
+    def drop(self, kind: str, name: str) -> None:
+        with self._lock:
+            objects = dict(self._objects)
+            objects.pop((kind, name), None)
+            self._objects = objects
+
+    def all(self, kind: str) -> list[dict[str, Any]]:
+        return [obj for (k, _), obj in self._objects.items() if k == kind]
+
+    def of_function(self, name: str, kinds: Iterable[str] = FUNCTION_KINDS) -> list[dict[str, Any]]:
+        wanted = set(kinds)
+        return [
+            obj
+            for (kind, _), obj in self._objects.items()
+            if kind in wanted and label(obj, FUNCTION_LABEL) == name
+        ]
+
+    def functions(self) -> set[str]:
+        return {
+            name
+            for (kind, _), obj in self._objects.items()
+            if kind in FUNCTION_KINDS and (name := label(obj, FUNCTION_LABEL))
+        }
+
+    def deployed(self) -> dict[str, str]:
+        """function -> the spec hash its objects run; "" when they disagree or one is missing.
+
+        An object edited by another field manager is drift: "" makes the
+        planner apply the function again, which puts the object back.
+        """
+        out: dict[str, str] = {}
+        for name in self.functions():
+            objects = self.of_function(name)
+            primary = self.primary(name)
+            count = annotation(primary, OBJECT_COUNT) if primary else None
+            whole = count == str(len(objects))
+            clean = not any(drifted(obj) for obj in objects)
+            out[name] = (
+                (annotation(primary, FUNCTION_HASH) or "") if primary and whole and clean else ""
+            )
+        return out
+
+    def primary(self, name: str) -> dict[str, Any] | None:
+        """The object that carries the function's spec hash and revision."""
+        carriers = [o for o in self.of_function(name) if annotation(o, FUNCTION_HASH)]
+        return carriers[0] if len(carriers) == 1 else None
+
+
+def drifted(obj: dict[str, Any]) -> bool:
+    """Another field manager changed the spec (``kubectl edit``, ``kubectl scale``)."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        # status is the controllers'; a scale subresource write is drift like any other
+        if entry.get("subresource") == "status" or entry.get("manager") == "gitops-sless":
+            continue
+        if "f:spec" in (entry.get("fieldsV1") or {}):
+            return True
+    return False
