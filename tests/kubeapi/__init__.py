@@ -2,12 +2,34 @@
 
 ``FakeKube`` serves the REST API (core/v1 namespaces, secrets, configmaps, serviceaccounts,
 services with ``/proxy``, pods with ``/log``; apps/v1 deployments; batch/v1 jobs and cronjobs;
-networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases) over HTTP on 127.0.0.1
-with bearer-token auth, and runs controllers and a kubelet so Deployments become available,
-Jobs run and kaniko builds read their context from S3. Modules: ``server`` (HTTP),
-``store`` (objects, resourceVersion, selectors), ``apply`` (server-side apply, patches),
-``validate`` (cached strict schemas), ``defaults``, ``ops`` (the verbs), ``controllers`` and
-``kubelet``, ``fake`` (the ``FakeKube`` object), ``fixtures`` (the ``fake_kube`` fixture)."""
+networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases; discovery and
+``/version``) over HTTP on 127.0.0.1 with bearer-token auth, and runs controllers and a
+kubelet so Deployments become available, Jobs run and kaniko builds read their context from
+S3. Modules: ``server`` (HTTP), ``store`` (objects, resourceVersion, selectors), ``apply``
+(server-side apply, patches), ``validate`` (cached strict schemas), ``defaults``, ``ops``
+(the verbs), ``controllers``, ``cronjobs``, ``kubelet``, ``kaniko``, ``fake`` (``FakeKube``),
+``fixtures`` (the ``fake_kube`` fixture); ``python -m tests.kubeapi`` runs it standalone.
+
+Where it differs from a real cluster (the rest is meant to match it):
+
+* Server-side apply is simplified (see ``apply``): lists are atomic except lists of objects
+  keyed by ``name``; conflicts on exact leaf paths; managers told apart by name only.
+* Deletion is immediate: no graceful termination, no finalizers, a namespace and its
+  contents are gone at once (the DELETE answers the namespace with phase Terminating).
+  Garbage collection (Background/Foreground alike, or Orphan) happens inside the request.
+* Deployments own their pods directly (no ReplicaSets); a rollout creates every new pod at
+  once and deletes old pods as new ones become ready; minReadySeconds and paused are not
+  honoured; the progress deadline counts from the last spec change.
+* Jobs retry failed pods at once (no backoff delay); OnFailure is treated like Never;
+  indexed completion and pod failure policies are not modelled. CronJobs never fire by
+  themselves: ``fire_cronjob`` does it.
+* Controller and kubelet writes record no managedFields (except the Deployment revision
+  annotation); ``/status`` writes record none either.
+* ``limit``/``continue`` are ignored (lists are whole); a watch filters events by selector
+  but does not turn an object that stops matching into a DELETED event.
+* Pods never really run: images "pull" when built here or preloaded, secrets and config maps
+  are checked, a Job pod ends after ``job_seconds`` with the log set for its Job.
+"""
 
 from .fake import FakeKube
 

@@ -321,7 +321,10 @@ class FakeKube:
         }
         if method != "POST" or hook not in actions:
             return 404, {"error": f"no test hook {method} {path}"}
-        result = actions[hook]()
+        try:
+            result = actions[hook]()
+        except KeyError as exc:
+            raise bad_request(f"{path}: missing field {exc}") from exc
         return 200, result if result is not None else {}
 
 
