@@ -158,7 +158,12 @@ def _through(recorder: Recorder, **settings: Any) -> Gateway:
 
 
 def _call(proxy: ProxyServer, method: str, path: str, body: bytes | None = None) -> Reply:
-    headers = {"Host": "front.example", "Authorization": "Bearer client-credentials"}
+    headers = {
+        "Host": "front.example",
+        "Authorization": "Bearer client-credentials",
+        "Impersonate-User": "system:admin",
+        "Impersonate-Group": "system:masters",
+    }
     if body is not None:
         headers["Content-Type"] = "application/json"
     return proxy.request(method, path, body, headers)
@@ -186,6 +191,8 @@ def test_call_reaches_the_gateway_under_its_prefix_with_its_credentials(proxy, r
     assert got.header("content-type") == ["application/json"]
     # the gateway's credentials and Host; never the client's Authorization
     assert got.header("authorization") == [f"Bearer {TOKEN}"]
+    # nor headers the API server would act on with the gateway's credentials
+    assert got.header("impersonate-user") == [] and got.header("impersonate-group") == []
     assert got.header("host") == [f"127.0.0.1:{gateway.port}"]
     # the forwarding headers are what they are without a gateway
     assert got.header("x-forwarded-host") == ["front.example"]

@@ -168,7 +168,7 @@ class KubeClient:
         except (ConfigException, OSError, ValueError, TypeError) as exc:
             where = "in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
             raise Forbidden(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
-        configuration.retries = 0  # retries are ours: with backoff, typed errors, counted
+        configuration.retries = False  # retries are ours: with backoff, typed errors, counted
         return cls(k8s.ApiClient(configuration), in_cluster=in_cluster)
 
     @property

@@ -36,7 +36,9 @@ def route_maker(client: KubeClient) -> Callable[[str, str, str, float], Route]:
     host, port, tls = api_host(client)
     configuration = client.api.configuration
     headers: list[tuple[str, str]] = []
-    token = client.api.configuration.get_api_key_with_prefix("authorization")
+    # read once: a kubeconfig whose token expires (exec plugins) needs a restart, as kubectl
+    # proxy would
+    token = configuration.auth_settings().get("BearerToken", {}).get("value")
     if token:
         headers.append(("Authorization", token))
     context = _ssl_context(configuration) if tls else None

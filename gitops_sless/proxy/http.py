@@ -144,7 +144,7 @@ _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"x-request-id": _REQID,
     b"content-length": _LENGTH,
     b"transfer-encoding": _CHUNKED,
-    b"authorization": _AUTH,  # passed on, but not to a gateway
+    b"authorization": _AUTH,  # passed on, but not to a gateway (nor Impersonate-*)
 }
 _XF = b"x-forwarded-"
 _SCHEMES = {b"http": b"http", b"https": b"https"}
@@ -156,6 +156,8 @@ _KINDS_MAX = 4096
 def _kind_of(name: bytes) -> int:
     """What to do with a header name not seen before (any X-Forwarded-* is dropped)."""
     kind = _DROP if name.startswith(_XF) else _PASS
+    if name.startswith(b"impersonate-"):  # Kubernetes would act on them with its credentials
+        kind = _AUTH
     if len(_kinds) < _KINDS_MAX:
         _kinds[name] = kind
     return kind
