@@ -55,7 +55,7 @@ def creates(kube: FakeKube, kind: str) -> int:
 
 @pytest.fixture
 def kube(fake_kube: FakeKube) -> FakeKube:
-    client = KubeClient.from_config(str(fake_kube.kubeconfig))
+    client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
     client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     return fake_kube
 
@@ -183,7 +183,7 @@ def test_a_removed_function_prunes_only_its_objects(kube, harness_for, tmp_path)
     harness = harness_for(repo)
     harness.sync()
     # an object another tool made in the same namespace is never touched
-    client = KubeClient.from_config(str(kube.kubeconfig))
+    client = KubeClient.from_config(str(kube.kubeconfig), calls=None)
     client.create(
         {
             "apiVersion": "v1",
@@ -237,7 +237,9 @@ def test_a_restarted_reconciler_adopts_the_build_job_it_left_running(
     contexts.upload_if_absent(
         contexts.key(fn.build_tag), build_context(fn, first.reconciler.source.snapshot())
     )
-    KubeClient.from_config(str(kube.kubeconfig)).create(build_job(fn, first.backend.config))
+    KubeClient.from_config(str(kube.kubeconfig), calls=None).create(
+        build_job(fn, first.backend.config)
+    )
     first.close()
     kube.reset_counts()
     second = harness_for(repo, "second")
@@ -298,7 +300,7 @@ def test_a_missing_secret_shows_the_kubelets_reason_until_it_exists(kube, harnes
     )
     assert record["phase"] == "Pending"
     assert 'secret "alpha-db" not found' in record["message"]
-    client = KubeClient.from_config(str(kube.kubeconfig))
+    client = KubeClient.from_config(str(kube.kubeconfig), calls=None)
     client.create(
         {
             "apiVersion": "v1",
@@ -330,7 +332,7 @@ def test_a_hand_edit_is_put_back(kube, harness_for, tmp_path):
     repo.commit("one", function_folder("alpha"))
     harness = harness_for(repo)
     harness.sync()
-    client = KubeClient.from_config(str(kube.kubeconfig))
+    client = KubeClient.from_config(str(kube.kubeconfig), calls=None)
     client.request(
         "patch",
         "Deployment",

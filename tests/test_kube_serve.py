@@ -46,7 +46,7 @@ def kube_env(kube: FakeKube, s3: S3Server, **changes: str) -> dict[str, str]:
 
 @pytest.fixture
 def kube(fake_kube: FakeKube) -> FakeKube:
-    KubeClient.from_config(str(fake_kube.kubeconfig)).create(
+    KubeClient.from_config(str(fake_kube.kubeconfig), calls=None).create(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )
     return fake_kube

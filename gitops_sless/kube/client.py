@@ -85,7 +85,29 @@ KINDS = {
         Kind("CronJob", "batch", "v1", "cronjobs"),
         Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
         Kind("Lease", "coordination.k8s.io", "v1", "leases"),
+        Kind("Function", "gitops-sless.dev", "v1alpha1", "functions"),
     )
+}
+
+# Every call this package makes, by kind: the client refuses any other, so this table is
+# exactly what the reconciler does to a cluster, and deploy/'s ClusterRole is derived from
+# it (tests/test_deploy.py). "apply" is a server-side apply (RBAC: create and patch), "log"
+# reads pods/log, "status" writes the status subresource.
+CALLS: dict[str, frozenset[str]] = {
+    kind: frozenset(verbs.split())
+    for kind, verbs in {
+        "Namespace": "get list apply delete",
+        "Secret": "get list apply",
+        "ConfigMap": "list create",
+        "Service": "list apply delete",
+        "Pod": "list log",
+        "Deployment": "list apply delete",
+        "Job": "get list create patch delete",
+        "CronJob": "list apply delete",
+        "NetworkPolicy": "list apply delete",
+        "Lease": "get create update",
+        "Function": "list watch apply delete status",
+    }.items()
 }
 
 
@@ -142,8 +164,11 @@ class KubeClient:
         max_wait_sec: float = 10.0,
         timeout_sec: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
+        calls: Mapping[str, frozenset[str]] | None = CALLS,
     ) -> None:
+        """``calls``: the calls allowed (None: any, for tests that set a cluster up)."""
         self.api = api
+        self.calls = calls
         self.in_cluster = in_cluster
         self.attempts = attempts
         self.backoff_sec = backoff_sec
@@ -154,7 +179,12 @@ class KubeClient:
         self.requests: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
 
     @classmethod
-    def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> KubeClient:
+    def from_config(
+        cls,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        calls: Mapping[str, frozenset[str]] | None = CALLS,
+    ) -> KubeClient:
         """In a pod without a kubeconfig: the service account; else the kubeconfig file."""
         configuration = k8s.Configuration()
         in_cluster = not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ
@@ -169,7 +199,7 @@ class KubeClient:
             where = "in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
             raise Forbidden(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
         configuration.retries = False  # retries are ours: with backoff, typed errors, counted
-        return cls(k8s.ApiClient(configuration), in_cluster=in_cluster)
+        return cls(k8s.ApiClient(configuration), in_cluster=in_cluster, calls=calls)
 
     @property
     def host(self) -> str:
@@ -188,6 +218,10 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> bytes:
         """One call, retried while the answer is transient; the response body."""
+        if self.calls is not None and kind != "Version" and verb not in self.calls.get(kind, ()):
+            raise Forbidden(
+                f"{verb} {kind}: not a call this reconciler makes (kube/client.py CALLS)"
+            )
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
         self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
