@@ -52,10 +52,15 @@ class Harness:
         assert result.error is None or "refused" in result.error or result.plan, result.error
         return result
 
-    def function(self, name: str, env: str = "prod") -> dict[str, Any]:
-        record = self.store.function(env, name)
+    def function(self, name: str, env: str | None = None) -> dict[str, Any]:
+        record = self.store.function(env or self.reconciler.env, name)
         assert record is not None, f"{name} is not in the store"
         return record
+
+    def writes(self) -> int:
+        """Writes this reconciler's client made (counted by the client: works on any cluster)."""
+        verbs = {"apply", "create", "patch", "delete", "update", "status"}
+        return sum(n for (verb, _), n in self.backend.client.counts().items() if verb in verbs)
 
     def close(self) -> None:
         self.reconciler.stop()
@@ -81,6 +86,7 @@ def make(
     *,
     allow_empty: bool = False,
     build_retry_sec: float = 300.0,
+    env: str = "prod",
 ) -> Harness:
     routes = RouteTable()
     cron_runs: list[Any] = []
@@ -95,6 +101,7 @@ def make(
         RepoSource(repo.path),
         backend,
         store,
+        env=env,
         routes=routes,
         workers=16,
         allow_empty=allow_empty,
