@@ -199,6 +199,7 @@ class KubeClient:
             where = "in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
             raise Forbidden(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
         configuration.retries = False  # retries are ours: with backoff, typed errors, counted
+        configuration.connection_pool_maxsize = 32  # the reconciler's workers share it
         return cls(k8s.ApiClient(configuration), in_cluster=in_cluster, calls=calls)
 
     @property
