@@ -1,0 +1,571 @@
+"""deploy/ (what `kubectl apply -k deploy/` installs) and the Dockerfile of the reconciler's image.
+
+Every object is checked against the Kubernetes 1.30 schemas; the ClusterRole is compared with
+the rules derived from kube/client.py CALLS, so a call added there without its permission (or
+a permission left behind) fails here.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gitops_sless import paths
+from gitops_sless.kube.client import CALLS, KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+DOCKERFILE = ROOT / "Dockerfile"
+NAMESPACE = "gitops-sless"
+CLUSTER_SCOPED = {"Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"}
+EXAMPLE_SECRET = "secret.example.yaml"  # the admin fills and applies it; not in the kustomization
+
+
+# --- loading -----------------------------------------------------------------------------
+
+
+@cache
+def _kustomization() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "kustomization.yaml").read_text(encoding="utf-8"))
+
+
+def _resources() -> list[str]:
+    return list(_kustomization()["resources"])
+
+
+@cache
+def _objects() -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(file, object) for every object of the kustomization's files and the example Secret."""
+    found = []
+    for name in [*_resources(), EXAMPLE_SECRET]:
+        text = (DEPLOY / name).read_text(encoding="utf-8")
+        found.extend((name, obj) for obj in yaml.safe_load_all(text) if obj)
+    return tuple(found)
+
+
+def _one(kind: str, name: str = NAMESPACE) -> dict[str, Any]:
+    matches = [o for _, o in _objects() if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected one {kind} {name} in deploy/, found {len(matches)}"
+    return matches[0]
+
+
+def _object_id(item: tuple[str, dict[str, Any]]) -> str:
+    return f"{item[0]}:{item[1]['kind']}/{item[1]['metadata']['name']}"
+
+
+# --- every object --------------------------------------------------------------------------
+
+
+def test_the_kustomization_lists_every_manifest_but_the_example_secret():
+    listed = _resources()
+    assert len(listed) == len(set(listed))
+    for name in listed:
+        assert (DEPLOY / name).is_file(), f"kustomization.yaml lists {name}, which is missing"
+    manifests = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert EXAMPLE_SECRET in manifests
+    assert EXAMPLE_SECRET not in listed, "the example Secret holds placeholders: never applied"
+    assert manifests - {EXAMPLE_SECRET} == set(listed), "a manifest in deploy/ is not listed"
+
+
+@pytest.mark.parametrize("item", _objects(), ids=_object_id)
+def test_every_object_is_valid_kubernetes_1_30(item):
+    name, obj = item
+    try:
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        pytest.fail(f"{name}: {obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+
+
+@pytest.mark.parametrize("item", _objects(), ids=_object_id)
+def test_namespaced_objects_live_in_the_reconcilers_namespace(item):
+    _, obj = item
+    if obj["kind"] in CLUSTER_SCOPED:
+        assert "namespace" not in obj["metadata"]
+    else:
+        assert obj["metadata"].get("namespace") == NAMESPACE
+
+
+def test_the_namespace_is_created_with_the_rest():
+    assert _one("Namespace")["metadata"]["name"] == NAMESPACE
+    assert _resources().index("namespace.yaml") == 0
+
+
+def test_the_example_secret_holds_placeholders_only():
+    secret = _one("Secret", "gitops-sless-secrets")
+    assert "data" not in secret
+    assert set(secret["stringData"]) >= {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "SLESS_API_TOKEN",
+        "SLESS_WEBHOOK_SECRET",
+    }
+    assert set(secret["stringData"].values()) == {"REPLACE-ME"}
+
+
+def test_every_setting_in_the_configmap_and_secret_is_read_by_the_code():
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "gitops_sless").rglob("*.py"))
+    args = _container()["args"]
+    keys = [
+        *_one("ConfigMap", "gitops-sless-config")["data"],
+        *_one("Secret", "gitops-sless-secrets")["stringData"],
+    ]
+    for key in keys:
+        assert f'"{key}"' in source or f"$({key})" in " ".join(args), f"{key} is read by nothing"
+
+
+# --- RBAC ----------------------------------------------------------------------------------
+
+
+def _derived_rules() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every call in CALLS."""
+    rules: set[tuple[str, str, str]] = set()
+    for kind_name, verbs in CALLS.items():
+        kind = KINDS[kind_name]
+        for verb in verbs:
+            if verb == "apply":  # server-side apply
+                granted = [(kind.plural, "create"), (kind.plural, "patch")]
+            elif verb == "log":
+                granted = [(f"{kind.plural}/log", "get")]
+            elif verb == "status":
+                granted = [(f"{kind.plural}/status", v) for v in ("get", "patch", "update")]
+            elif verb == "watch":
+                granted = [(kind.plural, "list"), (kind.plural, "watch")]
+            else:
+                granted = [(kind.plural, verb)]
+            rules.update((kind.group, resource, v) for resource, v in granted)
+    return rules
+
+
+def _walk(node: Any) -> Iterator[Any]:
+    yield node
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def test_the_cluster_role_grants_exactly_the_calls_the_client_makes():
+    role = _one("ClusterRole")
+    granted = set()
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames, no URLs"
+        granted.update(
+            (group, resource, verb)
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        )
+    expected = _derived_rules()
+    assert granted == expected, (
+        f"missing: {sorted(expected - granted)}; not in CALLS: {sorted(granted - expected)}"
+    )
+    assert not any("*" in str(value) for value in _walk(role["rules"]))
+
+
+def test_the_binding_gives_the_role_to_the_deployments_service_account():
+    binding = _one("ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": _one("ClusterRole")["metadata"]["name"],
+    }
+    account = _one("ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+# --- the CRD -------------------------------------------------------------------------------
+
+
+def _crd() -> dict[str, Any]:
+    return _one("CustomResourceDefinition", "functions.gitops-sless.dev")
+
+
+def _version() -> dict[str, Any]:
+    versions = _crd()["spec"]["versions"]
+    assert [v["name"] for v in versions] == ["v1alpha1"]
+    return versions[0]
+
+
+def _schema() -> dict[str, Any]:
+    return _version()["schema"]["openAPIV3Schema"]
+
+
+def test_the_crd_is_the_function_kind_the_client_uses():
+    spec = _crd()["spec"]
+    kind = KINDS["Function"]
+    assert spec["group"] == kind.group
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"] == {
+        "kind": "Function",
+        "listKind": "FunctionList",
+        "plural": kind.plural,
+        "singular": "function",
+        "shortNames": ["fn"],
+        "categories": ["gitops-sless"],
+    }
+    version = _version()
+    assert (version["name"], version["served"], version["storage"]) == (kind.version, True, True)
+    assert version["subresources"] == {"status": {}}
+    assert _schema()["required"] == ["spec"]
+
+
+def test_the_crd_prints_six_columns():
+    columns = {
+        c["name"]: (c["type"], c["jsonPath"]) for c in _version()["additionalPrinterColumns"]
+    }
+    assert columns == {
+        "Phase": ("string", ".status.phase"),
+        "Runtime": ("string", ".spec.runtime"),
+        "Tag": ("string", ".status.buildTag"),
+        "Revision": ("string", ".status.revision"),
+        "URL": ("string", ".status.url"),
+        "Age": ("date", ".metadata.creationTimestamp"),
+    }
+    revision = next(c for c in _version()["additionalPrinterColumns"] if c["name"] == "Revision")
+    assert "commit" in revision["description"]
+
+
+def _schema_nodes(node: dict[str, Any], where: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema node below ``node``, with its path."""
+    yield where or ".", node
+    for name, child in (node.get("properties") or {}).items():
+        yield from _schema_nodes(child, f"{where}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _schema_nodes(node["items"], f"{where}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _schema_nodes(node["additionalProperties"], f"{where}{{}}")
+
+
+def test_the_crd_schema_is_structural_and_described():
+    for where, node in _schema_nodes(_schema()):
+        assert "type" in node, f"{where}: every node of a structural schema has a type"
+        assert not {"$ref", "allOf", "anyOf", "oneOf", "not"} & set(node), where
+        if node["type"] == "object" and where != ".metadata":
+            assert (
+                node.get("properties")
+                or node.get("additionalProperties")
+                or node.get("x-kubernetes-preserve-unknown-fields")
+            ), f"{where}: an object says what it holds"
+        if where not in (".apiVersion", ".kind", ".metadata"):
+            assert node.get("description"), f"{where}: no description"
+
+
+def test_the_crd_schema_has_the_functions_fields():
+    props = _schema()["properties"]
+    assert set(props["spec"]["properties"]) == {
+        *("runtime", "entrypoint", "memoryMB", "timeoutSec", "replicas", "enabled", "http"),
+        *("crons", "env", "jobs", "buildTag", "manifest", "folder", "environment"),
+    }
+    status = props["status"]["properties"]
+    assert set(status) == {
+        *("phase", "message", "buildTag", "image", "revision", "url", "updated", "restarts"),
+        *("lastExit", "observedGeneration", "jobs", "conditions"),
+    }
+    assert status["phase"]["enum"] == [
+        "Pending",
+        "Building",
+        "Ready",
+        "Failed",
+        "Invalid",
+        "Disabled",
+    ]
+    assert status["jobs"]["maxItems"] == 20
+    assert status["jobs"]["items"]["properties"]["result"]["maxLength"] == 1024
+
+
+def test_status_conditions_have_the_standard_condition_shape():
+    conditions = _schema()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["type"] == "array"
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    item = conditions["items"]
+    assert set(item["required"]) == {"type", "status", "reason", "message", "lastTransitionTime"}
+    props = item["properties"]
+    assert set(props) == set(item["required"]) | {"observedGeneration"}
+    assert props["status"]["enum"] == ["True", "False", "Unknown"]
+    assert (props["lastTransitionTime"]["type"], props["lastTransitionTime"]["format"]) == (
+        "string",
+        "date-time",
+    )
+    assert (props["observedGeneration"]["type"], props["observedGeneration"]["format"]) == (
+        "integer",
+        "int64",
+    )
+
+
+def test_an_env_value_holds_a_secrets_name_never_its_value():
+    env = _schema()["properties"]["spec"]["properties"]["env"]
+    value = env["additionalProperties"]
+    assert value["type"] == "object"
+    assert {name: p["type"] for name, p in value["properties"].items()} == {
+        "value": "string",  # a literal from the manifest, never a secret's content
+        "secret": "string",
+        "key": "string",
+        "job": "string",
+    }
+    # no field below env keeps what the schema does not name: anything else is pruned
+    assert not any(
+        "x-kubernetes-preserve-unknown-fields" in node or "additionalProperties" in node
+        for _, node in _schema_nodes(value)
+    )
+    rules = " ".join(r["rule"] for r in value["x-kubernetes-validations"])
+    assert "has(self.secret) == has(self.key)" in rules  # a secret is a (name, key) pair
+    assert "== 1" in rules  # and never comes with a value
+
+
+def _function(**status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "gitops-sless.dev/v1alpha1",
+        "kind": "Function",
+        "metadata": {"name": "hello", "namespace": "sless-prod"},
+        "spec": {
+            "runtime": "python3.11",
+            "entrypoint": "main.handler",
+            "memoryMB": 128,
+            "timeoutSec": 30,
+            "replicas": 1,
+            "enabled": True,
+            "http": True,
+            "crons": [{"schedule": "*/5 * * * *", "event": {"any": {"thing": [1]}}}],
+            "env": {"GREETING": {"value": "hi"}, "TOKEN": {"secret": "api", "key": "token"}},
+            "jobs": [{"name": "migrate", "runId": 2, "event": {}}],
+            "buildTag": "b-0123456789ab",
+            "manifest": "greeting/python/sless.yaml",
+            "folder": "greeting/python",
+            "environment": "prod",
+        },
+        "status": {"phase": "Ready", "observedGeneration": 1, **status},
+    }
+
+
+def test_the_crd_schema_accepts_a_function_and_refuses_an_unknown_phase():
+    validator = jsonschema.Draft7Validator(_schema())
+    assert not list(validator.iter_errors(_function()))
+    assert list(validator.iter_errors(_function(phase="Sleeping")))
+    assert list(validator.iter_errors(_function(jobs=[{"name": "j"}] * 21)))
+
+
+# --- the Deployment ------------------------------------------------------------------------
+
+
+def _container() -> dict[str, Any]:
+    containers = _one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _pinned(image: str) -> bool:
+    """A tag with a version number (or a digest); never latest, never untagged."""
+    if "@sha256:" in image:
+        return True
+    name, _, tag = image.rpartition(":")
+    return bool(name) and "/" not in tag and tag != "latest" and re.search(r"\d", tag) is not None
+
+
+def test_the_deployment_runs_two_replicas_spread_over_nodes():
+    deployment = _one("Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    spread = [c["topologyKey"] for c in pod.get("topologySpreadConstraints", [])]
+    affinity = pod.get("affinity", {}).get("podAntiAffinity", {})
+    assert "kubernetes.io/hostname" in spread or affinity
+
+
+def test_the_deployment_serves_the_kubernetes_backend_from_a_pinned_image():
+    container = _container()
+    assert _pinned(container["image"]), container["image"]
+    args = container["args"]
+    assert args[:3] == ["serve", "--backend", "kubernetes"]
+    assert args[args.index("--listen") + 1] == "0.0.0.0:8080"
+    assert args[args.index("--state-dir") + 1] == "/var/cache/gitops-sless"
+    assert "--repo=$(SLESS_REPO)" in args
+    assert "SLESS_REPO" in _one("ConfigMap", "gitops-sless-config")["data"]
+    assert container["envFrom"] == [
+        {"configMapRef": {"name": "gitops-sless-config"}},
+        {"secretRef": {"name": "gitops-sless-secrets"}},
+    ]
+    from_fields = {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in container["env"]
+        if "valueFrom" in e
+    }
+    assert from_fields == {"SLESS_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+
+
+def test_the_deployment_runs_as_non_root_with_a_read_only_root():
+    pod = _one("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert "fsGroup" in pod["securityContext"]
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = _container()["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    # what it writes goes to emptyDirs: the state folder and /tmp
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in _container()["volumeMounts"]}
+    for path in ("/var/cache/gitops-sless", "/tmp"):
+        assert "emptyDir" in volumes[mounts[path]], path
+
+
+def test_the_deployment_has_requests_limits_and_probes():
+    container = _container()
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert container["resources"]["limits"] == {"memory": "512Mi"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_the_service_and_the_budget_select_the_deployments_pods():
+    labels = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    service = _one("Service")["spec"]
+    assert service["type"] == "ClusterIP"
+    assert service["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    budget = _one("PodDisruptionBudget")["spec"]
+    assert budget["minAvailable"] == 1
+    for selector in (service["selector"], budget["selector"]["matchLabels"]):
+        assert selector.items() <= labels.items()
+    assert _one("Deployment")["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+# --- the Dockerfile ------------------------------------------------------------------------
+
+
+@cache
+def _instructions() -> tuple[tuple[str, str], ...]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    found, pending = [], ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        keyword, _, rest = (pending + line).strip().partition(" ")
+        found.append((keyword.upper(), rest.strip()))
+        pending = ""
+    assert not pending, "the Dockerfile ends in a continuation"
+    return tuple(found)
+
+
+def _args(instruction: str) -> list[str]:
+    return [rest for keyword, rest in _instructions() if keyword == instruction]
+
+
+def _shell_words(text: str) -> list[str]:
+    return shlex.split(text)
+
+
+def test_every_base_image_is_pinned():
+    bases = _args("FROM")
+    assert len(bases) >= 2, "a builder stage and a runtime stage"
+    images = []
+    for rest in bases:
+        words = [w for w in rest.split() if not w.startswith("--")]
+        images.append(words[0])
+        assert _pinned(words[0]), f"FROM {words[0]}: pin an exact version"
+    assert len(set(images)) == 1, "the builder and the runtime share one pinned base"
+
+
+def test_the_image_runs_gitops_sless_serve_as_a_non_root_user():
+    keywords = [keyword for keyword, _ in _instructions()]
+    entrypoint_at = keywords.index("ENTRYPOINT")
+    users = [rest for keyword, rest in _instructions()[:entrypoint_at] if keyword == "USER"]
+    assert users, "no USER before ENTRYPOINT"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), "runs as root"
+    (entrypoint,) = _args("ENTRYPOINT")
+    (cmd,) = _args("CMD")
+    command = json.loads(entrypoint) + json.loads(cmd)  # exec form
+    assert command[:2] == ["gitops-sless", "serve"]
+    assert json.loads(cmd) == ["serve", "--backend", "kubernetes"]
+    # the Deployment's args replace CMD and keep the entrypoint: still gitops-sless serve
+    assert _container()["args"][0] == "serve"
+    assert "8080" in " ".join(_args("EXPOSE")).split()
+
+
+def _dockerignore() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of every COPY from the build context."""
+    found = []
+    for rest in _args("COPY"):
+        words = _shell_words(rest)
+        if any(w.startswith("--from") for w in words):
+            continue
+        words = [w for w in words if not w.startswith("--")]
+        found.append((words[:-1], words[-1]))
+    return found
+
+
+def test_every_copy_source_is_in_the_repository_and_the_build_context():
+    ignored = [p for p in _dockerignore() if not p.startswith("!")]
+    for sources, _ in _copies():
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            top = source.rstrip("/").split("/")[0]
+            assert not any(fnmatch.fnmatch(top, p) for p in ignored), f"{source} is ignored"
+    for needed in (".venv", ".git", "tests", "bench", "test-artifacts", ".sless-state"):
+        assert needed in _dockerignore()
+
+
+def test_the_wheel_is_built_from_what_pyproject_needs():
+    copied = {source.rstrip("/") for sources, _ in _copies() for source in sources}
+    assert {"pyproject.toml", "README.md", "gitops_sless"} <= copied
+    assert any("pip wheel" in rest for rest in _args("RUN"))
+
+
+def test_the_data_folders_are_where_the_code_looks(monkeypatch):
+    env = " ".join(_args("ENV"))
+    match = re.search(r"\bSLESS_HOME=(\S+)", env)
+    assert match, "ENV SLESS_HOME: the wheel does not carry schemas/, templates/, runtimes/"
+    home = match.group(1)
+    destinations = {dest.rstrip("/"): sources for sources, dest in _copies()}
+    for folder in ("runtimes", "templates", "schemas"):
+        assert destinations.get(f"{home}/{folder}") == [folder], f"COPY {folder} {home}/{folder}"
+    monkeypatch.setenv("SLESS_HOME", home)
+    assert paths.runtimes_dir() == Path(home) / "runtimes"
+    assert paths.templates_dir() == Path(home) / "templates"
+    assert paths.schema_path() == Path(home) / "schemas" / "sless.schema.json"
+
+
+def test_apt_installs_git_only():
+    installs = []
+    for rest in _args("RUN"):
+        for command in re.split(r"&&|;|\|\|", rest):
+            words = _shell_words(command)
+            if words[:1] == ["apt-get"] and "install" in words:
+                installs.append(words)
+    assert installs, "git is installed with apt-get"
+    for words in installs:
+        packages = [w for w in words[words.index("install") + 1 :] if not w.startswith("-")]
+        assert packages == ["git"]
+        assert "--no-install-recommends" in words
+    assert any("rm -rf /var/lib/apt/lists" in rest for rest in _args("RUN"))
