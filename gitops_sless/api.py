@@ -42,6 +42,7 @@ from .api_models import (
     Health,
     JobRun,
     LogChunk,
+    Readiness,
     Status,
     Sync,
     SyncAccepted,
@@ -241,7 +242,10 @@ def create_api(
     webhook_secret: str | None,
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     poll_interval: float | None = None,
+    readiness: Callable[[], tuple[bool, str]] | None = None,
 ) -> FastAPI:
+    """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
@@ -271,6 +275,21 @@ def create_api(
     @app.get("/healthz", tags=["health"])
     def healthz() -> Health:
         return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        responses={503: {"model": Readiness, "description": "not synced with the cluster yet"}},
+    )
+    def readyz(response: Response) -> Readiness:
+        if readiness is not None:
+            ready, reason = readiness()
+        else:
+            ready = reconciler.passes > 0
+            reason = "a first pass ran" if ready else "waiting for the first pass"
+        if not ready:
+            response.status_code = 503
+        return Readiness(status="ready" if ready else "not ready", reason=reason)
 
     @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
     def metrics() -> str:

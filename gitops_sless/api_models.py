@@ -79,6 +79,11 @@ class Health(ApiModel):
     status: Literal["ok"]
 
 
+class Readiness(ApiModel):
+    status: Literal["ready", "not ready"]
+    reason: str = Field(description="what this replica serves from, or what it waits for")
+
+
 class Sync(ApiModel):
     """One reconcile pass; repeated passes that changed nothing share one row."""
 

@@ -144,6 +144,15 @@ class Backend(ABC):
         """Deployed functions whose phase the backend observes; empty: the reconciler's own."""
         return {}
 
+    def report(  # noqa: B027 - optional hook
+        self,
+        env: str,
+        records: list[dict[str, Any]],
+        functions: Mapping[str, Function],
+        runs: list[dict[str, Any]],
+    ) -> None:
+        """Publish the status store's view of ``env`` where the backend keeps one."""
+
     def job_runs(self, env: str) -> list[JobRecord]:
         """Finished job runs recorded by the backend itself (empty: the store is the record)."""
         return []

@@ -91,7 +91,9 @@ class Reconciler:
         workers: int = 4,
         routes: RouteTable | None = None,
         allow_empty: bool = False,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
+        """``leading()``: whether this replica may run passes (it holds the lease)."""
         self.source = source
         self.backend = backend
         self.store = store
@@ -101,6 +103,7 @@ class Reconciler:
         self.build_retry_sec = build_retry_sec
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
+        self.leading = leading or (lambda: True)
         self._settle: threading.Timer | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
         self._desired: DesiredState | None = None
@@ -134,6 +137,9 @@ class Reconciler:
     def run_forever(self) -> None:
         while not self._stopping.is_set():
             if not self._wanted.wait(0.5):
+                continue
+            if not self.leading():  # requests wait for this replica to lead
+                self._stopping.wait(0.5)
                 continue
             with self._idle:
                 self._wanted.clear()
@@ -536,6 +542,11 @@ class Reconciler:
         The proxy answers a declared name that does not serve with 503, not 404.
         """
         records = self.store.functions(self.env)
+        desired = self._desired.functions if self._desired else {}
+        try:
+            self.backend.report(self.env, records, desired, self.store.jobs(self.env))
+        except SlessError as exc:  # the status view must never stop a pass
+            logs.event(log, "status.unpublished", str(exc), level=logging.WARNING, env=self.env)
         phases: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)
         for record in records:
             phases[record["phase"]] += 1

@@ -163,6 +163,7 @@ class Server:
             public_url=config.public_url,
             routes=self.routes,
             allow_empty=config.allow_empty,
+            leading=self.elector.is_leader if self.elector else None,
             # builds run in the cluster there: the reconciler only waits for them
             workers=16 if config.backend == "kubernetes" else 4,
         )
@@ -181,6 +182,7 @@ class Server:
             webhook_secret=config.webhook_secret,
             on_shutdown=self._shutdown,
             poll_interval=config.poll_interval,
+            readiness=self._readiness,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
@@ -188,10 +190,24 @@ class Server:
 
     def _backend(self) -> Backend:
         config = self.config
+        self.elector: Any = None
+        self.followers: Any = None  # kube.mirror.FunctionMirror: what a non-leader serves
         if config.backend == "kubernetes":
-            from .kube.connect import connect  # the kubernetes client loads only for this
+            # the kubernetes client loads only for this backend
+            from .kube.connect import connect
+            from .kube.leader import LeaderElector
+            from .kube.mirror import FunctionMirror
 
-            return connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
+            backend = connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
+            self.elector = LeaderElector(
+                backend.client, config.kube.namespace, on_change=self._leadership
+            )
+            # checked before every write batch: a replica that lost the lease writes nothing
+            backend.client.may_write = self.elector.is_leader
+            self.followers = FunctionMirror(
+                backend.client, self.store, self.routes, backend.route_for, self.elector.is_leader
+            )
+            return backend
         return LocalBackend(
             config.state_dir,
             self.routes,
@@ -203,7 +219,25 @@ class Server:
             on_replica_event=lambda *event: self.reconciler.replica_event(*event),
         )
 
+    def _leadership(self, leading: bool) -> None:
+        if leading:
+            self.reconciler.request_sync("leader")
+
+    def _readiness(self) -> tuple[bool, str]:
+        if self.followers is None:
+            ready = self.reconciler.passes > 0
+            return ready, "a first pass ran" if ready else "waiting for the first pass"
+        if self.elector.is_leader():
+            ready = self.reconciler.passes > 0 or self.followers.synced.is_set()
+            return ready, "leader" if ready else "leader, waiting for the first pass"
+        if self.followers.synced.is_set():
+            return True, "following the leader's Function resources"
+        return False, "reading the Function resources"
+
     def start_background(self) -> None:
+        if self.elector is not None:
+            self.elector.start()
+            self.followers.start()
         threading.Thread(target=self.reconciler.run_forever, name="sless-sync", daemon=True).start()
         self.scheduler.add_job(
             self.reconciler.request_sync,
@@ -268,6 +302,9 @@ class Server:
         self._closed.set()
         logs.event(log, "server.stopping", "stopping every process this server started")
         self.reconciler.stop()
+        if self.elector is not None:
+            self.followers.stop()
+            self.elector.stop()  # hands the lease over at once
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.backend.close()

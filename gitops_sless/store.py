@@ -233,8 +233,14 @@ class Store:
 
     # --- functions -------------------------------------------------------------------
 
-    def set_function(self, env: str, name: str, **fields: Any) -> None:
-        """Create or update one function's record; fields not given keep their value."""
+    def set_function(
+        self, env: str, name: str, *, updated: float | None = None, **fields: Any
+    ) -> None:
+        """Create or update one function's record; fields not given keep their value.
+
+        ``updated`` is now, unless given (a record copied from another replica's).
+        """
+        stamp = time.time() if updated is None else updated
         unknown = set(fields) - set(_FUNCTION_FIELDS)
         if unknown:
             raise ValueError(f"unknown function fields: {sorted(unknown)}")
@@ -249,13 +255,13 @@ class Store:
             if not exists:
                 db.execute(
                     "INSERT INTO functions (env, name, phase, updated) VALUES (?, ?, 'Pending', ?)",
-                    (env, name, time.time()),
+                    (env, name, stamp),
                 )
             if fields:
                 assignments = ", ".join(f"{key} = ?" for key in fields)
                 db.execute(
                     f"UPDATE functions SET {assignments}, updated = ? WHERE env = ? AND name = ?",
-                    (*fields.values(), time.time(), env, name),
+                    (*fields.values(), stamp, env, name),
                 )
 
     def function(self, env: str, name: str) -> dict[str, Any] | None:

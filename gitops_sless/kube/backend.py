@@ -27,7 +27,8 @@ from ..routes import Route, RouteTable
 from ..source import Snapshot
 from .apply import Applier
 from .builds import Builds
-from .client import KubeClient
+from .client import KubeClient, NotFound
+from .functions import FunctionWriter
 from .jobs import JobRunner, finished_runs
 from .status import health, needs_pods, rolled_out
 from .view import FUNCTION_KINDS, View, label
@@ -56,6 +57,8 @@ class KubeBackend(Backend):
         self.route_for = route_for
         self.applier = Applier(client, config)
         self.jobs = JobRunner(client, config)
+        self.functions = FunctionWriter(client, config)
+        self._crd_missing = False
         self._views: dict[str, View] = {}
         self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
         self._on_cron = on_cron
@@ -135,6 +138,24 @@ class KubeBackend(Backend):
             if observed is not None:
                 out[name] = observed
         return out
+
+    def report(
+        self,
+        env: str,
+        records: list[dict[str, Any]],
+        functions: Mapping[str, Function],
+        runs: list[dict[str, Any]],
+    ) -> None:
+        if self._crd_missing:
+            return
+        try:
+            self.functions.write(self.view(env), records, functions, runs, self.builds.built())
+        except NotFound:
+            self._crd_missing = True
+            log.warning(
+                "the Function CRD is not installed (kubectl apply -f deploy/crd-functions.yaml): "
+                "no Function resources are written"
+            )
 
     def job_runs(self, env: str) -> list[JobRecord]:
         return finished_runs(self.view(env))

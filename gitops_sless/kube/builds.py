@@ -88,6 +88,9 @@ class Builds:
     def is_built(self, tag: str) -> bool:
         return tag in self._built
 
+    def built(self) -> set[str]:
+        return set(self._built)
+
     def _record(self, fn: Function, took: float) -> None:
         record = {
             "apiVersion": "v1",

@@ -42,6 +42,7 @@ __all__ = [
     "KubeClient",
     "KubeUnavailable",
     "NotFound",
+    "NotLeader",
     "kind_of",
 ]
 
@@ -143,6 +144,13 @@ class KubeUnavailable(KubeError, TransientError):
     """The API server could not be reached, or kept answering 409/429/5xx."""
 
 
+class NotLeader(KubeError, TransientError):
+    """A write was about to be made by a replica that does not hold the lease."""
+
+
+WRITES = frozenset({"apply", "create", "patch", "delete", "update", "status"})
+
+
 def _message(status: int, body: bytes) -> tuple[str, str]:
     try:
         payload = json.loads(body)
@@ -169,6 +177,8 @@ class KubeClient:
         """``calls``: the calls allowed (None: any, for tests that set a cluster up)."""
         self.api = api
         self.calls = calls
+        # asked before every write: a replica that is not the leader (any more) writes nothing
+        self.may_write: Callable[[], bool] = lambda: True
         self.in_cluster = in_cluster
         self.attempts = attempts
         self.backoff_sec = backoff_sec
@@ -217,8 +227,13 @@ class KubeClient:
         query: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        *,
+        guarded: bool = True,
+        attempts: int | None = None,
     ) -> bytes:
         """One call, retried while the answer is transient; the response body."""
+        if guarded and verb in WRITES and not self.may_write():
+            raise NotLeader(f"{verb} {kind}: this replica does not hold the lease")
         if self.calls is not None and kind != "Version" and verb not in self.calls.get(kind, ()):
             raise Forbidden(
                 f"{verb} {kind}: not a call this reconciler makes (kube/client.py CALLS)"
@@ -226,7 +241,8 @@ class KubeClient:
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
         self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
-        for attempt in range(1, self.attempts + 1):
+        attempts = attempts or self.attempts
+        for attempt in range(1, attempts + 1):
             with self._lock:
                 self.requests[(verb, kind)] += 1
             try:
@@ -246,7 +262,7 @@ class KubeClient:
                 if isinstance(payload, str):
                     payload = payload.encode()
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if attempt == self.attempts:
+                if attempt == attempts:
                     raise KubeUnavailable(f"Kubernetes API at {self.host}: {_reason(exc)}") from exc
                 self._sleep(self._delay(attempt, None))
                 continue
@@ -256,7 +272,7 @@ class KubeClient:
             if status == 409 and reason == "AlreadyExists":
                 raise AlreadyExists(message)
             retryable = status in (409, 429) or status >= 500
-            if retryable and attempt < self.attempts:
+            if retryable and attempt < attempts:
                 log.debug("%s %s: %d %s; retrying", method, path, status, reason)
                 self._sleep(self._delay(attempt, retry_after))
                 continue
@@ -318,10 +334,32 @@ class KubeClient:
             "apply", kind.name, "PATCH", path, query, dict(obj), "application/apply-patch+yaml"
         )
 
-    def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+    def apply_status(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply of ``obj``'s status, through the status subresource."""
+        kind, meta = KINDS[obj["kind"]], obj["metadata"]
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        path = kind.path(meta.get("namespace"), meta["name"]) + "/status"
+        return self._json(
+            "status", kind.name, "PATCH", path, query, dict(obj), "application/apply-patch+yaml"
+        )
+
+    def create(self, obj: Mapping[str, Any], guarded: bool = True) -> dict[str, Any]:
         kind, meta = KINDS[obj["kind"]], obj["metadata"]
         query = {"fieldManager": FIELD_MANAGER}
-        return self._json("create", kind.name, "POST", kind.path(meta.get("namespace")), query, obj)
+        path = kind.path(meta.get("namespace"))
+        return self._json("create", kind.name, "POST", path, query, obj, guarded=guarded)
+
+    def update(self, obj: Mapping[str, Any], attempts: int | None = None) -> dict[str, Any]:
+        """PUT with the object's ``resourceVersion``: 409 when someone wrote it since.
+
+        Never guarded: the lease is written by replicas that do not lead (yet).
+        """
+        kind, meta = KINDS[obj["kind"]], obj["metadata"]
+        path = kind.path(meta.get("namespace"), meta["name"])
+        query = {"fieldManager": FIELD_MANAGER}
+        return self._json(
+            "update", kind.name, "PUT", path, query, obj, guarded=False, attempts=attempts
+        )
 
     def patch(
         self, kind: str, namespace: str | None, name: str, body: Mapping[str, Any]

@@ -19,7 +19,7 @@ __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 
 # the long-running objects of a function; Jobs are runs, listed too but never "the function"
 FUNCTION_KINDS = ("Deployment", "Service", "CronJob")
-LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Secret")
+LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Secret", "Function")
 
 
 def label(obj: dict[str, Any], key: str) -> str | None:
@@ -80,6 +80,7 @@ class View:
         ]
 
     def functions(self) -> set[str]:
+        """Functions with running objects (a ``Function`` resource alone is not one)."""
         return {
             name
             for (kind, _), obj in self._objects.items()
