@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gitops_sless import paths
-from gitops_sless.kube.client import CALLS, KINDS
+from gitops_sless.kube.client import CALLS, KINDS, OWN_NAMESPACE_ONLY
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -127,18 +127,21 @@ def test_every_setting_in_the_configmap_and_secret_is_read_by_the_code():
 # --- RBAC ----------------------------------------------------------------------------------
 
 
-def _derived_rules() -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, verb) for every call in CALLS."""
+def _derived_rules(own_namespace: bool = False) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) for every call in CALLS: those of the kinds used only in
+    the reconciler's namespace (``own_namespace``, a Role) or of the others (ClusterRole)."""
     rules: set[tuple[str, str, str]] = set()
     for kind_name, verbs in CALLS.items():
+        if (kind_name in OWN_NAMESPACE_ONLY) != own_namespace:
+            continue
         kind = KINDS[kind_name]
         for verb in verbs:
             if verb == "apply":  # server-side apply
                 granted = [(kind.plural, "create"), (kind.plural, "patch")]
             elif verb == "log":
                 granted = [(f"{kind.plural}/log", "get")]
-            elif verb == "status":
-                granted = [(f"{kind.plural}/status", v) for v in ("get", "patch", "update")]
+            elif verb == "status":  # a server-side apply of the status subresource
+                granted = [(f"{kind.plural}/status", "patch")]
             elif verb == "watch":
                 granted = [(kind.plural, "list"), (kind.plural, "watch")]
             else:
@@ -157,8 +160,11 @@ def _walk(node: Any) -> Iterator[Any]:
             yield from _walk(value)
 
 
-def test_the_cluster_role_grants_exactly_the_calls_the_client_makes():
-    role = _one("ClusterRole")
+@pytest.mark.parametrize(("kind", "own_namespace"), [("ClusterRole", False), ("Role", True)])
+def test_the_roles_grant_exactly_the_calls_the_client_makes(kind, own_namespace):
+    role = _one(kind)
+    if own_namespace:
+        assert role["metadata"]["namespace"] == NAMESPACE
     granted = set()
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, "no resourceNames, no URLs"
@@ -168,7 +174,7 @@ def test_the_cluster_role_grants_exactly_the_calls_the_client_makes():
             for resource in rule["resources"]
             for verb in rule["verbs"]
         )
-    expected = _derived_rules()
+    expected = _derived_rules(own_namespace)
     assert granted == expected, (
         f"missing: {sorted(expected - granted)}; not in CALLS: {sorted(granted - expected)}"
     )
@@ -569,3 +575,17 @@ def test_apt_installs_git_only():
         assert packages == ["git"]
         assert "--no-install-recommends" in words
     assert any("rm -rf /var/lib/apt/lists" in rest for rest in _args("RUN"))
+
+
+def test_the_role_binding_gives_the_namespaced_role_to_the_same_account():
+    binding = _one("RoleBinding")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": _one("Role")["metadata"]["name"],
+    }
+    account = _one("ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]

@@ -106,10 +106,10 @@ class Applier:
             "type": source.get("type") or "kubernetes.io/dockerconfigjson",
             "data": source.get("data") or {},
         }
-        live = view.get("Secret", self.config.image_pull_secret or "")
+        live = self.client.get("Secret", view.namespace, self.config.image_pull_secret or "")
         # compared by content, never by a hash of it: a hash of a secret is not published
         if live is None or live.get("data") != copy["data"] or live.get("type") != copy["type"]:
-            view.put(self.client.apply(copy))
+            self.client.apply(copy)
 
     def delete(self, view: View, objects: Iterable[dict[str, Any]]) -> int:
         """Delete managed objects of this environment only; returns how many."""

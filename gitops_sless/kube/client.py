@@ -93,12 +93,14 @@ KINDS = {
 # Every call this package makes, by kind: the client refuses any other, so this table is
 # exactly what the reconciler does to a cluster, and deploy/'s ClusterRole is derived from
 # it (tests/test_deploy.py). "apply" is a server-side apply (RBAC: create and patch), "log"
-# reads pods/log, "status" writes the status subresource.
+# reads pods/log, "status" writes the status subresource (RBAC: patch). Kinds in
+# OWN_NAMESPACE_ONLY are used only in the reconciler's own namespace (a Role there, not the
+# ClusterRole).
 CALLS: dict[str, frozenset[str]] = {
     kind: frozenset(verbs.split())
     for kind, verbs in {
         "Namespace": "get list apply delete",
-        "Secret": "get list apply",
+        "Secret": "get apply",
         "ConfigMap": "list create",
         "Service": "list apply delete",
         "Pod": "list log",
@@ -110,6 +112,7 @@ CALLS: dict[str, frozenset[str]] = {
         "Function": "list watch apply delete status",
     }.items()
 }
+OWN_NAMESPACE_ONLY = frozenset({"Lease", "ConfigMap"})
 
 
 def kind_of(name: str) -> Kind:
@@ -179,6 +182,7 @@ class KubeClient:
         self.calls = calls
         # asked before every write: a replica that is not the leader (any more) writes nothing
         self.may_write: Callable[[], bool] = lambda: True
+        self.own_namespace: str | None = None  # set once known: see OWN_NAMESPACE_ONLY
         self.in_cluster = in_cluster
         self.attempts = attempts
         self.backoff_sec = backoff_sec
@@ -234,6 +238,9 @@ class KubeClient:
         """One call, retried while the answer is transient; the response body."""
         if guarded and verb in WRITES and not self.may_write():
             raise NotLeader(f"{verb} {kind}: this replica does not hold the lease")
+        elsewhere = self.own_namespace and f"/namespaces/{self.own_namespace}/" not in path
+        if self.calls is not None and kind in OWN_NAMESPACE_ONLY and elsewhere:
+            raise Forbidden(f"{verb} {kind}: only in the namespace {self.own_namespace}")
         if self.calls is not None and kind != "Version" and verb not in self.calls.get(kind, ()):
             raise Forbidden(
                 f"{verb} {kind}: not a call this reconciler makes (kube/client.py CALLS)"

@@ -80,6 +80,7 @@ def connect(
         client = KubeClient.from_config(settings.kubeconfig, settings.context)
     except SlessError as exc:
         raise StartupError(str(exc)) from exc
+    client.own_namespace = settings.namespace
     contexts = ContextStore(settings.s3)
     check(client, settings, contexts.check)
     config = settings.render_config()

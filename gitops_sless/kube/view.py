@@ -19,7 +19,7 @@ __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 
 # the long-running objects of a function; Jobs are runs, listed too but never "the function"
 FUNCTION_KINDS = ("Deployment", "Service", "CronJob")
-LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Secret", "Function")
+LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Function")
 
 
 def label(obj: dict[str, Any], key: str) -> str | None:
