@@ -1,4 +1,4 @@
-"""Server-side apply, field ownership (``managedFields``) and the patch formats.
+"""Server-side apply and field ownership (``managedFields``); patch formats: ``patches``.
 
 Simplified but honest server-side apply, compared with the real structured-merge-diff:
 
@@ -17,10 +17,8 @@ Simplified but honest server-side apply, compared with the real structured-merge
 * Non-apply writes (create, update, merge/strategic/JSON patch) record an ``Update`` entry
   for their manager holding every leaf they changed (defaulted fields included, like the
   real server), and those leaves leave the other managers.
-* ``status`` and server-owned metadata are never tracked; writes to ``/status`` record
-  no ownership.
-* Strategic merge patch is a JSON merge patch in which name-keyed lists merge by name and
-  ``$patch: delete`` removes an item; other directives are ignored.
+* ``status`` and server-owned metadata are never tracked by writes to the main resource;
+  writes to ``/status`` track ``status`` alone, in entries with ``subresource: status``.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from .resources import ApiError, bad_request, clone, now_iso
+from .resources import ApiError, clone, now_iso
 
 Path = tuple[Any, ...]  # str field names, ("k", name) for list items, "." for the item
 MISSING = object()
@@ -69,11 +67,12 @@ def _leaves(value: Any, prefix: Path) -> Iterator[tuple[Path, Any]]:
         yield prefix, value
 
 
-def leaves(obj: dict[str, Any] | None) -> dict[Path, Any]:
-    """Leaf path -> value of the tracked part of ``obj`` (not status, not server metadata)."""
+def leaves(obj: dict[str, Any] | None, sub: str | None = None) -> dict[Path, Any]:
+    """Leaf path -> value of the tracked part of ``obj`` (not status, not server metadata;
+    with ``sub="status"``: status alone)."""
     out: dict[Path, Any] = {}
-    if not obj:
-        return out
+    if not obj or sub is not None:
+        return dict(_leaves(obj[sub], (sub,))) if obj and sub in obj else out
     for k, v in obj.items():
         if k in ("apiVersion", "kind", "status"):
             continue
@@ -167,10 +166,16 @@ def path_text(path: Path) -> str:
 
 
 class Managed:
-    """The ``managedFields`` of an object as (entry, paths) pairs."""
+    """The ``managedFields`` of an object as (entry, paths) pairs: those of subresource
+    ``sub`` (None: the main resource); the others are kept as they are."""
 
-    def __init__(self, entries: list[dict[str, Any]] | None) -> None:
-        self.items = [(e, from_fields(e.get("fieldsV1") or {})) for e in entries or ()]
+    def __init__(self, entries: list[dict[str, Any]] | None, sub: str | None = None) -> None:
+        self.entries, self.sub = list(entries or ()), sub
+        self.items = [
+            (e, from_fields(e.get("fieldsV1") or {}))
+            for e in self.entries
+            if e.get("subresource") == sub
+        ]
 
     def find(self, manager: str, operation: str) -> set[Path]:
         for e, paths in self.items:
@@ -194,7 +199,14 @@ class Managed:
             "fieldsType": "FieldsV1",
             "fieldsV1": fields,
         }
-        for e, p in self.items:
+        if self.sub is not None:
+            mine["subresource"] = self.sub
+        owned = {id(e): p for e, p in self.items}
+        for e in self.entries:
+            if id(e) not in owned:
+                out.append(e)
+                continue
+            p = owned[id(e)]
             if e.get("manager") == manager and e.get("operation") == operation:
                 assert mine is not None
                 if e.get("fieldsV1") == fields and e.get("apiVersion") == api_version:
@@ -270,11 +282,13 @@ def server_side_apply(
     manager: str,
     force: bool,
     api_version: str,
+    sub: str | None = None,
 ) -> dict[str, Any]:
-    """The object after ``manager`` applies ``config`` to ``live`` (None: create)."""
+    """The object after ``manager`` applies ``config`` to ``live`` (None: create); ``sub``:
+    to that subresource (``config`` then holds only what it may change)."""
     config = _drop_nulls(config)
-    managed = Managed((live or {}).get("metadata", {}).get("managedFields"))
-    wanted = leaves(config)
+    managed = Managed((live or {}).get("metadata", {}).get("managedFields"), sub)
+    wanted = leaves(config, sub)
     conflicts: list[tuple[dict[str, Any], Path]] = []
     for path, value in wanted.items():
         if path[-1] == "." or value_at(live, path) == value:
@@ -307,11 +321,15 @@ def server_side_apply(
 
 
 def track_update(
-    old: dict[str, Any] | None, new: dict[str, Any], manager: str, api_version: str
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    manager: str,
+    api_version: str,
+    sub: str | None = None,
 ) -> None:
     """Record in ``new``'s managedFields that ``manager`` (operation Update) wrote it."""
-    managed = Managed((old or {}).get("metadata", {}).get("managedFields"))
-    old_leaves, new_leaves = leaves(old), leaves(new)
+    managed = Managed((old or {}).get("metadata", {}).get("managedFields"), sub)
+    old_leaves, new_leaves = leaves(old, sub), leaves(new, sub)
     changed = {p for p, v in new_leaves.items() if old_leaves.get(p, MISSING) != v}
     gone = set(old_leaves) - set(new_leaves)
     mine = set(managed.find(manager, "Update"))
@@ -322,78 +340,3 @@ def track_update(
     new.setdefault("metadata", {})["managedFields"] = managed.render(
         manager, "Update", mine, api_version
     )
-
-
-def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
-    """RFC 7386 JSON merge patch (``strategic``: name-keyed lists merge by name)."""
-    if not isinstance(patch, dict):
-        return clone(patch)
-    out = clone(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if strategic and k.startswith("$"):
-            continue
-        if v is None:
-            out.pop(k, None)
-        elif strategic and keyed(v) and (keyed(out.get(k)) or out.get(k) == []):
-            items = {i["name"]: i for i in out[k]}
-            order = [i["name"] for i in out[k]]
-            for item in v:
-                name = item["name"]
-                if item.get("$patch") == "delete":
-                    items.pop(name, None)
-                    continue
-                if name not in items:
-                    order.append(name)
-                items[name] = merge_patch(items.get(name), item, True)
-            out[k] = [items[n] for n in order if n in items]
-        else:
-            out[k] = merge_patch(out.get(k), v, strategic)
-    return out
-
-
-def _pointer(doc: Any, pointer: str) -> tuple[Any, str | int]:
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
-    if not parts:
-        raise bad_request("the root cannot be patched")
-    for part in parts[:-1]:
-        doc = doc[int(part)] if isinstance(doc, list) else doc[part]
-    last = parts[-1]
-    if isinstance(doc, list):
-        return doc, len(doc) if last == "-" else int(last)
-    return doc, last
-
-
-def json_patch(target: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
-    doc = clone(target)
-    try:
-        for op in ops:
-            kind = op["op"]
-            if kind in ("move", "copy"):
-                src, skey = _pointer(doc, op["from"])
-                value = src[skey]
-                if kind == "move":
-                    del src[skey]
-                op = {"op": "add", "path": op["path"], "value": clone(value)}
-                kind = "add"
-            parent, key = _pointer(doc, op["path"])
-            if kind == "test":
-                if parent[key] != op["value"]:
-                    raise bad_request(f"testing value {op['path']} failed")
-            elif kind == "remove":
-                del parent[key]
-            elif kind == "add" and isinstance(parent, list):
-                parent.insert(int(key), clone(op["value"]))
-            elif kind in ("add", "replace"):
-                if kind == "replace" and not isinstance(parent, list) and key not in parent:
-                    raise bad_request(
-                        f"replace operation does not apply: doc is missing key: {op['path']}"
-                    )
-                parent[key] = clone(op["value"])
-            else:
-                raise bad_request(f"Unexpected kind: {kind}")
-    except (KeyError, IndexError, ValueError, TypeError) as exc:
-        raise bad_request(
-            f"the server rejected our request due to an error in our request: {exc}"
-        ) from exc
-    return doc

@@ -15,7 +15,8 @@ import yaml
 from . import cronjobs
 from .controllers import Controllers
 from .ops import Api
-from .resources import BY_KIND, ApiError, bad_request, not_found
+from .patches import APPLY
+from .resources import BY_KIND, ApiError, bad_request, clone, not_found
 from .server import Handler
 from .store import Store
 
@@ -137,7 +138,13 @@ class FakeKube:
                     inj["times"] -= 1
                     if inj["times"] <= 0:
                         self._injections.remove(inj)
-                    return _injected(inj, kind)
+                    base = kind.split("/")[0]
+                    plural = (
+                        self.store.kinds.res(base).qualified
+                        if base in BY_KIND or base in self.store.kinds.custom
+                        else kind
+                    )
+                    return _injected(inj, plural)
         return None
 
     def count_write(self, verb: str, kind: str) -> None:
@@ -168,6 +175,22 @@ class FakeKube:
                     "retry_after": retry_after,
                 }
             )
+
+    # ---- custom resources
+    def install_crd(self, crd: dict[str, Any] | str | Path) -> dict[str, Any]:
+        """Create or replace a CustomResourceDefinition (a dict, a YAML file's path, or YAML
+        text) by server-side apply (manager ``kubectl``, forced); it is established at once,
+        its kind served. The stored CRD (``POST /_test/crd`` with the CRD as JSON, too)."""
+        text = isinstance(crd, str) and ("\n" in crd or crd.lstrip().startswith("{"))
+        if isinstance(crd, Path) or (isinstance(crd, str) and not text):
+            crd = Path(crd).read_text(encoding="utf-8")
+        body = yaml.safe_load(crd) if isinstance(crd, str) else crd
+        raw = json.dumps(body).encode()
+        res, name = BY_KIND["CustomResourceDefinition"], body["metadata"]["name"]
+        self.api.begin(None)
+        _, out = self.api.patch(res, "", name, raw, APPLY, "kubectl", force=True)
+        self.controllers.process()
+        return clone(out)
 
     # ---- inspection
     def objects(self, kind: str, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -284,6 +307,8 @@ class FakeKube:
         if method == "GET" and hook == "object":
             obj = self.get(query["kind"], query.get("namespace"), query["name"])
             return (200, obj) if obj is not None else (404, None)
+        if method == "POST" and hook == "crd":
+            return 200, self.install_crd(body)
         if method == "GET" and hook == "images":
             return 200, {
                 "pushed": sorted(self.pushed_images),
@@ -328,9 +353,8 @@ class FakeKube:
         return 200, result if result is not None else {}
 
 
-def _injected(inj: dict[str, Any], kind: str) -> ApiError:
+def _injected(inj: dict[str, Any], plural: str) -> ApiError:
     code = inj["status"]
-    plural = BY_KIND[kind.split("/")[0]].qualified if kind.split("/")[0] in BY_KIND else kind
     message = MESSAGES.get(code, f"injected failure {code}").format(kind=plural)
     details: dict[str, Any] = {}
     headers = {}

@@ -1,21 +1,20 @@
 """The REST verbs on stored objects: create, replace, the patch kinds (server-side apply
 included), delete with garbage collection, and reads. Each write runs, under the store's
-lock: status carried over, defaulting, validation, field-ownership bookkeeping, storage."""
+lock: status carried over, defaulting, validation (``custom`` for the kinds of CRDs, ``crds``
+for CRDs themselves), field-ownership bookkeeping, storage. Status writes: ``status``."""
 
 from __future__ import annotations
 
-import json
+import threading
 import uuid
 from typing import Any
 
-import yaml
-
-from .apply import json_patch, merge_patch, server_side_apply, track_update
+from . import crds, custom, status
+from .apply import server_side_apply, track_update
 from .defaults import apply_defaults
+from .patches import APPLY, JSON_PATCH, STRATEGIC, json_patch, merge_patch, parse_body, patch_type
 from .resources import (
     BY_KIND,
-    RESOURCES,
-    STATUS_KINDS,
     ApiError,
     Res,
     bad_request,
@@ -28,10 +27,6 @@ from .resources import (
 from .store import Obj, Store
 from .validate import validate
 
-APPLY = "application/apply-patch+yaml"
-MERGE = "application/merge-patch+json"
-STRATEGIC = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 RETURNS_OBJECT = {"Pod", "Service", "ServiceAccount", "Namespace"}
 NS_MISMATCH = (
     "the namespace of the provided object does not match the namespace sent on the request"
@@ -49,23 +44,30 @@ def _name_mismatch(body_name: str, url_name: str) -> ApiError:
     )
 
 
-def parse_body(raw: bytes, yaml_ok: bool = False) -> Any:
-    try:
-        return json.loads(raw or b"null")
-    except ValueError as exc:
-        if yaml_ok:
-            try:
-                return yaml.safe_load(raw)
-            except yaml.YAMLError:
-                pass
-        raise bad_request(f"the body of the request could not be decoded: {exc}") from exc
-
-
 class Api:
-    """The verbs, over one ``Store``."""
+    """The verbs, over one ``Store``. ``context`` (per thread) holds the request's
+    ``fieldValidation`` and collects the warnings to answer with."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.context = threading.local()
+        crds.attach(store)
+
+    def begin(self, field_validation: str | None) -> None:
+        """A request starts on this thread."""
+        self.context.validation, self.context.warnings = field_validation, []
+
+    def warnings(self) -> list[str]:
+        return list(getattr(self.context, "warnings", ()))
+
+    def _custom(self, res: Res, new: Obj) -> None:
+        """Admit an object of a CRD's kind (``new`` read as ``res``'s version), stored with
+        the storage version's apiVersion."""
+        kind = self.store.kinds.custom[res.kind]
+        found = custom.admit(kind, res.version, new, getattr(self.context, "validation", None))
+        if found and hasattr(self.context, "warnings"):
+            self.context.warnings += found
+        new["apiVersion"] = kind.res.api_version
 
     # ---- helpers
     def _check_type(self, res: Res, body: Any) -> Obj:
@@ -96,7 +98,7 @@ class Api:
 
     def _finish(self, res: Res, new: Obj, old: Obj | None, manager: str | None) -> None:
         """Status carried over, defaults, validation, ownership (``manager``: an Update)."""
-        if res.kind in STATUS_KINDS:
+        if self.store.kinds.has_status(res.kind):
             if old is not None and "status" in old:
                 new["status"] = old["status"]
             else:
@@ -109,7 +111,12 @@ class Api:
                 if field in old["metadata"]:
                     meta[field] = old["metadata"][field]
         apply_defaults(new, old)
-        validate(new, old)
+        if res.kind in self.store.kinds.custom:
+            self._custom(res, new)
+        else:
+            validate(new, old)
+        if res.kind == crds.KIND:
+            crds.admit(new, old, self.store.kinds)
         if manager is not None:
             track_update(old, new, manager, res.api_version)
 
@@ -122,10 +129,13 @@ class Api:
 
     def list(self, res: Res, ns: str | None, labels: str | None, fields: str | None) -> Obj:
         found, rv = self.store.list(res.kind, ns, labels, fields, copy=False)
-        items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in found]
+        if res.kind in self.store.kinds.custom:  # served as unstructured: kind and apiVersion
+            items = [dict(o, apiVersion=res.api_version) for o in found]
+        else:
+            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in found]
         meta = {"resourceVersion": rv}
         return {
-            "kind": f"{res.kind}List",
+            "kind": res.list_kind or f"{res.kind}List",
             "apiVersion": res.api_version,
             "metadata": meta,
             "items": items,
@@ -194,14 +204,7 @@ class Api:
         dry_run: bool = False,
     ) -> tuple[int, Obj]:
         """(201 when server-side apply created the object, else 200, the object)."""
-        ctype = content_type.split(";")[0].strip().lower()
-        if ctype not in (APPLY, MERGE, STRATEGIC, JSON_PATCH):
-            raise ApiError(
-                415,
-                "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types include: "
-                f"{JSON_PATCH}, {MERGE}, {APPLY}, {STRATEGIC}",
-            )
+        ctype = patch_type(content_type, res.kind in self.store.kinds.custom)
         body = parse_body(raw, yaml_ok=ctype == APPLY)
         with self.store.lock:
             old = self.store.peek(res.kind, ns, name)
@@ -267,28 +270,17 @@ class Api:
         return 200, self.store.update(new)
 
     def write_status(
-        self, res: Res, ns: str, name: str, raw: bytes, content_type: str | None
+        self,
+        res: Res,
+        ns: str,
+        name: str,
+        raw: bytes,
+        content_type: str | None,
+        manager: str | None,
+        force: bool = False,
     ) -> Obj:
-        """PUT (``content_type`` None) or merge PATCH of the status subresource."""
-        body = parse_body(raw)
-        with self.store.lock:
-            old = self.store.peek(res.kind, ns, name)
-            if old is None:
-                raise not_found(res, name)
-            if content_type is None:
-                status = (body or {}).get("status") if isinstance(body, dict) else None
-                expect = ((body or {}).get("metadata") or {}).get("resourceVersion")
-                if expect and expect != old["metadata"]["resourceVersion"]:
-                    raise stale(res, name)
-            else:
-                patched = (
-                    json_patch(old, body)
-                    if content_type.startswith(JSON_PATCH)
-                    else merge_patch(old, body, strategic=content_type.startswith(STRATEGIC))
-                )
-                status = patched.get("status")
-            new = dict(old, status=status or {})
-            return self.store.update(new)
+        """PUT (``content_type`` None), patch or server-side apply of the status subresource."""
+        return status.write(self, res, ns, name, raw, content_type, manager, force)
 
     # ---- deletes
     def delete(
@@ -344,7 +336,7 @@ class Api:
         with self.store.lock:
             obj = self.store.peek(kind, ns, name)
             if obj is None:
-                raise not_found(BY_KIND[kind], name)
+                raise not_found(self.store.kinds.res(kind), name)
             uid = obj["metadata"]["uid"]
             for dep in self.store.owned_by(uid):
                 dkind, dns, dname = (
@@ -365,11 +357,15 @@ class Api:
                 else:
                     self.remove(dkind, dns, dname, "Background")
             if kind == "Namespace":
-                for r in RESOURCES:
-                    if r.namespaced:
-                        for o in self.store.scan(r.kind, name):
-                            if self.store.peek(r.kind, name, o["metadata"]["name"]) is not None:
-                                self.remove(r.kind, name, o["metadata"]["name"])
+                for k in self.store.kinds.namespaced_kinds():
+                    for o in self.store.scan(k, name):
+                        if self.store.peek(k, name, o["metadata"]["name"]) is not None:
+                            self.remove(k, name, o["metadata"]["name"])
+            served = crds.served_by(self.store.kinds, name) if kind == crds.KIND else None
+            for o in self.store.scan(served.kind) if served else ():
+                meta = o["metadata"]
+                if self.store.peek(served.kind, meta.get("namespace", ""), meta["name"]):
+                    self.remove(served.kind, meta.get("namespace", ""), meta["name"])
             return self.store.delete(kind, ns, name)
 
     def delete_collection(

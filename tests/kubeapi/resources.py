@@ -1,10 +1,12 @@
-"""The resources the fake API server serves, its errors as Kubernetes ``Status`` objects,
-and small helpers (timestamps, fast copies of JSON data, discovery documents)."""
+"""The resources the fake API server serves (built in, and the ``Registry`` that adds those
+of CustomResourceDefinitions), its errors as Kubernetes ``Status`` objects, and small
+helpers (timestamps, fast copies of JSON data)."""
 
 from __future__ import annotations
 
 import datetime
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,9 @@ class Res:
     namespaced: bool = True
     short: tuple[str, ...] = ()
     subresources: tuple[str, ...] = ()
+    singular: str = ""
+    list_kind: str = ""
+    categories: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -50,14 +55,118 @@ RESOURCES = [
     Res("CronJob", "cronjobs", "batch", "v1", short=("cj",), subresources=("status",)),
     Res("NetworkPolicy", "networkpolicies", "networking.k8s.io", "v1", short=("netpol",)),
     Res("Lease", "leases", "coordination.k8s.io", "v1"),
+    Res(
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        "apiextensions.k8s.io",
+        "v1",
+        False,
+        ("crd", "crds"),
+        ("status",),
+    ),
 ]
 BY_KIND = {r.kind: r for r in RESOURCES}
 BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
-GROUPS = sorted({r.group for r in RESOURCES if r.group})
 # kinds whose metadata.generation the server maintains (bumped when .spec changes)
-GENERATION_KINDS = {"Deployment", "Job", "CronJob", "NetworkPolicy"}
+GENERATION_KINDS = {"Deployment", "Job", "CronJob", "NetworkPolicy", "CustomResourceDefinition"}
 # kinds whose .status only the status subresource (or a controller) may change
-STATUS_KINDS = {"Deployment", "Job", "CronJob", "Pod", "Service", "Namespace"}
+STATUS_KINDS = {
+    "Deployment",
+    "Job",
+    "CronJob",
+    "Pod",
+    "Service",
+    "Namespace",
+    "CustomResourceDefinition",
+}
+
+
+@dataclass(frozen=True)
+class Custom:
+    """A kind served because a CustomResourceDefinition (named ``crd``) is established."""
+
+    crd: str
+    kind: str
+    storage: str  # the storage version; objects are stored with its apiVersion
+    versions: dict[str, Res]  # every version of the CRD
+    served: tuple[str, ...]
+    schemas: dict[str, dict[str, Any]]  # version -> openAPIV3Schema
+    status: bool  # the status subresource is enabled
+
+    @property
+    def res(self) -> Res:
+        return self.versions[self.storage]
+
+
+class Registry:
+    """The kinds served: the built-in ones and those of established CRDs (by kind). Changed
+    under the store's lock, copy-on-write, so readers need no lock."""
+
+    def __init__(self) -> None:
+        self.custom: dict[str, Custom] = {}
+        self.paths = dict(BY_PATH)
+
+    def put(self, custom: Custom) -> None:
+        kinds = {k: c for k, c in self.custom.items() if c.crd != custom.crd}
+        kinds[custom.kind] = custom
+        self._set(kinds)
+
+    def drop(self, crd: str) -> None:
+        self._set({k: c for k, c in self.custom.items() if c.crd != crd})
+
+    def _set(self, kinds: dict[str, Custom]) -> None:
+        paths = dict(BY_PATH)
+        for c in kinds.values():
+            paths.update({(r.group, r.version, r.plural): r for r in self._served(c)})
+        self.custom, self.paths = kinds, paths
+
+    @staticmethod
+    def _served(c: Custom) -> list[Res]:
+        return [c.versions[v] for v in c.served]
+
+    def res(self, kind: str) -> Res:
+        return BY_KIND[kind] if kind in BY_KIND else self.custom[kind].res
+
+    def resources(self) -> list[Res]:
+        """Every served resource (a custom kind once per served version)."""
+        return RESOURCES + [r for c in self.custom.values() for r in self._served(c)]
+
+    def namespaced_kinds(self) -> list[str]:
+        return list(dict.fromkeys(r.kind for r in self.resources() if r.namespaced))
+
+    def groups(self) -> dict[str, list[str]]:
+        """Group -> its served versions, the preferred one first."""
+        out: dict[str, set[str]] = {}
+        for r in self.resources():
+            if r.group:
+                out.setdefault(r.group, set()).add(r.version)
+        return {g: sorted(vs, key=version_priority) for g, vs in sorted(out.items())}
+
+    def has_status(self, kind: str) -> bool:
+        """Only the status subresource (or a controller) changes ``kind``'s ``.status``."""
+        return kind in STATUS_KINDS or (kind in self.custom and self.custom[kind].status)
+
+    def generation_of(self, kind: str, obj: dict[str, Any]) -> Any:
+        """What ``metadata.generation`` counts changes of (``NO_GENERATION`` if nothing)."""
+        if kind in GENERATION_KINDS:
+            return obj.get("spec")
+        custom = self.custom.get(kind)
+        if custom is None:
+            return NO_GENERATION
+        skip = ("apiVersion", "kind", "metadata") + (("status",) if custom.status else ())
+        return {k: v for k, v in obj.items() if k not in skip}
+
+
+NO_GENERATION = object()
+
+
+def version_priority(version: str) -> tuple[Any, ...]:
+    """Sort key of API versions as Kubernetes orders them: GA, beta, alpha, then others."""
+    m = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if not m:
+        return (3, version)
+    rank = {None: 0, "beta": 1, "alpha": 2}[m[2]]
+    return (rank, -int(m[1]), -int(m[3] or 0))
 
 
 class ApiError(Exception):
@@ -153,63 +262,6 @@ _ALNUM = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' random nam
 
 def suffix(n: int = 5) -> str:
     return "".join(random.choice(_ALNUM) for _ in range(n))
-
-
-def discovery_resources(group: str, version: str) -> dict[str, Any] | None:
-    """The ``APIResourceList`` for ``/api/v1`` or ``/apis/{group}/{version}``."""
-    items = [r for r in RESOURCES if r.group == group and r.version == version]
-    if not items:
-        return None
-    resources: list[dict[str, Any]] = []
-    for r in items:
-        verbs = [v for v in VERBS if not (r.kind == "Namespace" and v == "deletecollection")]
-        entry: dict[str, Any] = {
-            "name": r.plural,
-            "singularName": r.kind.lower(),
-            "namespaced": r.namespaced,
-            "kind": r.kind,
-            "verbs": verbs,
-        }
-        if r.short:
-            entry["shortNames"] = list(r.short)
-        resources.append(entry)
-        for sub in r.subresources:
-            sub_verbs = {"status": ["get", "patch", "update"], "log": ["get"]}.get(
-                sub, ["create", "delete", "get", "patch", "update"]
-            )
-            sub_kind = "Pod" if sub == "log" else r.kind
-            resources.append(
-                {
-                    "name": f"{r.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": r.namespaced,
-                    "kind": sub_kind,
-                    "verbs": sub_verbs,
-                }
-            )
-    gv = f"{group}/{version}" if group else version
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": gv,
-        "resources": resources,
-    }
-
-
-def discovery_groups() -> dict[str, Any]:
-    groups = []
-    for group in GROUPS:
-        gv = {"groupVersion": f"{group}/v1", "version": "v1"}
-        groups.append({"name": group, "versions": [gv], "preferredVersion": gv})
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-
-
-def discovery_versions(address: str) -> dict[str, Any]:
-    return {
-        "kind": "APIVersions",
-        "versions": ["v1"],
-        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
-    }
 
 
 VERSION_INFO = {

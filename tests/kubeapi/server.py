@@ -11,22 +11,11 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
-from .ops import APPLY, parse_body
-from .resources import (
-    BY_KIND,
-    BY_PATH,
-    GROUPS,
-    VERSION_INFO,
-    ApiError,
-    Res,
-    bad_request,
-    discovery_groups,
-    discovery_resources,
-    discovery_versions,
-    not_found,
-)
+from .patches import APPLY, parse_body
+from .resources import BY_KIND, VERSION_INFO, ApiError, Res, bad_request, not_found
+from .routes import Route, discovery_versions, route
 from .store import match_field, matches, parse_field_selector, parse_label_selector
 
 if TYPE_CHECKING:
@@ -40,63 +29,20 @@ def _true(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
 
-class Route:
-    """What a request path names."""
-
-    def __init__(
-        self, res: Res, ns: str | None, name: str | None, sub: str | None, tail: str
-    ) -> None:
-        self.res, self.ns, self.name, self.sub, self.tail = res, ns, name, sub, tail
+def _warning(text: str) -> str:
+    """A ``Warning`` header value (RFC 7234), as the API server sends them."""
+    return '299 - "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def route(path: str) -> Route | dict[str, Any]:
-    """A ``Route``, or the discovery document the path names; ``ApiError`` 404 otherwise."""
-    parts = path.split("/")[1:]
-    missing = ApiError(404, "NotFound", "the server could not find the requested resource", {})
-    if parts[0] == "api":
-        if len(parts) == 1 or parts[1] == "":
-            return {"_discovery": "versions"}
-        if parts[1] != "v1":
-            raise missing
-        group, version, rest = "", "v1", parts[2:]
-    elif parts[0] == "apis":
-        if len(parts) == 1 or parts[1] == "":
-            return discovery_groups()
-        if parts[1] not in GROUPS:
-            raise missing
-        if len(parts) == 2 or parts[2] == "":
-            gv = {"groupVersion": f"{parts[1]}/v1", "version": "v1"}
-            return {
-                "kind": "APIGroup",
-                "apiVersion": "v1",
-                "name": parts[1],
-                "versions": [gv],
-                "preferredVersion": gv,
-            }
-        group, version, rest = parts[1], parts[2], parts[3:]
-    else:
-        raise missing
-    if not rest or rest == [""]:
-        doc = discovery_resources(group, version)
-        if doc is None:
-            raise missing
-        return doc
-    ns = None
-    if rest[0] == "namespaces" and len(rest) >= 3 and (group, version, rest[2]) in BY_PATH:
-        ns, rest = unquote(rest[1]), rest[2:]
-    res = BY_PATH.get((group, version, rest[0]))
-    if res is None or (ns is not None and not res.namespaced):
-        raise missing
-    name = unquote(rest[1]) if len(rest) > 1 and rest[1] else None
-    if res.namespaced and ns is None and name is not None:
-        raise missing
-    sub = rest[2] if len(rest) > 2 else None
-    if sub is not None and (
-        sub not in res.subresources or (sub not in ("proxy",) and len(rest) > 3)
+def present(res: Res, obj: Any) -> Any:
+    """``obj`` as version ``res.version`` serves it (a CRD's kind is stored in one version)."""
+    if (
+        isinstance(obj, dict)
+        and obj.get("kind") == res.kind
+        and res.api_version != obj.get("apiVersion")
     ):
-        raise missing
-    tail = "/" + "/".join(rest[3:])
-    return Route(res, ns, name, sub, tail)
+        return dict(obj, apiVersion=res.api_version)
+    return obj
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -178,7 +124,7 @@ class Handler(BaseHTTPRequestHandler):
                 return
             if self.headers.get("Authorization") != f"Bearer {self.fake.token}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
-            found = route(path)
+            found = route(path, self.fake.store.kinds)
             if isinstance(found, dict):
                 if found.get("_discovery") == "versions":
                     found = discovery_versions(f"127.0.0.1:{self.server.server_address[1]}")
@@ -212,6 +158,7 @@ class Handler(BaseHTTPRequestHandler):
         manager = query.get("fieldManager") or None
         dry = "dryRun" in query
         headers: dict[str, str] = {}
+        api.begin(query.get("fieldValidation"))
         if verb == "proxy":
             self.proxy(r, method, raw, raw_query)
             return
@@ -226,12 +173,20 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, body)
             return
         if verb == "get":
-            self.send(200, api.get(res, ns, r.name or ""))
+            self.send(200, present(res, api.get(res, ns, r.name or "")))
             return
         name = r.name or ""
         code = 200
-        if r.sub == "status" and verb in ("update", "patch"):
-            out = api.write_status(res, ns, name, raw, None if verb == "update" else ctype)
+        if r.sub == "status" and verb in ("update", "patch", "apply"):
+            out = api.write_status(
+                res,
+                ns,
+                name,
+                raw,
+                None if verb == "update" else ctype,
+                manager if verb == "apply" else manager or self._ua_manager(),
+                _true(query.get("force")),
+            )
         elif verb == "create":
             out, code = (
                 api.create(res, ns, parse_body(raw), manager or self._ua_manager(), dry),
@@ -258,7 +213,10 @@ class Handler(BaseHTTPRequestHandler):
             )
         fake.count_write(verb, kind)
         fake.controllers.process()
-        self.send(code, out, headers)
+        warnings = api.warnings()
+        if warnings:
+            headers["Warning"] = ", ".join(_warning(w) for w in warnings)
+        self.send(code, present(res, out), headers)
 
     def _ua_manager(self) -> str:
         agent = self.headers.get("User-Agent") or ""
@@ -366,9 +324,8 @@ class Handler(BaseHTTPRequestHandler):
             )
 
         def emit(etype: str, obj: dict[str, Any]) -> None:
-            line = (
-                json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n"
-            )
+            event = {"type": etype, "object": present(res, obj)}
+            line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
             self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
         with store.lock:
@@ -381,7 +338,9 @@ class Handler(BaseHTTPRequestHandler):
             for obj in initial:
                 emit("ADDED", obj)
             end = time.monotonic() + timeout
+            key = (res.group, res.version, res.plural)
             while not store.closed and time.monotonic() < end:
+                gone = key not in store.kinds.paths  # its CRD was deleted: the watch ends
                 try:
                     events = store.events_after(rv_now, [res.kind])
                 except ApiError as err:
@@ -391,6 +350,8 @@ class Handler(BaseHTTPRequestHandler):
                     rv_now = rv
                     if wanted(obj):
                         emit(etype, obj)
+                if gone:
+                    break
                 if not events:
                     with store.changed:
                         if not store.events or store.events[-1][0] <= rv_now:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .resources import (
-    BY_KIND,
-    GENERATION_KINDS,
+    NO_GENERATION,
     ApiError,
+    Registry,
     already_exists,
     bad_request,
     clone,
@@ -39,12 +39,14 @@ def key_of(obj: Obj) -> Key:
 
 
 class Store:
-    """Thread-safe object storage; ``listeners`` hear every change (kind, new, old)."""
+    """Thread-safe object storage; ``listeners`` hear every change (kind, new, old);
+    ``kinds`` is the registry of served kinds (custom ones come and go with their CRDs)."""
 
     def __init__(self, events: int = 20000) -> None:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
-        self._objects: dict[str, dict[tuple[str, str], Obj]] = {k: {} for k in BY_KIND}
+        self.kinds = Registry()
+        self._objects: defaultdict[str, dict[tuple[str, str], Obj]] = defaultdict(dict)
         self._rv = 0
         self.events: deque[tuple[int, str, str, Obj]] = deque(maxlen=events)
         self._owned: dict[str, set[Key]] = defaultdict(set)
@@ -131,11 +133,11 @@ class Store:
                 while not meta.get("name") or (ns, meta["name"]) in table:
                     meta["name"] = base + suffix()
             if (ns, meta["name"]) in table:
-                raise already_exists(BY_KIND[kind], meta["name"])
+                raise already_exists(self.kinds.res(kind), meta["name"])
             meta["uid"] = meta.get("uid") or str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
             meta["resourceVersion"] = self._bump()
-            if kind in GENERATION_KINDS:
+            if self.kinds.generation_of(kind, obj) is not NO_GENERATION:
                 meta["generation"] = 1
             else:
                 meta.pop("generation", None)
@@ -150,16 +152,17 @@ class Store:
         with self.lock:
             old = self._objects[kind].get((ns, name))
             if old is None:
-                raise not_found(BY_KIND[kind], name)
+                raise not_found(self.kinds.res(kind), name)
             old_meta = old["metadata"]
             if expect_rv and expect_rv != old_meta["resourceVersion"]:
-                raise stale(BY_KIND[kind], name)
+                raise stale(self.kinds.res(kind), name)
             for field in ("uid", "creationTimestamp", "deletionTimestamp"):
                 if field in old_meta:
                     meta[field] = old_meta[field]
-            if kind in GENERATION_KINDS:
+            spec = self.kinds.generation_of(kind, obj)
+            if spec is not NO_GENERATION:
                 gen = old_meta.get("generation", 1)
-                meta["generation"] = gen + (obj.get("spec") != old.get("spec"))
+                meta["generation"] = gen + (spec != self.kinds.generation_of(kind, old))
             meta["resourceVersion"] = old_meta["resourceVersion"]
             if obj == old:
                 return old
@@ -172,7 +175,7 @@ class Store:
         with self.lock:
             old = self._objects[kind].pop((namespace, name), None)
             if old is None:
-                raise not_found(BY_KIND[kind], name)
+                raise not_found(self.kinds.res(kind), name)
             gone = dict(old, metadata=dict(old["metadata"], resourceVersion=self._bump()))
             self._record(kind, None, gone)
             return gone
