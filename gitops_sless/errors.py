@@ -5,8 +5,10 @@
     │   ├── ManifestError     one line: ``path:LINE: field.path: reason``
     │   ├── SourceError       a ref or path that does not exist, not a repository
     │   ├── RuntimeNotFound   a runtime folder is missing or malformed
-    │   └── TemplateError     a template names a placeholder nobody supplies
+    │   ├── TemplateError     a template names a placeholder nobody supplies
+    │   └── ForgeRefused      the forge's API said 401/404/4xx: fix the token or the URL
     └── TransientError        network, API 5xx, conflicts: retry with backoff
+        └── ForgeUnavailable  the forge's API is down, rate limited or refusing for now
 
 Third-party exceptions (pygit2, yaml, jsonschema) are translated into these once,
 at the module that calls the library, chaining with ``raise ... from exc``.
@@ -17,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "ForgeRefused",
+    "ForgeUnavailable",
     "ManifestError",
     "PermanentError",
     "RuntimeNotFound",
@@ -49,6 +53,14 @@ class RuntimeNotFound(PermanentError):
 
 class TemplateError(PermanentError):
     """A template is malformed or names a placeholder that was not supplied."""
+
+
+class ForgeRefused(PermanentError):
+    """The forge's API refused a request for good (401, 404, 422, ...): one line, no token."""
+
+
+class ForgeUnavailable(TransientError):
+    """The forge's API cannot answer now (403, 429, 5xx, network): one line, no token."""
 
 
 @dataclass(frozen=True)
