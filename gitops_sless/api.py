@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from . import diff as diff_mod
-from . import logs, manifest, webhooks
+from . import logs, manifest, pulls, webhooks
 from .api_models import (
     DiffReply,
     DiffRequest,
@@ -243,6 +243,7 @@ def create_api(
     on_shutdown: Callable[[], Awaitable[None]] | None = None,
     poll_interval: float | None = None,
     readiness: Callable[[], tuple[bool, str]] | None = None,
+    previews: Any = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran)."""
 
@@ -308,10 +309,30 @@ def create_api(
 
     @app.get("/api/v1/environments", tags=["status"])
     def environments() -> list[Environment]:
+        """Every environment: the tracked branch's and one per pull-request preview."""
+        rows = {f"pr-{row['number']}": row for row in (previews.listing() if previews else [])}
+        names = sorted(set(store.environments()) | set(rows))
         return [
-            Environment.from_rows(env, store.functions(env), store.last_sync(env))
-            for env in store.environments()
+            Environment.from_rows(env, store.functions(env), store.last_sync(env), rows.get(env))
+            for env in names
+            if not env.startswith("pr-") or env in rows
         ]
+
+    @app.delete(
+        "/api/v1/environments/{env}",
+        tags=["sync"],
+        status_code=202,
+        responses=_errors(401, 403, 404, 422),
+    )
+    def delete_environment(
+        env: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
+    ) -> WebhookReply:
+        """Tear a preview down now: its routes answer 404 at once, the rest follows."""
+        authorize(credentials)
+        number = int(env[3:]) if re.fullmatch(r"pr-[1-9][0-9]{0,9}", env) else None
+        if previews is None or number is None or not previews.delete(number):
+            raise HTTPException(404, f"no preview environment {env!r}")
+        return WebhookReply(accepted=True)
 
     @app.get("/api/v1/environments/{env}/functions", tags=["status"], responses=_errors(422))
     def functions(env: str) -> list[Function]:
@@ -385,10 +406,16 @@ def create_api(
         try:
             webhooks.verify(forge, headers, body, webhook_secret)
             push = webhooks.parse_push(forge, headers, body)
+            pull = pulls.pull_request_event(forge, push.event, body) if previews else None
         except webhooks.SignatureError as exc:
             raise HTTPException(401, f"webhook refused: {exc}") from None
         except webhooks.PayloadError as exc:
             raise HTTPException(400, str(exc)) from None
+        if pull is not None:
+            previews.on_event(pull)
+            # the PR's commits come with the next fetch; the previews pass follows it
+            reconciler.request_sync(f"webhook:{forge}:pull")
+            return WebhookReply(accepted=True)
         if push.event != "push" or push.branch != branch:
             response.status_code = 200
             return WebhookReply(accepted=False, ignored=_ignored(push))

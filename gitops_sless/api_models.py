@@ -238,16 +238,54 @@ class FunctionDetail(Function):
         )
 
 
+class Preview(ApiModel):
+    """The pull request an environment previews."""
+
+    number: int
+    title: str | None
+    author: str | None
+    head: str | None = Field(description="the PR's head commit, which the preview serves")
+    state: Literal["Building", "Ready", "Failed", "Waiting", "TearingDown"]
+    reason: str | None = Field(description="why it waits or failed")
+    created: Timestamp
+    updated: Timestamp
+    urls: list[str] = Field(description="the preview's function URLs")
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any], functions: list[dict[str, Any]]) -> Preview:
+        return cls(
+            number=row["number"],
+            title=row["title"],
+            author=row["author"],
+            head=row["head"],
+            state=row["state"],
+            reason=row["reason"],
+            created=rfc3339(row["created"]),
+            updated=rfc3339(row["updated"]),
+            urls=[f["url"] for f in functions if f["url"]],
+        )
+
+
 class Environment(ApiModel):
     name: str
     functions: int = Field(description="how many functions it has")
     last_sync: Sync | None
+    preview: Preview | None = Field(None, description="the pull request, for pr-N")
 
     @classmethod
     def from_rows(
-        cls, name: str, functions: list[dict[str, Any]], last_sync: dict[str, Any] | None
+        cls,
+        name: str,
+        functions: list[dict[str, Any]],
+        last_sync: dict[str, Any] | None,
+        preview: dict[str, Any] | None = None,
     ) -> Environment:
-        return cls(name=name, functions=len(functions), last_sync=_sync_or_none(last_sync))
+        return cls(
+            name=name,
+            functions=len(functions),
+            last_sync=_sync_or_none(last_sync),
+            preview=Preview.from_row(preview, functions) if preview else None,
+        )
 
 
 class Status(ApiModel):

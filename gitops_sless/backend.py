@@ -182,5 +182,8 @@ class Backend(ABC):
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         """Run one job to completion; returns its result (JSON text). Raises JobFailed."""
 
+    def remove_environment(self, env: str) -> None:  # noqa: B027 - optional hook
+        """Whatever holds ``env`` once its functions are removed (a namespace)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop everything this backend started."""

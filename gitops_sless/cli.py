@@ -136,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
         help="let a commit that declares no function prune every function (Argo CD's allowEmpty)",
     )
     _add_kube_flags(serve)
+    _add_preview_flags(serve)
     serve.add_argument(
         "--fetch-timeout", type=float, default=60.0, help="seconds per fetch (default: 60)"
     )
@@ -306,6 +307,8 @@ def _register_secrets(args: argparse.Namespace) -> None:
         args.webhook_secret,
         os.environ.get("SLESS_GIT_PASSWORD"),
         os.environ.get("SLESS_GIT_SSH_PASSPHRASE"),
+        os.environ.get("SLESS_FORGE_TOKEN"),
+        os.environ.get("AWS_SECRET_ACCESS_KEY"),
     ):
         logs.register_secret(value)
     with contextlib.suppress(ValueError):  # not a URL: the mirror says so later
@@ -344,6 +347,67 @@ def _add_kube_flags(serve: argparse.ArgumentParser) -> None:
         group.add_argument(flag, default=None, help=text + where)
 
 
+def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("pull-request previews (--previews)")
+    group.add_argument(
+        "--previews", action="store_true", help="one environment pr-N per open pull request"
+    )
+    group.add_argument(
+        "--preview-filter",
+        default=os.environ.get("SLESS_PREVIEW_FILTER", ""),
+        metavar="KEY=VALUE,...",
+        help="base=BRANCH (default: --branch), label=NAME, branch=PATTERN (head branch)",
+    )
+    group.add_argument(
+        "--max-previews", type=int, default=10, help="previews at once; more wait (default: 10)"
+    )
+    group.add_argument(
+        "--preview-ttl",
+        default="7d",
+        metavar="DURATION",
+        help="a preview with no new commit for this long is removed: 90s, 30m, 12h, 7d",
+    )
+    group.add_argument(
+        "--instance-name",
+        default=os.environ.get("SLESS_INSTANCE_NAME", "gitops-sless"),
+        help="names this reconciler in commit statuses and PR comments (default: gitops-sless)",
+    )
+    group.add_argument(
+        "--forge",
+        choices=("github", "gitea", "gitlab"),
+        default=os.environ.get("SLESS_FORGE") or None,
+        help="the forge's kind, when its host does not say (default: $SLESS_FORGE)",
+    )
+    group.add_argument(
+        "--forge-api",
+        default=os.environ.get("SLESS_FORGE_API") or None,
+        help="the forge's API base URL (default: from the repository URL)",
+    )
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
+
+
+def _duration(flag: str, text: str) -> float:
+    match = _DURATION.fullmatch(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise _UsageError(f"{flag} {text!r}: expected a positive duration such as 90s, 12h, 7d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return float(match.group(1)) * unit
+
+
+def _preview_filter(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("base", "label", "branch") or not value:
+            raise _UsageError(
+                f"--preview-filter {part!r}: expected base=BRANCH, label=NAME or branch=PATTERN"
+            )
+        found[key] = value
+    return found
+
+
 def _kube_settings(args: argparse.Namespace) -> Any:
     from .kube.settings import KubeSettings
 
@@ -369,6 +433,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise _UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
     if not _ENV_NAME.fullmatch(args.env):
         raise _UsageError(f"--env {args.env!r}: must be a DNS-1123 label of at most 40 characters")
+    preview_filter = _preview_filter(args.preview_filter)
     config = ServeConfig(
         repo=args.repo,
         state_dir=Path(args.state_dir).resolve(),
@@ -391,6 +456,16 @@ def _serve(args: argparse.Namespace) -> int:
         allow_empty=args.allow_empty,
         backend=args.backend,
         kube=_kube_settings(args) if args.backend == "kubernetes" else None,
+        previews=args.previews,
+        preview_base=preview_filter.get("base"),
+        preview_label=preview_filter.get("label"),
+        preview_branch=preview_filter.get("branch"),
+        max_previews=int(_positive("--max-previews", args.max_previews)),
+        preview_ttl=_duration("--preview-ttl", args.preview_ttl),
+        instance_name=args.instance_name,
+        forge_token=os.environ.get("SLESS_FORGE_TOKEN") or None,
+        forge_kind=args.forge,
+        forge_api=args.forge_api,
     )
     logs.configure(config.log_format, config.log_level)
     Server(config).run()

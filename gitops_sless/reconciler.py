@@ -38,6 +38,8 @@ MAX_ROUNDS = 5  # plan again after jobs finish, so their dependents deploy in th
 # a run interrupted by a reconciler crash runs again, as Kubernetes reruns a Job whose pod
 # vanished (at-least-once), up to this many attempts in all
 MAX_JOB_ATTEMPTS = 3
+# passes nobody asked for in person: logged at debug level unless they change something
+QUIET_TRIGGERS = ("poll", "settle", "preview")
 SETTLE_SEC = 1.0  # a backend reporting a rollout in progress is looked at again this soon
 
 
@@ -76,7 +78,7 @@ class _Pass:
     @property
     def quiet(self) -> bool:
         """A poll at a known commit that did nothing: not worth an info line."""
-        return self.trigger in ("poll", "settle") and not self.changed
+        return self.trigger in QUIET_TRIGGERS and not self.changed
 
 
 class Reconciler:
@@ -92,6 +94,7 @@ class Reconciler:
         routes: RouteTable | None = None,
         allow_empty: bool = False,
         leading: Callable[[], bool] | None = None,
+        after_pass: Callable[[], None] | None = None,
     ) -> None:
         """``leading()``: whether this replica may run passes (it holds the lease)."""
         self.source = source
@@ -104,6 +107,7 @@ class Reconciler:
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
         self.leading = leading or (lambda: True)
+        self._after_pass = after_pass  # previews run after each pass of the tracked branch
         self._settle: threading.Timer | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
         self._desired: DesiredState | None = None
@@ -178,9 +182,11 @@ class Reconciler:
                     self._passes += 1
                     self._taken = False
                     self._idle.notify_all()
+                if self._after_pass is not None:
+                    self._after_pass()
 
     def _sync(self, current: _Pass) -> PassResult:
-        level = logging.DEBUG if current.trigger in ("poll", "settle") else logging.INFO
+        level = logging.DEBUG if current.trigger in QUIET_TRIGGERS else logging.INFO
         logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
             fetched = self.source.fetch()
@@ -369,7 +375,7 @@ class Reconciler:
 
     def _interrupted_runs(self) -> None:
         """Runs left 'Running' by a killed reconciler run again, up to MAX_JOB_ATTEMPTS."""
-        for env in self.store.environments():
+        for env in [self.env]:  # each environment's reconciler takes care of its own
             for run in self.store.jobs(env):
                 if run["phase"] != "Running":
                     continue

@@ -25,11 +25,14 @@ from . import mirror as mirror_mod
 from . import proxy as proxy_mod
 from .api import create_api
 from .backend import Backend, CronRun
+from .forge import forge_for
 from .local import gc
 from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
 from .metrics import METRICS
+from .previews import PinnedSource, PreviewConfig, Previews
 from .reconciler import Reconciler
+from .reporter import Reporter
 from .routes import RouteTable
 from .store import Store
 
@@ -69,6 +72,16 @@ class ServeConfig:
     allow_empty: bool = False  # a commit declaring no function may prune every function
     backend: str = "local"  # local | kubernetes
     kube: Any = None  # kube.settings.KubeSettings, for --backend kubernetes
+    previews: bool = False  # one environment per open pull request
+    preview_base: str | None = None  # PRs into this branch (default: the tracked branch)
+    preview_label: str | None = None
+    preview_branch: str | None = None  # fnmatch pattern of head branches
+    max_previews: int = 10
+    preview_ttl: float = 7 * 86400
+    instance_name: str = "gitops-sless"  # names this reconciler in commit statuses
+    forge_token: str | None = None
+    forge_kind: str | None = None
+    forge_api: str | None = None
 
     @property
     def public_url(self) -> str:
@@ -154,6 +167,7 @@ class Server:
             config.state_dir / "mirror.git",
             credentials=mirror_mod.Credentials.from_env(),
             timeout_sec=config.fetch_timeout,
+            preview_refs=config.previews,
         )
         self.reconciler = Reconciler(
             self.mirror,
@@ -166,7 +180,9 @@ class Server:
             leading=self.elector.is_leader if self.elector else None,
             # builds run in the cluster there: the reconciler only waits for them
             workers=16 if config.backend == "kubernetes" else 4,
+            after_pass=self._after_pass,
         )
+        self.previews = self._previews() if config.previews else None
         self.proxy = proxy_mod.ProxyApp(
             self.routes,
             record=self.invocations.record,
@@ -183,6 +199,7 @@ class Server:
             on_shutdown=self._shutdown,
             poll_interval=config.poll_interval,
             readiness=self._readiness,
+            previews=self.previews,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
@@ -219,6 +236,51 @@ class Server:
             on_replica_event=lambda *event: self.reconciler.replica_event(*event),
         )
 
+    def _previews(self) -> Previews:
+        config = self.config
+        forge = reporter = None
+        if config.forge_token:
+            forge = forge_for(self.url, config.forge_token, config.forge_api, config.forge_kind)
+            marker = f"gitops-sless:{config.instance_name}"
+            reporter = Reporter(forge, context=config.instance_name, marker=marker)
+        settings = PreviewConfig(
+            base=config.preview_base or config.branch,
+            label=config.preview_label,
+            branch=config.preview_branch,
+            max_previews=config.max_previews,
+            ttl_sec=config.preview_ttl,
+            public_url=config.public_url,
+        )
+
+        def make_reconciler(env: str, source: PinnedSource) -> Reconciler:
+            return Reconciler(
+                source,
+                self.backend,
+                self.store,
+                env=env,
+                public_url=config.public_url,
+                routes=self.routes,
+                workers=2,
+                leading=self.elector.is_leader if self.elector else None,
+            )
+
+        return Previews(
+            self.mirror,
+            self.backend,
+            self.store,
+            self.routes,
+            settings,
+            make_reconciler,
+            forge=forge,
+            reporter=reporter,
+            forge_interval_sec=max(config.poll_interval, 15.0),
+        )
+
+    def _after_pass(self) -> None:
+        previews = getattr(self, "previews", None)  # the first pass may end before it exists
+        if previews is not None:
+            previews.request()
+
     def _leadership(self, leading: bool) -> None:
         if leading:
             self.reconciler.request_sync("leader")
@@ -235,6 +297,8 @@ class Server:
         return False, "reading the Function resources"
 
     def start_background(self) -> None:
+        if self.previews is not None:
+            self.previews.start()
         if self.elector is not None:
             self.elector.start()
             self.followers.start()
@@ -302,6 +366,10 @@ class Server:
         self._closed.set()
         logs.event(log, "server.stopping", "stopping every process this server started")
         self.reconciler.stop()
+        if self.previews is not None:
+            self.previews.stop()
+            if self.previews.reporter is not None:
+                self.previews.reporter.close()
         if self.elector is not None:
             self.followers.stop()
             self.elector.stop()  # hands the lease over at once

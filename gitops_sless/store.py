@@ -91,7 +91,28 @@ CREATE TABLE IF NOT EXISTS invocations (
     truncated INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS invocations_by_function ON invocations (env, name, id);
+CREATE TABLE IF NOT EXISTS previews (
+    number INTEGER PRIMARY KEY,
+    head TEXT,
+    title TEXT,
+    author TEXT,
+    base TEXT,
+    head_branch TEXT,
+    labels TEXT NOT NULL DEFAULT '[]',
+    forge_open INTEGER,
+    state TEXT NOT NULL,
+    reason TEXT,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    head_since REAL,
+    reported TEXT
+);
 """
+
+
+def _preview(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "labels": json.loads(row["labels"] or "[]")}
+
 
 # columns added after the first release: (table, column, definition) for older databases
 _ADDED_COLUMNS = (
@@ -274,6 +295,43 @@ class Store:
         with self._tx() as db:
             db.execute("DELETE FROM functions WHERE env = ? AND name = ?", (env, name))
             db.execute("DELETE FROM invocations WHERE env = ? AND name = ?", (env, name))
+
+    def delete_environment(self, env: str) -> None:
+        """Every row of ``env``: functions, job runs, sync history and invocations."""
+        with self._tx() as db:
+            for table in ("functions", "jobs", "syncs", "invocations"):
+                db.execute(f"DELETE FROM {table} WHERE env = ?", (env,))
+
+    # --- previews ------------------------------------------------------------------------
+
+    def preview(self, number: int) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM previews WHERE number = ?", number)
+        return _preview(row) if row else None
+
+    def previews(self) -> list[dict[str, Any]]:
+        return [_preview(row) for row in self._all("SELECT * FROM previews ORDER BY number")]
+
+    def set_preview(self, number: int, **fields: Any) -> None:
+        """Create or update what is known of pull request ``number``."""
+        if "labels" in fields:
+            fields["labels"] = json.dumps(list(fields["labels"]))
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO previews (number, state, created, updated) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (number) DO NOTHING",
+                (number, fields.get("state", "Waiting"), now, now),
+            )
+            if fields:
+                assignments = ", ".join(f"{key} = ?" for key in fields)
+                db.execute(
+                    f"UPDATE previews SET {assignments}, updated = ? WHERE number = ?",
+                    (*fields.values(), now, number),
+                )
+
+    def delete_preview(self, number: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM previews WHERE number = ?", (number,))
 
     def environments(self) -> list[str]:
         rows = self._all(

@@ -69,6 +69,7 @@ RANKS = {
     "proxy.app": 7.4,
     "proxy": 7.5,
     "reconciler": 7,
+    "previews": 7,
     "api": 8,
     "api_models": 8,
     "dashboard": 8,

@@ -205,6 +205,14 @@ class KubeBackend(Backend):
         with self._lock:
             self._job_only.pop((env, name), None)
 
+    def remove_environment(self, env: str) -> None:
+        """The namespace goes, with anything left in it (Jobs, Function resources)."""
+        view = self.view(env)
+        self.client.delete("Namespace", None, view.namespace)
+        with self._lock:
+            self._views.pop(env, None)
+            self._job_only = {k: v for k, v in self._job_only.items() if k[0] != env}
+
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         view = self.view(env)
         self.applier.ensure_environment(view)

@@ -1,0 +1,412 @@
+"""Pull-request previews: one environment ``pr-<number>`` per open pull request.
+
+Each preview is a full environment with its own :class:`Reconciler`, pinned to
+the PR's head commit, sharing the backend (so builds are shared by tag: a PR
+that changes one function builds one), the status store and the routes.
+Previews run in their own thread after each pass of the tracked branch, so
+``prod`` is converged first and never waits for a preview.
+
+What is open comes from three places: webhook events, the forge's API (when a
+token is configured) and the ``refs/pull/*/head`` / ``refs/merge-requests/*/head``
+refs of the mirror. Closing wins over a ref: GitHub keeps the refs of closed
+PRs, so a ref never brings back a preview the forge reported closed. A preview
+is torn down when the forge says closed, when its head is merged into the
+tracked branch (seen in git alone), when its head has not changed for the TTL,
+or by hand. Teardown is recorded before it starts (``TearingDown``), so a
+reconciler killed in the middle finishes it when it starts again.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from . import logs
+from .backend import Backend
+from .errors import SlessError
+from .pulls import PullRequest
+from .reconciler import Reconciler
+from .routes import RouteTable
+from .source import Snapshot
+from .store import Store
+
+__all__ = ["PREVIEW_STATES", "PreviewConfig", "Previews", "env_name"]
+
+log = logging.getLogger(__name__)
+
+PREVIEW_STATES = ("Building", "Ready", "Failed", "Waiting", "TearingDown")
+CLOSED = "Closed"  # kept as a row, so a surviving ref does not bring the preview back
+# closed for these reasons, a preview comes back with a new head commit; closed by the
+# forge or merged, only when the forge says it is open again
+REOPEN_ON_NEW_HEAD = ("expired", "deleted")
+
+
+def env_name(number: int) -> str:
+    return f"pr-{number}"
+
+
+class Mirror(Protocol):
+    def head(self) -> str | None: ...
+
+    def snapshot(self, commit: str | None = None) -> Snapshot: ...
+
+    def preview_heads(self) -> dict[int, str]: ...
+
+    def is_ancestor(self, commit: str, of: str) -> bool: ...
+
+
+class Forge(Protocol):
+    def open_pulls(self) -> list[PullRequest]: ...
+
+
+class Reporting(Protocol):
+    def report(
+        self,
+        number: int,
+        sha: str,
+        state: str,
+        description: str,
+        url: str | None = None,
+        comment_body: str | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreviewConfig:
+    base: str = "main"  # only PRs into this branch (the tracked branch by default)
+    label: str | None = None  # only PRs with this label
+    branch: str | None = None  # only PRs whose head branch matches this pattern
+    max_previews: int = 10
+    ttl_sec: float = 7 * 86400
+    public_url: str = "http://127.0.0.1:8080"
+
+
+class PinnedSource:
+    """A preview's source: the mirror the tracked branch already fetched, at one commit."""
+
+    def __init__(self, mirror: Mirror, commit: str) -> None:
+        self.mirror = mirror
+        self.commit = commit
+
+    def fetch(self) -> None:
+        return None
+
+    def snapshot(self, commit: str | None = None) -> Snapshot:
+        return self.mirror.snapshot(commit or self.commit)
+
+
+class Previews:
+    def __init__(
+        self,
+        mirror: Mirror,
+        backend: Backend,
+        store: Store,
+        routes: RouteTable,
+        config: PreviewConfig,
+        make_reconciler: Callable[[str, PinnedSource], Reconciler],
+        forge: Forge | None = None,
+        reporter: Reporting | None = None,
+        forge_interval_sec: float = 60.0,
+    ) -> None:
+        self.mirror = mirror
+        self.backend = backend
+        self.store = store
+        self.routes = routes
+        self.config = config
+        self.make_reconciler = make_reconciler
+        self.forge = forge
+        self.reporter = reporter
+        self.forge_interval_sec = forge_interval_sec
+        self._reconcilers: dict[int, Reconciler] = {}
+        self._forge_open: dict[int, PullRequest] | None = None  # the API's last answer
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self._pass_lock = threading.Lock()
+        self.passes = 0
+        self._idle = threading.Condition()
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="sless-previews", daemon=True).start()
+        if self.forge is not None:
+            threading.Thread(target=self._poll_forge, name="sless-forge", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wanted.set()
+        for reconciler in list(self._reconcilers.values()):
+            reconciler.stop()
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    def wait_for_pass(self, after: int, timeout: float) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self.passes > after, timeout)
+
+    def _loop(self) -> None:
+        self._finish_teardowns()
+        while not self._stop.is_set():
+            if not self._wanted.wait(1.0):
+                continue
+            self._wanted.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.run_pass()
+            except Exception:  # a bug here must not stop previews for good
+                log.exception("previews pass crashed")
+
+    def _poll_forge(self) -> None:
+        while not self._stop.is_set():
+            try:
+                assert self.forge is not None
+                self._forge_open = {pr.number: pr for pr in self.forge.open_pulls()}
+                self.request()
+            except SlessError as exc:  # the forge's trouble never stops reconciling
+                logs.event(log, "forge.unavailable", str(exc), level=logging.WARNING)
+            self._stop.wait(self.forge_interval_sec)
+
+    # --- events --------------------------------------------------------------------------
+
+    def on_event(self, pr: PullRequest) -> None:
+        """A pull-request webhook: remember what it says; the next pass acts on it."""
+        row = self.store.preview(pr.number)
+        fields: dict[str, Any] = {
+            "forge_open": 1 if pr.state == "open" else 0,
+            "title": pr.title,
+            "author": pr.author,
+            "base": pr.base,
+            "head_branch": pr.head_branch,
+            "labels": pr.labels,
+        }
+        if pr.state == "open" and row is not None and row["state"] == CLOSED:
+            fields["state"] = "Waiting"  # reopened
+        if pr.state == "open" and pr.head_sha:
+            fields["head"] = pr.head_sha
+        self.store.set_preview(pr.number, **{k: v for k, v in fields.items() if v is not None})
+        if pr.state != "open":
+            self.begin_teardown(pr.number, "merged" if pr.merged else "closed")
+        self.request()
+
+    def delete(self, number: int) -> bool:
+        """``DELETE /api/v1/environments/pr-N``: False when there is no such preview."""
+        row = self.store.preview(number)
+        if row is None or row["state"] == CLOSED:
+            return False
+        self.begin_teardown(number, "deleted")
+        self.request()
+        return True
+
+    # --- one pass ------------------------------------------------------------------------
+
+    def run_pass(self) -> None:
+        with self._pass_lock:
+            try:
+                self._run_pass()
+            finally:
+                with self._idle:
+                    self.passes += 1
+                    self._idle.notify_all()
+
+    def _run_pass(self) -> None:
+        self._finish_teardowns()
+        tracked = self.mirror.head()
+        refs = self.mirror.preview_heads()
+        forge_open = self._forge_open
+        numbers = set(refs) | {r["number"] for r in self.store.previews()}
+        if forge_open is not None:
+            numbers |= set(forge_open)
+        candidates: list[tuple[int, str]] = []
+        for number in sorted(numbers):
+            head = self._observe(number, refs.get(number), forge_open)
+            if head is None:
+                continue
+            row = self.store.preview(number) or {}
+            if tracked and self.mirror.is_ancestor(head, tracked):
+                self.begin_teardown(number, "merged")
+            elif time.time() - (row.get("head_since") or time.time()) > self.config.ttl_sec:
+                self.begin_teardown(number, "expired")
+            elif self._wanted_preview(row):
+                candidates.append((number, head))
+        self._finish_teardowns()
+        running = set(self._reconcilers)
+        candidates.sort(key=lambda c: (c[0] not in running, c[0]))
+        for index, (number, head) in enumerate(candidates):
+            if index >= self.config.max_previews:
+                reason = (
+                    f"over --max-previews {self.config.max_previews}: waits for another "
+                    "preview to close"
+                )
+                self._set_state(number, "Waiting", reason)
+                continue
+            self._converge(number, head)
+
+    def _observe(
+        self, number: int, ref_head: str | None, forge_open: dict[int, PullRequest] | None
+    ) -> str | None:
+        """Record what is known of ``number``; its head, or None when it is no preview now."""
+        row = self.store.preview(number)
+        pr = forge_open.get(number) if forge_open is not None else None
+        if row is None and ref_head is None and pr is None:
+            return None
+        fields: dict[str, Any] = {}
+        if pr is not None:
+            fields.update(
+                forge_open=1,
+                title=pr.title,
+                author=pr.author,
+                base=pr.base,
+                head_branch=pr.head_branch,
+                labels=pr.labels,
+            )
+        elif forge_open is not None and row is not None and row["forge_open"] == 1:
+            fields["forge_open"] = 0  # no longer in the API's open list: closed
+        head = (pr.head_sha if pr else None) or ref_head or (row or {}).get("head")
+        if head and head != (row or {}).get("head"):
+            fields.update(head=head, head_since=time.time())
+        if row is None:
+            fields.update(state="Waiting", head_since=time.time())
+        elif row["state"] == CLOSED:
+            reopened = pr is not None and row["forge_open"] == 0
+            new_head = row["reason"] in REOPEN_ON_NEW_HEAD and "head" in fields
+            if not (reopened or new_head):
+                self._update(number, row, fields)
+                return None
+            fields["state"] = "Waiting"
+        elif fields.get("forge_open", row["forge_open"]) == 0:
+            self._update(number, row, fields)
+            self.begin_teardown(number, "closed")
+            return None
+        self._update(number, row, fields)
+        return head
+
+    def _update(self, number: int, row: dict[str, Any] | None, fields: dict[str, Any]) -> None:
+        changed = {
+            k: v
+            for k, v in fields.items()
+            if v is not None and (row is None or row.get(k) != (list(v) if k == "labels" else v))
+        }
+        if changed or row is None:
+            self.store.set_preview(number, **changed)
+
+    def _wanted_preview(self, row: dict[str, Any]) -> bool:
+        """The filter: base branch, label, head-branch pattern (unknown passes)."""
+        if row.get("base") and row["base"] != self.config.base:
+            return False
+        if self.config.label and self.config.label not in (row.get("labels") or []):
+            return False
+        branch = row.get("head_branch")
+        return not (
+            self.config.branch and branch and not fnmatch.fnmatch(branch, self.config.branch)
+        )
+
+    def _converge(self, number: int, head: str) -> None:
+        env = env_name(number)
+        reconciler = self._reconcilers.get(number)
+        if reconciler is None:
+            reconciler = self.make_reconciler(env, PinnedSource(self.mirror, head))
+            self._reconcilers[number] = reconciler
+        source = reconciler.source
+        assert isinstance(source, PinnedSource)
+        try:
+            self.mirror.snapshot(head)
+        except SlessError:  # a webhook named a commit the next fetch brings
+            self._set_state(number, "Waiting", f"waiting for commit {head[:12]} to be fetched")
+            return
+        source.commit = head
+        result = reconciler.sync("preview")
+        state, reason = self._state_of(env, result.error)
+        self._set_state(number, state, reason)
+        self._report(number, head, state, reason)
+
+    def _state_of(self, env: str, error: str | None) -> tuple[str, str | None]:
+        phases = [r["phase"] for r in self.store.functions(env)]
+        if error or any(p in ("Failed", "Invalid") for p in phases):
+            failed = next(
+                (
+                    f"{r['name']}: {(r['message'] or r['phase']).splitlines()[0]}"
+                    for r in self.store.functions(env)
+                    if r["phase"] in ("Failed", "Invalid")
+                ),
+                error,
+            )
+            return "Failed", failed
+        if any(p in ("Pending", "Building") for p in phases):
+            return "Building", None
+        return "Ready", None
+
+    def _set_state(self, number: int, state: str, reason: str | None) -> None:
+        row = self.store.preview(number)
+        if row is None or (row["state"], row["reason"]) != (state, reason):
+            self.store.set_preview(number, state=state, reason=reason)
+
+    # --- reporting back ------------------------------------------------------------------
+
+    def _report(self, number: int, head: str, state: str, reason: str | None) -> None:
+        if self.reporter is None:
+            return
+        env = env_name(number)
+        records = self.store.functions(env)
+        lines = [f"**Preview `{env}`** at `{head[:12]}`: {state}", ""]
+        lines += [
+            f"- `{r['name']}`: {r['phase']}" + (f" — {r['url']}" if r["url"] else "")
+            for r in records
+        ]
+        body = "\n".join(lines)
+        forge_state = {"Ready": "success", "Failed": "failure"}.get(state, "pending")
+        description = {"Ready": "preview ready", "Failed": f"preview failed: {reason or ''}"}.get(
+            state, "preview building"
+        )[:140]
+        url = f"{self.config.public_url}/fn/{env}/"
+        digest = hashlib.sha256(f"{head}|{forge_state}|{description}|{body}".encode()).hexdigest()
+        row = self.store.preview(number) or {}
+        if row.get("reported") == digest:
+            return  # said already: the forge hears each change once
+        self.reporter.report(number, head, forge_state, description, url, body)
+        self.store.set_preview(number, reported=digest)
+
+    # --- teardown ------------------------------------------------------------------------
+
+    def begin_teardown(self, number: int, reason: str) -> None:
+        """404 at once: the routes go first, then (in the next pass) processes and rows."""
+        row = self.store.preview(number)
+        if row is not None and row["state"] == CLOSED:
+            return
+        self.store.set_preview(number, state="TearingDown", reason=reason)
+        env = env_name(number)
+        self.routes.declare(env, {})
+        for name in self.routes.names(env):
+            self.routes.remove(env, name)
+        logs.event(log, "preview.teardown", f"{env}: {reason}", env=env)
+
+    def _finish_teardowns(self) -> None:
+        for row in self.store.previews():
+            if row["state"] == "TearingDown":
+                self._teardown(row["number"], row["reason"] or "closed")
+
+    def _teardown(self, number: int, reason: str) -> None:
+        env = env_name(number)
+        reconciler = self._reconcilers.pop(number, None)
+        if reconciler is not None:
+            reconciler.stop()
+        self.routes.declare(env, {})
+        for record in self.store.functions(env):
+            self.backend.remove(env, record["name"])
+        self.backend.remove_environment(env)
+        self.store.delete_environment(env)
+        self.store.set_preview(number, state=CLOSED, reason=reason)
+        logs.event(log, "preview.removed", f"{env} removed ({reason})", env=env)
+
+    # --- status --------------------------------------------------------------------------
+
+    def listing(self) -> Iterable[dict[str, Any]]:
+        """Previews that exist or wait, for ``GET /api/v1/environments``."""
+        return [row for row in self.store.previews() if row["state"] != CLOSED]
