@@ -407,6 +407,11 @@ def test_errors_are_one_json_shape(api, method, path, status, message):
 
 def test_health_and_metrics(api):
     assert api.http.get("/healthz").json() == {"status": "ok"}
+    # ready only once a first pass ran (liveness does not wait for it)
+    waiting = api.http.get("/readyz")
+    assert waiting.status_code == 503 and waiting.json()["status"] == "not ready"
+    api.reconciler.passes = 1
+    assert api.http.get("/readyz").json() == {"status": "ready", "reason": "a first pass ran"}
     metrics = api.http.get("/metrics")
     assert metrics.headers["content-type"].startswith("text/plain")
     assert "sless_syncs_total" in metrics.text
