@@ -113,7 +113,9 @@ class Previews:
         forge: Forge | None = None,
         reporter: Reporting | None = None,
         forge_interval_sec: float = 60.0,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
+        """``leading()``: whether this replica may act (it holds the lease)."""
         self.mirror = mirror
         self.backend = backend
         self.store = store
@@ -123,6 +125,7 @@ class Previews:
         self.forge = forge
         self.reporter = reporter
         self.forge_interval_sec = forge_interval_sec
+        self.leading = leading or (lambda: True)
         self._reconcilers: dict[int, Reconciler] = {}
         self._forge_open: dict[int, PullRequest] | None = None  # the API's last answer
         self._wanted = threading.Event()
@@ -152,7 +155,6 @@ class Previews:
             return self._idle.wait_for(lambda: self.passes > after, timeout)
 
     def _loop(self) -> None:
-        self._finish_teardowns()
         while not self._stop.is_set():
             if not self._wanted.wait(1.0):
                 continue
@@ -217,6 +219,8 @@ class Previews:
                     self._idle.notify_all()
 
     def _run_pass(self) -> None:
+        if not self.leading():  # another replica runs the previews
+            return
         self._finish_teardowns()
         tracked = self.mirror.head()
         refs = self.mirror.preview_heads()

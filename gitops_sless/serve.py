@@ -274,6 +274,7 @@ class Server:
             forge=forge,
             reporter=reporter,
             forge_interval_sec=max(config.poll_interval, 15.0),
+            leading=self.elector.is_leader if self.elector else None,
         )
 
     def _after_pass(self) -> None:
