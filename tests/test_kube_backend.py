@@ -146,7 +146,11 @@ def test_a_sync_with_no_change_makes_no_write(kube, harness_for, tmp_path):
     repo = WorkRepo(tmp_path / "repo")
     repo.commit("two", {**function_folder("alpha"), **function_folder("beta")})
     harness = harness_for(repo)
+    kube.reset_counts()
     harness.sync()
+    # the environment's namespace and policy once, though its functions deploy in parallel
+    first = kube.counts()["writes"]
+    assert first[("apply", "Namespace")] == 1 and first[("apply", "NetworkPolicy")] == 1
     wait_for(lambda: harness.sync() and harness.function("alpha")["phase"] == "Ready", "Ready")
     kube.reset_counts()
     harness.sync()

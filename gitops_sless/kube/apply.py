@@ -70,18 +70,21 @@ class Applier:
         return written
 
     def ensure_environment(self, view: View) -> None:
-        """The namespace, its network policy and the pull Secret, once per read of the view."""
+        """The namespace, its network policy and the pull Secret, once per read of the view.
+
+        Held under one lock: the workers applying functions of a new environment in
+        parallel must not each write its namespace.
+        """
         with self._lock:
             if view.env in self._ready:
                 return
-        objects = environment_objects(view.env, self.config)
-        if not view.namespace_exists:
-            self.client.apply(objects[0])
-            view.namespace_exists = True
-        self.apply(view, objects[1:])
-        if self.config.image_pull_secret:
-            self._copy_pull_secret(view)
-        with self._lock:
+            objects = environment_objects(view.env, self.config)
+            if not view.namespace_exists:
+                self.client.apply(objects[0])
+                view.namespace_exists = True
+            self.apply(view, objects[1:])
+            if self.config.image_pull_secret:
+                self._copy_pull_secret(view)
             self._ready.add(view.env)
 
     def _copy_pull_secret(self, view: View) -> None:
