@@ -127,6 +127,10 @@ class Previews:
         self.forge_interval_sec = forge_interval_sec
         self.leading = leading or (lambda: True)
         self._reconcilers: dict[int, Reconciler] = {}
+        self._reported_heads: dict[int, str] = {}
+        # what webhooks said, newer than the forge's list may be: number -> (time, head)
+        self._hooked: dict[int, tuple[float, str | None]] = {}
+        self._forge_read_at = 0.0  # when the last open list was asked for
         self._forge_open: dict[int, PullRequest] | None = None  # the API's last answer
         self._wanted = threading.Event()
         self._stop = threading.Event()
@@ -170,7 +174,9 @@ class Previews:
         while not self._stop.is_set():
             try:
                 assert self.forge is not None
+                asked = time.time()
                 self._forge_open = {pr.number: pr for pr in self.forge.open_pulls()}
+                self._forge_read_at = asked
                 self.request()
             except SlessError as exc:  # the forge's trouble never stops reconciling
                 logs.event(log, "forge.unavailable", str(exc), level=logging.WARNING)
@@ -181,6 +187,7 @@ class Previews:
     def on_event(self, pr: PullRequest) -> None:
         """A pull-request webhook: remember what it says; the next pass acts on it."""
         row = self.store.preview(pr.number)
+        self._hooked[pr.number] = (time.time(), pr.head_sha if pr.state == "open" else None)
         fields: dict[str, Any] = {
             "forge_open": 1 if pr.state == "open" else 0,
             "title": pr.title,
@@ -271,9 +278,18 @@ class Previews:
                 head_branch=pr.head_branch,
                 labels=pr.labels,
             )
-        elif forge_open is not None and row is not None and row["forge_open"] == 1:
-            fields["forge_open"] = 0  # no longer in the API's open list: closed
-        head = (pr.head_sha if pr else None) or ref_head or (row or {}).get("head")
+        elif (
+            forge_open is not None
+            and row is not None
+            and row["forge_open"] == 1
+            # absent from the open list: closed, unless a webhook said open after it was read
+            and self._hooked.get(number, (0.0, None))[0] < self._forge_read_at
+        ):
+            fields["forge_open"] = 0
+        # what git holds first (the ref), then a webhook's news, then the API's list
+        hooked = self._hooked.get(number, (0.0, None))[1]
+        api_head = pr.head_sha if pr else None
+        head = ref_head or hooked or api_head or (row or {}).get("head")
         if head and head != (row or {}).get("head"):
             fields.update(head=head, head_since=time.time())
         if row is None:
@@ -325,8 +341,13 @@ class Previews:
         except SlessError:  # a webhook named a commit the next fetch brings
             self._set_state(number, "Waiting", f"waiting for commit {head[:12]} to be fetched")
             return
+        if self._reported_heads.get(number) != head:
+            self._report(number, head, "Building", None)  # pending first, for a new head
         source.commit = head
+        self.routes.reopen(env)
         result = reconciler.sync("preview")
+        if (self.store.preview(number) or {}).get("state") in ("TearingDown", CLOSED):
+            return  # closed or deleted while the pass ran: the teardown wins
         state, reason = self._state_of(env, result.error)
         self._set_state(number, state, reason)
         self._report(number, head, state, reason)
@@ -376,6 +397,7 @@ class Previews:
             return  # said already: the forge hears each change once
         self.reporter.report(number, head, forge_state, description, url, body)
         self.store.set_preview(number, reported=digest)
+        self._reported_heads[number] = head
 
     # --- teardown ------------------------------------------------------------------------
 
@@ -386,9 +408,7 @@ class Previews:
             return
         self.store.set_preview(number, state="TearingDown", reason=reason)
         env = env_name(number)
-        self.routes.declare(env, {})
-        for name in self.routes.names(env):
-            self.routes.remove(env, name)
+        self.routes.close(env)  # 404 now, whatever a pass still running for it says
         logs.event(log, "preview.teardown", f"{env}: {reason}", env=env)
 
     def _finish_teardowns(self) -> None:
@@ -401,7 +421,7 @@ class Previews:
         reconciler = self._reconcilers.pop(number, None)
         if reconciler is not None:
             reconciler.stop()
-        self.routes.declare(env, {})
+        self.routes.close(env)
         for record in self.store.functions(env):
             self.backend.remove(env, record["name"])
         self.backend.remove_environment(env)

@@ -136,7 +136,20 @@ class RouteTable:
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], Route] = {}
         self._declared: dict[str, dict[str, Declared]] = {}
+        self._closed: frozenset[str] = frozenset()  # environments being torn down
         self._write = threading.Lock()
+
+    def close(self, env: str) -> None:
+        """Forget ``env`` and ignore what is said of it until :meth:`reopen`: a pass still
+        running for it cannot bring a route back while it is torn down."""
+        with self._write:
+            self._closed = self._closed | {env}
+            self._declared = {e: d for e, d in self._declared.items() if e != env}
+            self._routes = {key: r for key, r in self._routes.items() if key[0] != env}
+
+    def reopen(self, env: str) -> None:
+        with self._write:
+            self._closed = self._closed - {env}
 
     def declared(self, env: str, name: str) -> Declared | None:
         return self._declared.get(env, {}).get(name)
@@ -144,6 +157,8 @@ class RouteTable:
     def declare(self, env: str, functions: dict[str, Declared]) -> None:
         """Replace what ``env`` declares, whole (an empty mapping forgets the environment)."""
         with self._write:
+            if env in self._closed:
+                return
             declared = {**self._declared, env: dict(functions)}
             if not functions:
                 declared.pop(env)
@@ -154,6 +169,8 @@ class RouteTable:
 
     def set(self, route: Route) -> None:
         with self._write:
+            if route.env in self._closed:
+                return
             self._routes = {**self._routes, (route.env, route.name): route}
 
     def remove(self, env: str, name: str) -> None:
