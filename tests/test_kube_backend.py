@@ -378,3 +378,20 @@ def test_cron_runs_show_as_invocations_and_crash_loops_as_failed(kube, harness_f
         "Failed",
     )
     assert "OOMKilled" in record["message"] and "OOMKilled" in record["last_exit"]
+
+
+def test_a_422_is_a_permanent_error_reported_on_the_function(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("two", {**function_folder("alpha"), **function_folder("beta")})
+    harness = harness_for(repo)
+    kube.inject("apply", "Deployment", 422, times=1)
+    harness.sync()
+    failed = [r for r in harness.store.functions("prod") if r["phase"] == "Failed"]
+    assert len(failed) == 1, harness.store.functions("prod")
+    # the API server's own message, not retried (one refusal made one failure)
+    assert "injected failure 422" in failed[0]["message"]
+    assert kube.counts()["requests"][("apply", "Deployment")] == 2
+    # the next pass applies it again and it deploys
+    harness.sync()
+    assert harness.function(failed[0]["name"])["phase"] in ("Pending", "Ready")
+    assert len(kube.objects("Deployment", PROD)) == 2
