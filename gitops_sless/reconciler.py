@@ -300,7 +300,11 @@ class Reconciler:
             if planned.builds:
                 self.publish()
             self._run_all(lambda item: self._run_job(*item), planned.jobs)
-            applied = self._run_all(lambda d: self._apply(d, snapshot.revision), planned.applies)
+            running = set(self.backend.deployed(self.env)) if planned.applies else set()
+            applied = self._run_all(
+                lambda d, running=running: self._apply(d, snapshot.revision, d.name in running),
+                planned.applies,
+            )
             current.applies += sum(applied)
             if any(applied):
                 self._begin_row(current)
@@ -477,11 +481,10 @@ class Reconciler:
         )
         logs.event(log, "job.succeeded", f"{job.name}: {_clip(result)}", **where)
 
-    def _apply(self, deployment: Deployment, revision: str) -> bool:
+    def _apply(self, deployment: Deployment, revision: str, replacing: bool) -> bool:
         """Start or replace one function; False when it failed exactly as it did last time."""
         fn = deployment.function
         where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
-        replacing = fn.name in self.backend.deployed(self.env)
         try:
             self.backend.apply(deployment, revision)
         except SlessError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -131,13 +131,7 @@ class KubeBackend(Backend):
                 self._on_cron(_cron_run(view.env, job))
 
     def health(self, env: str) -> Mapping[str, Health]:
-        view = self.view(env)
-        out = {}
-        for name in view.functions():
-            observed = health(view, name)
-            if observed is not None:
-                out[name] = observed
-        return out
+        return _Health(self.view(env))
 
     def report(
         self,
@@ -217,6 +211,26 @@ class KubeBackend(Backend):
         view = self.view(env)
         self.applier.ensure_environment(view)
         return self.jobs.run(view, fn, job, env_vars)
+
+
+class _Health(Mapping[str, Health]):
+    """Each function's health, worked out when asked: one lookup costs one function."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self._names = view.functions()
+
+    def __getitem__(self, name: str) -> Health:
+        found = health(self.view, name) if name in self._names else None
+        if found is None:
+            raise KeyError(name)
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def _timeout(deployment: dict[str, Any]) -> float:

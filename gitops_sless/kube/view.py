@@ -39,53 +39,63 @@ class View:
         self.env = env
         self.namespace = namespace
         self.namespace_exists = False
-        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self._objects: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object
+        self._by_function: dict[str, set[tuple[str, str]]] = {}  # function -> its keys
         self.pods: list[dict[str, Any]] | None = None  # read only when some rollout is unsettled
         self._lock = threading.Lock()
 
     def read(self, client: KubeClient, namespaces: Iterable[str]) -> None:
         self.namespace_exists = self.namespace in namespaces
-        objects: dict[tuple[str, str], dict[str, Any]] = {}
+        objects: list[dict[str, Any]] = []
         if self.namespace_exists:
             selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: self.env}
             for kind in LISTED:
-                for obj in client.list(kind, self.namespace, selector):
-                    objects[(kind, obj["metadata"]["name"])] = obj
+                objects.extend(client.list(kind, self.namespace, selector))
         with self._lock:
-            self._objects = objects
+            self._objects, self._by_function = {}, {}
+            for obj in objects:
+                self._add(obj)
             self.pods = None
+
+    def _add(self, obj: dict[str, Any]) -> None:
+        key = (obj["kind"], obj["metadata"]["name"])
+        self._objects[key] = obj
+        function = label(obj, FUNCTION_LABEL)
+        if function:
+            self._by_function.setdefault(function, set()).add(key)
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         return self._objects.get((kind, name))
 
     def put(self, obj: dict[str, Any]) -> None:
         with self._lock:
-            self._objects = {**self._objects, (obj["kind"], obj["metadata"]["name"]): obj}
+            self._add(obj)
 
     def drop(self, kind: str, name: str) -> None:
         with self._lock:
-            objects = dict(self._objects)
-            objects.pop((kind, name), None)
-            self._objects = objects
+            obj = self._objects.pop((kind, name), None)
+            function = label(obj, FUNCTION_LABEL) if obj else None
+            if function:
+                self._by_function.get(function, set()).discard((kind, name))
 
     def all(self, kind: str) -> list[dict[str, Any]]:
-        return [obj for (k, _), obj in self._objects.items() if k == kind]
+        with self._lock:
+            return [obj for (k, _), obj in self._objects.items() if k == kind]
 
     def of_function(self, name: str, kinds: Iterable[str] = FUNCTION_KINDS) -> list[dict[str, Any]]:
         wanted = set(kinds)
-        return [
-            obj
-            for (kind, _), obj in self._objects.items()
-            if kind in wanted and label(obj, FUNCTION_LABEL) == name
-        ]
+        with self._lock:
+            keys = sorted(self._by_function.get(name, ()))
+            return [self._objects[key] for key in keys if key[0] in wanted]
 
     def functions(self) -> set[str]:
         """Functions with running objects (a ``Function`` resource alone is not one)."""
-        return {
-            name
-            for (kind, _), obj in self._objects.items()
-            if kind in FUNCTION_KINDS and (name := label(obj, FUNCTION_LABEL))
-        }
+        with self._lock:
+            return {
+                name
+                for name, keys in self._by_function.items()
+                if any(kind in FUNCTION_KINDS for kind, _ in keys)
+            }
 
     def deployed(self) -> dict[str, str]:
         """function -> the spec hash its objects run; "" when they disagree or one is missing.
