@@ -61,22 +61,9 @@ from gitops_sless.kube.client import KubeClient  # noqa: E402
 from tests.gitserver import WorkRepo  # noqa: E402
 from tests.kube_harness import NAMESPACE, Harness, make, settings  # noqa: E402
 from tests.s3server import start_weed  # noqa: E402
+from tests.test_kube_backend import HANDLER, function_folder  # noqa: E402
 
-HANDLER = "def handler(event, context):\n    return {'from': %r}\n"
 READY_TIMEOUT_SEC = 600
-
-
-def function_folder(name: str, text: str = "v1") -> dict[str, str]:
-    """The same folder as tests/test_kube_backend.py's ``function_folder``."""
-    manifest = (
-        "functions:\n"
-        f"  - name: {name}\n"
-        "    runtime: python3.11\n"
-        "    entrypoint: main.handler\n"
-        "    triggers:\n"
-        "      - type: http\n"
-    )
-    return {f"{name}/sless.yaml": manifest, f"{name}/main.py": HANDLER % text}
 
 
 # --- this process ------------------------------------------------------------------------

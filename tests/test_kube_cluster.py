@@ -25,21 +25,13 @@ from gitops_sless.kube.storage import S3Config
 
 from .gitserver import WorkRepo
 from .kube_harness import Harness, make, settings
+from .test_kube_backend import function_folder
 
 KUBECONFIG = os.environ.get("SLESS_TEST_KUBECONFIG")
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(not KUBECONFIG, reason="SLESS_TEST_KUBECONFIG is not set"),
 ]
-HANDLER = "def handler(event, context):\n    return {'from': %r}\n"
-
-
-def function_folder(name: str, text: str = "v1") -> dict[str, str]:
-    manifest = (
-        f"functions:\n  - name: {name}\n    runtime: python3.11\n    entrypoint: main.handler\n"
-        "    triggers:\n      - type: http\n"
-    )
-    return {f"{name}/sless.yaml": manifest, f"{name}/main.py": HANDLER % text}
 
 
 @pytest.fixture
