@@ -8,7 +8,6 @@ every field it takes, so a column rename or a new column never leaks out.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -20,6 +19,7 @@ from .diff import Diff, FunctionChange
 from .errors import ManifestError, ManifestProblem
 from .identity import build_tag
 from .store import LOG_TAIL_CHARS
+from .timestamps import rfc3339
 
 __all__ = [
     "Build",
@@ -53,14 +53,6 @@ Timestamp = Annotated[
         examples=["2026-12-01T10:00:00.123Z"],
     ),
 ]
-
-
-def rfc3339(epoch: float | None) -> str | None:
-    """Seconds since the epoch as ``2026-12-01T10:00:00.123Z`` (UTC, milliseconds)."""
-    if epoch is None:
-        return None
-    seconds, millis = divmod(round(epoch * 1000), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 class ApiModel(BaseModel):

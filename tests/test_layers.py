@@ -16,6 +16,7 @@ RANKS = {
     "paths": 0,
     "metrics": 0,
     "logs": 0,
+    "timestamps": 0,
     "yamldoc": 1,
     "cron": 1,
     "source": 1,
@@ -62,6 +63,7 @@ RANKS = {
     "kube.functions": 6,
     "kube.leader": 6,
     "kube.mirror": 6,
+    "kube.runs": 6,
     # the proxy package's modules import one way: http, upstream, fast, app, the package
     "proxy.http": 7.1,
     "proxy.upstream": 7.2,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
 from typing import Any
 
 from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobRecord
@@ -25,6 +24,7 @@ from ..renderer import (
 )
 from ..routes import Route, RouteTable
 from ..source import Snapshot
+from ..timestamps import epoch
 from .apply import Applier
 from .builds import Builds
 from .client import KubeClient, NotFound
@@ -244,14 +244,10 @@ def _timeout(deployment: dict[str, Any]) -> float:
     return 30.0
 
 
-def _stamp(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
-
-
 def _cron_run(env: str, job: dict[str, Any]) -> CronRun:
     status = job.get("status") or {}
-    started = _stamp(status.get("startTime"))
-    done = _stamp(status.get("completionTime")) or started
+    started = epoch(status.get("startTime"))
+    done = epoch(status.get("completionTime")) or started
     owner = next(
         o["name"] for o in job["metadata"]["ownerReferences"] if o.get("kind") == "CronJob"
     )

@@ -15,13 +15,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from ..backend import BuildFailed
 from ..manifest import Function
 from ..renderer import BUILD_LABEL, MANAGED_BY, RenderConfig, build_job, build_job_name, image_ref
 from ..source import Snapshot
+from ..timestamps import epoch
+from . import runs
 from .client import AlreadyExists, KubeClient
 from .contexts import build_context
 from .status import stuck_reason
@@ -39,16 +40,11 @@ def _built_name(tag: str) -> str:
     return "built-" + tag.replace(".", "-").replace("_", "-")
 
 
-def _conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return {c.get("type"): c for c in conditions if c.get("status") == "True"}
-
-
 def _finished_at(job: dict[str, Any]) -> float:
-    for cond in _conditions(job).values():
-        stamp = cond.get("lastTransitionTime")
+    for cond in runs.conditions(job).values():
+        stamp = epoch(cond.get("lastTransitionTime"))
         if stamp:
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            return stamp
     return 0.0
 
 
@@ -122,7 +118,7 @@ class Builds:
         tag, started = fn.build_tag, time.monotonic()
         name = build_job_name(tag)
         job = self.client.get("Job", self.namespace, name)
-        if job is not None and "Failed" in _conditions(job):
+        if job is not None and "Failed" in runs.conditions(job):
             if time.time() - _finished_at(job) < self.retry_sec:
                 raise BuildFailed(tag, self._failure(job), self._log(name))
             self.client.delete("Job", self.namespace, name, "Background")  # a retry, later
@@ -138,30 +134,29 @@ class Builds:
                 job = self.client.get("Job", self.namespace, name) or {}
         job = self._wait(tag, name, job)
         build_log = self._log(name)
-        if "Complete" not in _conditions(job):
+        if "Complete" not in runs.conditions(job):
             raise BuildFailed(tag, self._failure(job), build_log)
         self._record(fn, time.monotonic() - started)
         return build_log
 
     def _wait(self, tag: str, name: str, job: dict[str, Any]) -> dict[str, Any]:
-        deadline = time.monotonic() + self.config.build_timeout_sec + 60
-        created = time.monotonic()
-        delay = 0.05
-        while not ({"Complete", "Failed"} & set(_conditions(job))):
-            if time.monotonic() > deadline:
-                raise BuildFailed(tag, f"no result after {self.config.build_timeout_sec} s")
-            time.sleep(delay)
-            delay = min(delay * 2, self.poll_sec)
-            job = self.client.get("Job", self.namespace, name) or {}
-            if not job:
-                raise BuildFailed(tag, f"build Job {name} was deleted while it ran")
-            if time.monotonic() - created > 2 and not (job.get("status") or {}).get("succeeded"):
-                self._check_start(tag, name, time.monotonic() - created)
-        return job
+        def check(job: dict[str, Any], waited: float) -> None:
+            if waited > 2 and not (job.get("status") or {}).get("succeeded"):
+                self._check_start(tag, name, waited)
+
+        timeout = self.config.build_timeout_sec
+        try:
+            return runs.wait(
+                self.client, self.namespace, name, job, timeout + 60, self.poll_sec, check
+            )
+        except runs.JobTimedOut:
+            raise BuildFailed(tag, f"no result after {timeout} s") from None
+        except runs.JobGone:
+            raise BuildFailed(tag, f"build Job {name} was deleted while it ran") from None
 
     def _check_start(self, tag: str, name: str, waited: float) -> None:
         """A pod that cannot start fails the build with the kubelet's reason."""
-        pods = self.client.list("Pod", self.namespace, {"job-name": name})
+        pods = runs.pods(self.client, self.namespace, name)
         reason = stuck_reason(pods)
         if reason:
             self.client.delete("Job", self.namespace, name, "Background")
@@ -172,15 +167,11 @@ class Builds:
             raise BuildFailed(tag, f"build pod still Pending after {self.start_timeout_sec:.0f} s")
 
     def _failure(self, job: dict[str, Any]) -> str:
-        cond = _conditions(job).get("Failed") or {}
+        cond = runs.conditions(job).get("Failed") or {}
         reason = cond.get("reason") or "Failed"
         if reason == "DeadlineExceeded":
             return f"timed out after {self.config.build_timeout_sec} s (DeadlineExceeded)"
         return f"kaniko failed ({reason}{': ' + cond['message'] if cond.get('message') else ''})"
 
     def _log(self, name: str) -> str:
-        pods = self.client.list("Pod", self.namespace, {"job-name": name})
-        if not pods:
-            return ""
-        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        return self.client.pod_log(self.namespace, newest["metadata"]["name"], LOG_TAIL_LINES)
+        return runs.log(self.client, self.namespace, name, LOG_TAIL_LINES)

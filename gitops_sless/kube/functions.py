@@ -28,10 +28,11 @@ from ..renderer import (
     RenderConfig,
     image_ref,
 )
+from ..timestamps import rfc3339
 from .client import KubeClient
 from .view import View, annotation, drifted
 
-__all__ = ["API_VERSION", "MANIFEST_LABEL", "FunctionWriter", "rfc3339"]
+__all__ = ["API_VERSION", "MANIFEST_LABEL", "FunctionWriter"]
 
 API_VERSION = "gitops-sless.dev/v1alpha1"
 MANIFEST_LABEL = "gitops-sless.dev/manifest"
@@ -39,13 +40,6 @@ MANIFEST_ANNOTATION = "gitops-sless.dev/manifest-path"
 MAX_RUNS = 20
 MAX_RESULT = 1024
 READY_PHASES = ("Ready",)
-
-
-def rfc3339(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    seconds, millis = divmod(round(epoch * 1000), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 def _label_value(path: str) -> str:

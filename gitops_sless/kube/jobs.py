@@ -10,14 +10,14 @@ returned, so a reconciler with an empty state folder runs nothing again.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from ..backend import EnvValue, JobFailed, JobRecord
 from ..manifest import Function, Job
 from ..renderer import FUNCTION_LABEL, JOB_LABEL, RUN_LABEL, RenderConfig, render_job
+from ..timestamps import epoch
+from . import runs
 from .client import AlreadyExists, KubeClient
 from .status import stuck_reason
 from .view import View, annotation, label
@@ -28,15 +28,6 @@ RESULT = "gitops-sless.dev/result"
 ERROR = "gitops-sless.dev/error"
 MAX_RESULT_BYTES = 200_000  # annotations are capped at 256 KiB per object
 LOG_TAIL_LINES = 40
-
-
-def _conditions(job: Mapping[str, Any]) -> set[str]:
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return {c.get("type") for c in conditions if c.get("status") == "True"}
-
-
-def _time(stamp: str | None) -> float | None:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 def finished_runs(view: View) -> list[JobRecord]:
@@ -55,7 +46,7 @@ def finished_runs(view: View) -> list[JobRecord]:
                 phase="Succeeded" if error is None else "Failed",
                 result=result,
                 error=error,
-                finished=_time((job.get("status") or {}).get("completionTime")),
+                finished=epoch((job.get("status") or {}).get("completionTime")),
             )
         )
     return out
@@ -94,7 +85,7 @@ class JobRunner:
             )
             raise JobFailed(str(stuck)) from None
         output = self._log(namespace, name)
-        if "Complete" in _conditions(live):
+        if "Complete" in runs.conditions(live):
             # a pod log mixes stdout and stderr; the runner prints its result last, one line
             lines = [line for line in output.splitlines() if line.strip()]
             result = lines[-1].strip() if lines else ""
@@ -110,29 +101,22 @@ class JobRunner:
         raise JobFailed(problem)
 
     def _wait(self, namespace: str, name: str, job: dict[str, Any], timeout: int) -> dict[str, Any]:
-        started = time.monotonic()
-        deadline = started + timeout + 120  # activeDeadlineSeconds ends it before
-        delay = 0.05
-        while not ({"Complete", "Failed"} & _conditions(job)):
-            if time.monotonic() - started > 1 and not (job.get("status") or {}).get("ready"):
-                reason = stuck_reason(self.client.list("Pod", namespace, {"job-name": name}))
+        def check(job: dict[str, Any], waited: float) -> None:
+            if waited > 1 and not (job.get("status") or {}).get("ready"):
+                reason = stuck_reason(runs.pods(self.client, namespace, name))
                 if reason:
                     raise _Stuck(f"the job's pod cannot start: {reason}")
-            if time.monotonic() > deadline:
-                raise JobFailed(f"Job {name} did not finish within {timeout + 120} s")
-            time.sleep(delay)
-            delay = min(delay * 2, self.poll_sec)
-            job = self.client.get("Job", namespace, name) or {}
-            if not job:
-                raise JobFailed(f"Job {name} was deleted while it ran")
-        return job
+
+        limit = timeout + 120  # activeDeadlineSeconds ends it before
+        try:
+            return runs.wait(self.client, namespace, name, job, limit, self.poll_sec, check)
+        except runs.JobTimedOut:
+            raise JobFailed(f"Job {name} did not finish within {limit} s") from None
+        except runs.JobGone:
+            raise JobFailed(f"Job {name} was deleted while it ran") from None
 
     def _log(self, namespace: str, name: str) -> str:
-        pods = self.client.list("Pod", namespace, {"job-name": name})
-        if not pods:
-            return ""
-        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        return self.client.pod_log(namespace, newest["metadata"]["name"])
+        return runs.log(self.client, namespace, name)
 
     def _record(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.client.patch("Job", namespace, name, {"metadata": {"annotations": dict(annotations)}})

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from kubernetes import client as k8s
@@ -22,6 +21,7 @@ from kubernetes import watch as k8s_watch
 from ..renderer import ENV_LABEL, MANAGED_BY
 from ..routes import Declared, Route, RouteTable
 from ..store import Store
+from ..timestamps import epoch
 from .client import KubeClient
 
 __all__ = ["FunctionMirror"]
@@ -30,12 +30,6 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "gitops-sless.dev", "v1alpha1", "functions"
 WATCH_SEC = 30
-
-
-def _epoch(stamp: str | None) -> float | None:
-    if not stamp:
-        return None
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _ready(status: dict[str, Any]) -> bool:
@@ -129,7 +123,7 @@ class FunctionMirror:
             self.store.set_function(
                 env,
                 name,
-                updated=_epoch(status.get("updated")) or time.time(),
+                updated=epoch(status.get("updated")) or time.time(),
                 phase=status["phase"],
                 build_tag=status.get("buildTag"),
                 revision=status.get("revision"),
@@ -147,7 +141,7 @@ class FunctionMirror:
                 function=name,
                 phase=run["phase"],
                 result=run.get("result"),
-                finished=_epoch(run.get("finished")),
+                finished=epoch(run.get("finished")),
             )
         return env, name
 

@@ -57,11 +57,12 @@ def stuck_reason(pods: list[dict[str, Any]]) -> str | None:
 
 
 def _pod_problem(pods: list[dict[str, Any]]) -> tuple[str, str, str | None, int] | None:
-    """(phase, message, last exit, restarts) from the first pod with a named problem."""
+    """(phase, message, last exit, restarts): a crash loop first, else a stuck pod."""
     for pod in pods:
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             waiting = (status.get("state") or {}).get("waiting") or {}
-            reason = waiting.get("reason")
+            if waiting.get("reason") != "CrashLoopBackOff":
+                continue
             last = (status.get("lastState") or {}).get("terminated") or {}
             last_exit = (
                 f"{last.get('reason') or 'Error'}: exit code {last.get('exitCode')}"
@@ -69,11 +70,9 @@ def _pod_problem(pods: list[dict[str, Any]]) -> tuple[str, str, str | None, int]
                 else None
             )
             restarts = int(status.get("restartCount") or 0)
-            if reason == "CrashLoopBackOff":
-                return "Failed", f"CrashLoopBackOff: last exit {last_exit}", last_exit, restarts
-            if reason in STUCK:
-                return "Pending", f"{reason}: {waiting.get('message') or ''}".strip(), None, 0
-    return None
+            return "Failed", f"CrashLoopBackOff: last exit {last_exit}", last_exit, restarts
+    reason = stuck_reason(pods)
+    return ("Pending", reason, None, 0) if reason else None
 
 
 def health(view: View, name: str) -> Health | None:
