@@ -67,6 +67,22 @@ class Harness:
         self.store.close()
 
 
+def kube_env(kubeconfig: Path | str, s3: Any, **changes: str) -> dict[str, str]:
+    """The environment ``serve --backend kubernetes`` reads, for a test API server and S3."""
+    env = {
+        "KUBECONFIG": str(kubeconfig),
+        "SLESS_NAMESPACE": NAMESPACE,
+        "SLESS_REGISTRY": REGISTRY,
+        "SLESS_S3_ENDPOINT": s3.endpoint,
+        "SLESS_S3_BUCKET": s3.bucket,
+        "SLESS_S3_REGION": s3.region,
+        "AWS_ACCESS_KEY_ID": s3.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+    }
+    env.update(changes)
+    return env
+
+
 def settings(kubeconfig: Path | str, s3: Any, **changes: Any) -> KubeSettings:
     values: dict[str, Any] = {
         "namespace": NAMESPACE,

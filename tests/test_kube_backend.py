@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gitops_sless.kube.client import KubeClient
+from gitops_sless.kube.client import Forbidden, KubeClient
 from gitops_sless.renderer import build_job_name
 
 from .gitserver import WorkRepo
@@ -395,3 +395,57 @@ def test_a_422_is_a_permanent_error_reported_on_the_function(kube, harness_for, 
     harness.sync()
     assert harness.function(failed[0]["name"])["phase"] in ("Pending", "Ready")
     assert len(kube.objects("Deployment", PROD)) == 2
+
+
+def test_the_client_refuses_calls_outside_its_table(kube):
+    client = KubeClient.from_config(str(kube.kubeconfig))
+    client.own_namespace = NAMESPACE
+    kube.reset_counts()
+    with pytest.raises(Forbidden, match="get Deployment: not a call this reconciler makes"):
+        client.request("get", "Deployment", "GET", "/apis/apps/v1/namespaces/x/deployments/y")
+    with pytest.raises(Forbidden, match=f"only in the namespace {NAMESPACE}"):
+        client.list("ConfigMap", PROD)
+    assert not any(kube.counts()["requests"].values())  # refused before any request
+
+
+@pytest.mark.parametrize(
+    ("log", "expected"),
+    [
+        ("hello from the handler\nnot json at all\n", "the runner's output is not JSON"),
+        ('"' + "x" * 200_001 + '"\n', "bytes; at most 200000 are kept"),
+    ],
+    ids=["not-json", "too-large"],
+)
+def test_a_job_result_that_cannot_be_kept_fails_the_run_with_why(
+    kube, harness_for, tmp_path, log, expected
+):
+    repo = WorkRepo(tmp_path / "repo")
+    manifest = (
+        "functions:\n  - name: once\n    runtime: python3.11\n    entrypoint: main.handler\n"
+        "    jobs:\n      - name: seed\n        runId: 1\n"
+    )
+    repo.commit("job", {"once/sless.yaml": manifest, "once/main.py": HANDLER % "j"})
+    kube.set_job_log(PROD, "seed-run-1", log)
+    harness = harness_for(repo)
+    harness.sync()
+    run = harness.store.job_run("prod", "seed", 1)
+    assert run["phase"] == "Failed" and expected in run["error"]
+    # recorded on the Job: a restarted reconciler does not run it again
+    job = kube.get("Job", PROD, "seed-run-1")
+    assert expected in job["metadata"]["annotations"]["gitops-sless.dev/error"]
+
+
+def test_a_build_pod_that_cannot_start_fails_with_the_kubelets_reason(kube, s3_server, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("one", function_folder("alpha"))
+    unpullable = settings(kube.kubeconfig, s3_server.config(), kaniko_image="registry.test/nope:1")
+    harness = make(repo, tmp_path / "state", unpullable)
+    try:
+        harness.sync()
+        record = harness.function("alpha")
+        assert record["phase"] == "Failed"
+        assert "build pod cannot start: ErrImagePull" in record["message"]
+        assert kube.objects("Job", NAMESPACE) == []  # the stuck Job is deleted, retried later
+        assert kube.get("Deployment", PROD, "alpha") is None
+    finally:
+        harness.close()

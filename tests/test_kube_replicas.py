@@ -15,25 +15,11 @@ from typing import Any
 import pytest
 
 from .gitserver import WorkRepo, init_bare
+from .kube_harness import NAMESPACE, kube_env
 from .kubeapi import FakeKube
 from .sless_server import SlessServer
 from .test_kube_backend import function_folder
 from .test_kube_functions import PROD, install_crd
-
-NAMESPACE = "gitops-sless"
-
-
-def kube_env(kube: FakeKube, s3: Any) -> dict[str, str]:
-    return {
-        "KUBECONFIG": str(kube.kubeconfig),
-        "SLESS_NAMESPACE": NAMESPACE,
-        "SLESS_REGISTRY": "registry.test/team",
-        "SLESS_S3_ENDPOINT": s3.endpoint,
-        "SLESS_S3_BUCKET": s3.bucket,
-        "SLESS_S3_REGION": s3.region,
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-    }
 
 
 def holder(kube: FakeKube) -> str | None:
@@ -67,7 +53,7 @@ def test_one_leader_two_servers_and_a_handover(kube, s3_server, tmp_path: Path):
     work.commit("two", {**function_folder("alpha"), **function_folder("beta")})
     bare = init_bare(tmp_path / "functions.git")
     work.push(str(bare))
-    env = kube_env(kube, s3_server)
+    env = kube_env(kube.kubeconfig, s3_server)
     servers = [
         SlessServer(
             str(bare),

@@ -20,28 +20,13 @@ import pytest
 from gitops_sless.kube.client import KubeClient
 
 from .gitserver import WorkRepo
+from .kube_harness import NAMESPACE, kube_env
 from .kubeapi import FakeKube
-from .s3server import S3Server
 from .sless_server import SlessServer
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample-repo"
-NAMESPACE = "gitops-sless"
+
 SERVE = (sys.executable, "-m", "gitops_sless", "serve", "--backend", "kubernetes")
-
-
-def kube_env(kube: FakeKube, s3: S3Server, **changes: str) -> dict[str, str]:
-    env = {
-        "KUBECONFIG": str(kube.kubeconfig),
-        "SLESS_NAMESPACE": NAMESPACE,
-        "SLESS_REGISTRY": "registry.test/team",
-        "SLESS_S3_ENDPOINT": s3.endpoint,
-        "SLESS_S3_BUCKET": s3.bucket,
-        "SLESS_S3_REGION": s3.region,
-        "AWS_ACCESS_KEY_ID": s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-    }
-    env.update(changes)
-    return env
 
 
 @pytest.fixture
@@ -72,7 +57,7 @@ def test_serve_converges_the_sample_repository_and_proxies_through_the_api_serve
     server = SlessServer(
         str(repo.path),
         tmp_path / "state",
-        env=kube_env(kube, s3_server),
+        env=kube_env(kube.kubeconfig, s3_server),
         args=["--backend", "kubernetes"],
     ).start()
     try:
@@ -110,7 +95,7 @@ def test_serve_converges_the_sample_repository_and_proxies_through_the_api_serve
 def test_a_missing_prerequisite_is_one_line_and_exit_2(kube, s3_server, tmp_path, change, expected):
     repo = WorkRepo(tmp_path / "functions")
     repo.commit("empty", {"README.md": "x\n"})
-    env = {**kube_env(kube, s3_server, **change)}
+    env = {**kube_env(kube.kubeconfig, s3_server, **change)}
     result = subprocess.run(
         [*SERVE, "--repo", str(repo.path), "--state-dir", str(tmp_path / "state")],
         env={**os.environ, **env},
@@ -134,7 +119,7 @@ def test_an_unreachable_api_server_is_one_line_and_exit_2(s3_server, tmp_path):
     kube.kubeconfig = config
     result = subprocess.run(
         [*SERVE, "--repo", str(repo.path), "--state-dir", str(tmp_path / "state")],
-        env={**os.environ, **kube_env(kube, s3_server)},
+        env={**os.environ, **kube_env(kube.kubeconfig, s3_server)},
         capture_output=True,
         text=True,
         timeout=60,
