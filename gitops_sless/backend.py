@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,9 +149,12 @@ class Backend(ABC):
         env: str,
         records: list[dict[str, Any]],
         functions: Mapping[str, Function],
-        runs: list[dict[str, Any]],
+        runs: Callable[[], list[dict[str, Any]]],
     ) -> None:
-        """Publish the status store's view of ``env`` where the backend keeps one."""
+        """Publish the status store's view of ``env`` where the backend keeps one.
+
+        ``runs()`` reads the job runs: only a backend that publishes pays for it.
+        """
 
     def job_runs(self, env: str) -> list[JobRecord]:
         """Finished job runs recorded by the backend itself (empty: the store is the record)."""

@@ -553,7 +553,7 @@ class Reconciler:
         records = self.store.functions(self.env)
         desired = self._desired.functions if self._desired else {}
         try:
-            self.backend.report(self.env, records, desired, self.store.jobs(self.env))
+            self.backend.report(self.env, records, desired, lambda: self.store.jobs(self.env))
         except SlessError as exc:  # the status view must never stop a pass
             logs.event(log, "status.unpublished", str(exc), level=logging.WARNING, env=self.env)
         phases: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)

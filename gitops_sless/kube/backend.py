@@ -138,12 +138,13 @@ class KubeBackend(Backend):
         env: str,
         records: list[dict[str, Any]],
         functions: Mapping[str, Function],
-        runs: list[dict[str, Any]],
+        runs: Callable[[], list[dict[str, Any]]],
     ) -> None:
-        if self._crd_missing:
+        view = self.view(env)
+        if self._crd_missing or not view.namespace_exists:
             return
         try:
-            self.functions.write(self.view(env), records, functions, runs, self.builds.built())
+            self.functions.write(view, records, functions, runs(), self.builds.built())
         except NotFound:
             self._crd_missing = True
             log.warning(
