@@ -9,6 +9,7 @@ refused before it costs memory.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -79,15 +80,95 @@ def _decode(raw: bytes) -> str:
 
 
 def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
+    """Reported at the line the user must fix: where an unclosed quote or bracket began.
+
+    PyYAML notices a missing quote or bracket where it runs into trouble, often
+    lines later or at the end of the file; the line to edit is where it opened.
+    """
+    problem = exc.problem_mark
+    opened = _opened(exc, text)
+    if opened is not None:
+        start, what = opened
+        reason = f"YAML syntax error: {exc.problem}{_where(problem, start, text)}, {what}"
+        return YamlProblem(start.line + 1, (), reason)
     last_line = text.count("\n") + 1
-    problem, context = exc.problem_mark, exc.context_mark
+    context = exc.context_mark
     reason = f"YAML syntax error: {exc.problem or exc.context}"
     if problem is None or problem.line + 1 > last_line:
-        # the parser ran off the end of the file: the opening bracket or quote is the news
         problem = context or problem
         if exc.context and context:
             reason += f" ({exc.context} that starts at line {context.line + 1})"
     return YamlProblem(problem.line + 1 if problem else 1, (), reason)
+
+
+def _opened(exc: yaml.MarkedYAMLError, text: str) -> tuple[yaml.Mark, str] | None:
+    """Where the quote, bracket or key the error is about began, and what it is."""
+    context, problem = exc.context_mark, exc.problem_mark
+    if context is not None and (exc.context or "").startswith("while scanning "):
+        # a scanner error: its context is the token it could not finish
+        what = exc.context.removeprefix("while scanning ")
+        what = _SCANNED.get(what, what)
+        return context, f"in {what} that starts on this line"
+    if problem is None:
+        return None
+    before = _tokens_before(text, problem.index)
+    if before and _runs_on(before[-1]):
+        scalar = before[-1]
+        return scalar.start_mark, (
+            f"after the quoted string that starts on this line and ends on line "
+            f"{scalar.end_mark.line + 1} (is its closing quote missing?)"
+        )
+    flow = _open_flow(before)
+    if flow is not None:
+        kind = "[ list" if isinstance(flow, yaml.FlowSequenceStartToken) else "{ mapping"
+        return flow.start_mark, f"in the {kind} that starts on this line"
+    return None
+
+
+_SCANNED = {
+    "a quoted scalar": "the quoted string",
+    "a double-quoted scalar": "the quoted string",
+    "a single-quoted scalar": "the quoted string",
+    "a simple key": "the key",
+}
+
+
+def _tokens_before(text: str, index: int) -> list[yaml.Token]:
+    tokens: list[yaml.Token] = []
+    with contextlib.suppress(yaml.YAMLError):
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if token.start_mark.index >= index:
+                break
+            tokens.append(token)
+    return tokens
+
+
+def _runs_on(token: yaml.Token) -> bool:
+    """A quoted string over several lines: legal, but usually a quote left open."""
+    return (
+        isinstance(token, yaml.ScalarToken)
+        and token.style in ("'", '"')
+        and token.end_mark.line > token.start_mark.line
+    )
+
+
+def _open_flow(tokens: list[yaml.Token]) -> yaml.Token | None:
+    """The innermost ``[`` or ``{`` not closed yet."""
+    stack: list[yaml.Token] = []
+    for token in tokens:
+        if isinstance(token, (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken)):
+            stack.append(token)
+        elif isinstance(token, (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken)) and stack:
+            stack.pop()
+    return stack[-1] if stack else None
+
+
+def _where(problem: yaml.Mark | None, start: yaml.Mark, text: str) -> str:
+    if problem is None:
+        return ""
+    if problem.index >= len(text.rstrip()):
+        return " at the end of the file"
+    return f" at line {problem.line + 1}" if problem.line != start.line else ""
 
 
 def _compose(text: str) -> yaml.Node | None:

@@ -564,7 +564,8 @@ def test_diff_keeps_what_an_invalid_manifest_declared_and_removes_the_rest(tmp_p
     assert invalid["manifest"] == "greet/sless.yaml"
     assert invalid["functions"] == ["greet", "shower"]  # the store knows what it declared
     assert invalid["problems"] == [
-        "greet/sless.yaml:2: (file): YAML syntax error: expected ',' or ']', but got '<stream end>'"
+        "greet/sless.yaml:1: (file): YAML syntax error: expected ',' or ']', but got '<stream end>'"
+        " at the end of the file, in the [ list that starts on this line"
     ]
     assert answer["removed"] == ["old"]
     assert answer["hasChanges"] is True
