@@ -95,6 +95,7 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
     context = exc.context_mark
     reason = f"YAML syntax error: {exc.problem or exc.context}"
     if problem is None or problem.line + 1 > last_line:
+        # the parser ran off the end of the file: what it was reading is the news
         problem = context or problem
         if exc.context and context:
             reason += f" ({exc.context} that starts at line {context.line + 1})"
@@ -103,10 +104,10 @@ def _syntax_problem(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
 
 def _opened(exc: yaml.MarkedYAMLError, text: str) -> tuple[yaml.Mark, str] | None:
     """Where the quote, bracket or key the error is about began, and what it is."""
-    context, problem = exc.context_mark, exc.problem_mark
-    if context is not None and (exc.context or "").startswith("while scanning "):
+    context, problem, scanning = exc.context_mark, exc.problem_mark, exc.context or ""
+    if context is not None and scanning.startswith("while scanning "):
         # a scanner error: its context is the token it could not finish
-        what = exc.context.removeprefix("while scanning ")
+        what = scanning.removeprefix("while scanning ")
         what = _SCANNED.get(what, what)
         return context, f"in {what} that starts on this line"
     if problem is None:
