@@ -16,7 +16,7 @@ from typing import Any
 
 from . import cron, runtimes, schema, yamldoc
 from .errors import ManifestError, ManifestProblem
-from .identity import build_tag
+from .identity import MANIFEST_NAME, build_tag, source_id
 from .source import Snapshot
 from .yamldoc import Located, YamlProblem, field_path
 
@@ -32,8 +32,6 @@ __all__ = [
     "is_preview",
     "load",
 ]
-
-MANIFEST_NAME = "sless.yaml"
 
 
 @dataclass(frozen=True)
@@ -239,8 +237,9 @@ class _Manifest:
                     yield ("functions", i, "jobs", j, "name"), job["name"], "job"
 
     def functions(self) -> list[Function]:
-        source_id = self.snapshot.tree_id(self.folder)
-        return [_function(self, fn, source_id) for fn in self.data["functions"]]
+        # the folder without this file: an edit of the manifest alone builds nothing
+        folder_id = source_id(self.snapshot, self.folder)
+        return [_function(self, fn, folder_id) for fn in self.data["functions"]]
 
 
 def _resolve_in_folder(rel: str, links: Mapping[str, str], hops: int = 0) -> str | None:

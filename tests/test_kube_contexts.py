@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 from gitops_sless import logs, manifest, runtimes
 from gitops_sless.backend import BuildFailed
 from gitops_sless.errors import PermanentError, TransientError
+from gitops_sless.identity import source_id
 from gitops_sless.kube.contexts import build_context
 from gitops_sless.kube.storage import ContextStore, S3Config, StorageError, StorageUnavailable
 from gitops_sless.manifest import Function
@@ -126,7 +127,6 @@ def test_the_tarball_holds_dockerfile_runtime_and_function_with_fixed_metadata(r
             "function/lib/util.py",
             long_name,
             "function/run.sh",
-            "function/sless.yaml",
             "function/util-link.py",
             "runtime",
             *(f"runtime/{name}" for name in runtime_files),
@@ -170,7 +170,7 @@ def _outside(tmp_path: Path, links: dict[str, str]) -> tuple[Function, Snapshot]
     snapshot = DirectorySnapshot(folder)
     assert manifest.load(snapshot).invalid  # the loader refuses them too
     clean = WorkRepo(tmp_path / "clean").write(FILES).path
-    fn = replace(load(DirectorySnapshot(clean)), source_id=snapshot.tree_id("fns/hello"))
+    fn = replace(load(DirectorySnapshot(clean)), source_id=source_id(snapshot, "fns/hello"))
     return fn, snapshot
 
 
@@ -195,7 +195,7 @@ def test_a_submodule_is_refused(repo):
     repo.git("commit", "--quiet", "-m", "a submodule")
     snapshot = open_snapshot(repo.path)
     assert manifest.load(snapshot).invalid
-    fn = replace(load(open_snapshot(repo.path, head)), source_id=snapshot.tree_id("fns/hello"))
+    fn = replace(load(open_snapshot(repo.path, head)), source_id=source_id(snapshot, "fns/hello"))
     with pytest.raises(BuildFailed, match="vendored is a submodule; it cannot be built"):
         build_context(fn, snapshot)
 

@@ -28,6 +28,7 @@ import pytest
 
 from gitops_sless import manifest
 from gitops_sless.errors import PermanentError
+from gitops_sless.identity import source_id
 from gitops_sless.local.builder import (
     MARKER,
     BuildFailed,
@@ -410,7 +411,7 @@ def test_a_folder_that_links_outside_itself_is_refused(tmp_path, root):
     snapshot = DirectorySnapshot(folder)
     assert manifest.load(snapshot).invalid
     clean = write(tmp_path / "clean", py_files("fn", "py"))
-    fn = replace(load(DirectorySnapshot(clean))["py"], source_id=snapshot.tree_id("fn"))
+    fn = replace(load(DirectorySnapshot(clean))["py"], source_id=source_id(snapshot, "fn"))
 
     with pytest.raises(BuildFailed, match="symlink out resolves outside the folder"):
         LocalBuilder(root).build(fn, snapshot)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..backend import BuildFailed
 from ..errors import TransientError
+from ..identity import is_manifest, source_id
 from ..manifest import Function, _resolve_in_folder
 from ..paths import stays_inside
 from ..runtimes import get as get_runtime
@@ -54,10 +55,11 @@ def build_context(fn: Function, snapshot: Snapshot) -> bytes:
     changed while it was read.
     """
     tag = fn.build_tag
-    if snapshot.tree_id(fn.folder) != fn.source_id:
+    found = source_id(snapshot, fn.folder)
+    if found != fn.source_id:
         raise ValueError(
-            f"{fn.name}: folder {fn.folder or '.'} of {snapshot.revision[:12]} has tree "
-            f"{snapshot.tree_id(fn.folder)}, the function was loaded with {fn.source_id}"
+            f"{fn.name}: folder {fn.folder or '.'} of {snapshot.revision[:12]} has source "
+            f"{found}, the function was loaded with {fn.source_id}"
         )
     runtime = get_runtime(fn.runtime)
     on_disk = DirectorySnapshot(runtime.folder)
@@ -69,17 +71,24 @@ def build_context(fn: Function, snapshot: Snapshot) -> bytes:
         raise BuildFailed(tag, f"runtime folder {runtime.folder} has no Dockerfile")
     members = [
         _Member("Dockerfile", "file", data=_verified(on_disk, "Dockerfile", dockerfile.oid)),
-        *_members(tag, on_disk, "", "runtime"),
-        *_members(tag, snapshot, fn.folder, "function"),
+        *_members(tag, on_disk, "", "runtime", manifest=False),
+        *_members(tag, snapshot, fn.folder, "function", manifest=True),
     ]
     return _tarball(sorted(members, key=lambda m: m.name.encode("utf-8", "surrogateescape")))
 
 
-def _members(tag: str, snapshot: Snapshot, folder: str, prefix: str) -> list[_Member]:
-    """The entries of ``folder`` as tar members below ``prefix``, links checked."""
+def _members(
+    tag: str, snapshot: Snapshot, folder: str, prefix: str, *, manifest: bool
+) -> list[_Member]:
+    """The entries of ``folder`` as tar members below ``prefix``, links checked.
+
+    ``manifest``: ``folder`` is a function folder, whose root ``sless.yaml`` is left out.
+    """
     members = [_Member(prefix, "dir", _DIR_MODE)]
     links: dict[str, str] = {}
     for path, entry in snapshot.walk(folder):
+        if manifest and is_manifest(folder, path):
+            continue  # not part of the build: see identity
         rel = posixpath.relpath(path, folder) if folder else path
         name = f"{prefix}/{rel}"
         if entry.kind == "tree":

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from ..backend import BuildFailed
 from ..errors import TransientError
+from ..identity import is_manifest, source_id
 from ..manifest import Function
 from ..paths import stays_inside
 from ..runtimes import get as get_runtime
@@ -307,10 +308,11 @@ class LocalBuilder:
 
     def _build(self, fn: Function, snapshot: Snapshot, final: Path) -> BuildResult:
         tag = fn.build_tag
-        if snapshot.tree_id(fn.folder) != fn.source_id:
+        found = source_id(snapshot, fn.folder)
+        if found != fn.source_id:
             raise ValueError(
-                f"{fn.name}: folder {fn.folder or '.'} of {snapshot.revision[:12]} has tree "
-                f"{snapshot.tree_id(fn.folder)}, the function was loaded with {fn.source_id}"
+                f"{fn.name}: folder {fn.folder or '.'} of {snapshot.revision[:12]} has source "
+                f"{found}, the function was loaded with {fn.source_id}"
             )
         # the deadline starts once a build slot is free: queueing is not building
         started = time.monotonic()
@@ -451,6 +453,8 @@ def _lay_out(tag: str, snapshot: Snapshot, folder: str, target: Path) -> int:
     links: list[Path] = []
     count = 0
     for path, entry in snapshot.walk(folder):
+        if is_manifest(folder, path):
+            continue  # not part of the build: see identity
         rel = posixpath.relpath(path, folder) if folder else path
         dest = target / rel
         if entry.kind == "tree":
