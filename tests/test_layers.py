@@ -48,6 +48,7 @@ RANKS = {
     "local.orphans": 6,
     "local.memory": 6,
     "local.gc": 6,
+    "local.failure": 6,
     "kube": 6,
     "kube.contexts": 6,
     "kube.storage": 6,
