@@ -6,31 +6,42 @@ was found, so a failed fetch leaves the mirror exactly as it was. Every pygit2 o
 OS error from a fetch becomes a ``FetchError`` (transient: retry later) whose
 message names the URL with its password redacted.
 
+Each fetch has an overall deadline, ``timeout_sec``: the fetch runs in a child
+process (``fetcher.FetchWorker``) that is stopped when the deadline passes, even
+while libgit2 is still reading the server's ref list, where no callback runs.
+
 ``seed_repository()`` turns a plain directory into a bare repository users can
 clone and push to, for ``serve --repo <directory>``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import re
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
 import pygit2
-from pygit2.enums import CredentialType, FetchPrune, Option, RepositoryOpenFlag
-from pygit2.remotes import TransferProgress
+from pygit2.enums import RepositoryOpenFlag
 
 from .errors import SourceError, TransientError
+from .fetcher import (
+    Credentials,
+    FetchRequest,
+    FetchWorker,
+    WorkerFailed,
+    _AuthFailed,
+    _Callbacks,  # noqa: F401 - tests/test_mirror.py checks the credentials offered here
+    _Deadline,
+)
 from .source import GitSnapshot
 
 __all__ = [
-    "Credentials",
+    "Credentials",  # defined in fetcher, where the child process uses it
     "FetchError",
     "FetchResult",
     "Mirror",
@@ -49,45 +60,11 @@ _PREVIEW_SPECS = (
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 
 
+_GIT_ERRORS = (pygit2.GitError, OSError, KeyError, ValueError)
+
+
 class FetchError(TransientError):
     """A fetch failed: network, timeout, server error, authentication, or a missing branch."""
-
-
-@dataclass(frozen=True)
-class Credentials:
-    """How to authenticate to the remote: user and password/token (HTTP), or an SSH key."""
-
-    username: str | None = None
-    password: str | None = None
-    ssh_key: str | None = None
-    ssh_pubkey: str | None = None
-    passphrase: str | None = None
-
-    def __repr__(self) -> str:
-        hidden = {"password": self.password, "passphrase": self.passphrase}
-        shown = ", ".join(
-            [f"username={self.username!r}"]
-            + [f"{name}={'***' if value else None}" for name, value in hidden.items()]
-            + [f"ssh_key={self.ssh_key!r}", f"ssh_pubkey={self.ssh_pubkey!r}"]
-        )
-        return f"Credentials({shown})"
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Credentials | None:
-        """Credentials from ``SLESS_GIT_*`` variables, or ``None`` when none is set."""
-        env = os.environ if environ is None else environ
-        values = {
-            "username": env.get("SLESS_GIT_USERNAME") or None,
-            "password": env.get("SLESS_GIT_PASSWORD") or None,
-            "ssh_key": env.get("SLESS_GIT_SSH_KEY") or None,
-            "ssh_pubkey": env.get("SLESS_GIT_SSH_PUBKEY") or None,
-            "passphrase": env.get("SLESS_GIT_SSH_PASSPHRASE") or None,
-        }
-        return cls(**values) if any(values.values()) else None
-
-    def secrets(self) -> list[str]:
-        """The values that must never be shown (password, passphrase)."""
-        return [s for s in (self.password, self.passphrase) if s]
 
 
 def _parse_userinfo(url: str) -> tuple[str, str, str, str] | None:
@@ -135,77 +112,6 @@ class FetchResult:
     received_objects: int
 
 
-class _Deadline(Exception):
-    """Raised from a libgit2 callback to abort a fetch that has run out of time."""
-
-
-class _AuthFailed(Exception):
-    """Raised from the credentials callback instead of letting libgit2 replay bad credentials."""
-
-
-class _Callbacks(pygit2.RemoteCallbacks):
-    """Credentials for one fetch, and the deadline checked each time libgit2 calls back."""
-
-    def __init__(self, credentials: Credentials | None, deadline: float) -> None:
-        super().__init__()
-        self._creds = credentials
-        self._deadline = deadline
-        self._offered: set[CredentialType] = set()
-
-    def _check_deadline(self) -> None:
-        # libgit2 reports progress about twice a second while a pack streams in, so
-        # this bounds a trickling transfer to the deadline plus about half a second
-        if time.monotonic() > self._deadline:
-            raise _Deadline
-
-    def sideband_progress(self, string: str) -> None:
-        self._check_deadline()
-
-    def transfer_progress(self, stats: TransferProgress) -> None:
-        self._check_deadline()
-
-    def credentials(
-        self, url: str, username_from_url: str | None, allowed_types: CredentialType
-    ) -> object:
-        self._check_deadline()
-        creds = self._creds or Credentials()
-        username = creds.username or username_from_url
-        kind, cred = self._choose(creds, username, allowed_types)
-        if kind in self._offered:
-            # libgit2 asks again only when the server refused what we gave
-            raise _AuthFailed(f"authentication failed for user {username!r}")
-        self._offered.add(kind)
-        return cred
-
-    def _choose(
-        self, creds: Credentials, username: str | None, allowed: CredentialType
-    ) -> tuple[CredentialType, object]:
-        if allowed & CredentialType.USERNAME:
-            return CredentialType.USERNAME, pygit2.Username(username or "git")
-        if allowed & CredentialType.SSH_KEY and creds.ssh_key:
-            key = pygit2.Keypair(
-                username or "git", creds.ssh_pubkey, creds.ssh_key, creds.passphrase or ""
-            )
-            return CredentialType.SSH_KEY, key
-        if allowed & CredentialType.USERPASS_PLAINTEXT and creds.password is not None:
-            return CredentialType.USERPASS_PLAINTEXT, pygit2.UserPass(
-                username or "git", creds.password
-            )
-        if allowed & CredentialType.SSH_KEY:
-            return CredentialType.SSH_KEY, pygit2.KeypairFromAgent(username or "git")
-        raise _AuthFailed(
-            "the server asks for credentials and none are configured"
-            " (SLESS_GIT_USERNAME/SLESS_GIT_PASSWORD or SLESS_GIT_SSH_KEY)"
-        )
-
-
-def _set_server_timeouts(timeout_sec: float) -> None:
-    # process-wide libgit2 settings: each fetch sets its own before it starts
-    ms = max(1, int(timeout_sec * 1000))
-    pygit2.option(Option.SET_SERVER_CONNECT_TIMEOUT, ms)
-    pygit2.option(Option.SET_SERVER_TIMEOUT, ms)
-
-
 class Mirror:
     """A bare repository at ``path`` that follows ``branch`` of ``url``.
 
@@ -235,6 +141,14 @@ class Mirror:
         self._fetch_url, url_creds = _split_userinfo(url)
         self._auth = credentials or url_creds
         self._secrets = [s for c in (credentials, url_creds) if c for s in c.secrets()]
+        self._worker = FetchWorker()
+        # a fetch stopped half way (or a crash) may have left lock files behind
+        self._interrupted = True
+
+    def close(self) -> None:
+        """Stop the process fetches run in (the next fetch starts another one)."""
+        with self._lock:
+            self._worker.close()
 
     def __repr__(self) -> str:
         return f"Mirror({redact(self.url)!r}, branch={self.branch!r}, path={str(self.path)!r})"
@@ -320,13 +234,12 @@ class Mirror:
             started = time.monotonic()
             log.debug("fetch %s branch %r into %s", redact(self.url), self.branch, self.path)
             try:
-                repo = self._init()
-                stats = self._transfer(repo, started + self.timeout_sec)
-                result = self._promote(repo, stats.received_objects)
+                received = self._transfer(self._init())
+                result = self._promote(self._init(), received)  # opened again: new packs
             except FetchError as exc:
                 log.warning("%s", exc)
                 raise
-            except (_Deadline, _AuthFailed, pygit2.GitError, OSError, KeyError, ValueError) as exc:
+            except (_Deadline, _AuthFailed, WorkerFailed, *_GIT_ERRORS) as exc:
                 raise self._failure(exc, started) from self._chainable(exc)
             # an idle poll is routine: only a moved branch is worth INFO
             log.log(
@@ -341,18 +254,24 @@ class Mirror:
             )
             return result
 
-    def _transfer(self, repo: pygit2.Repository, deadline: float) -> TransferProgress:
+    def _transfer(self, repo: pygit2.Repository) -> int:
+        if self._interrupted:
+            _remove_stale_locks(self.path)
         staging = f"{_STAGING}{self.branch}"
         if staging in repo.references:
             repo.references.delete(staging)  # left by a crash: it must not pass for a result
-        _set_server_timeouts(self.timeout_sec)
-        remote = repo.remotes.create_anonymous(self._fetch_url)
-        return remote.fetch(
-            self._refspecs(),
+        request = FetchRequest(
+            path=str(self.path),
+            url=self._fetch_url,
+            refspecs=self._refspecs(),
             message=f"fetch {redact(self.url)}",
-            callbacks=_Callbacks(self._auth, deadline),
-            prune=FetchPrune.PRUNE,  # PR refs deleted on the remote go; the branch is staged
+            credentials=self._auth,
+            timeout_sec=self.timeout_sec,
         )
+        try:
+            return self._worker.fetch(request)
+        finally:
+            self._interrupted = self._worker.killed
 
     def _promote(self, repo: pygit2.Repository, received: int) -> FetchResult:
         staging = repo.references.get(f"{_STAGING}{self.branch}")
@@ -390,3 +309,16 @@ class Mirror:
     def _chainable(self, exc: BaseException) -> BaseException | None:
         # a traceback prints the cause too: drop it rather than show a secret
         return exc if self._scrub(str(exc)) == str(exc) else None
+
+
+def _remove_stale_locks(path: Path) -> None:
+    """Lock files and half-written packs a stopped fetch left; only a fetch writes them."""
+    leftovers = [
+        *path.glob("*.lock"),  # packed-refs.lock, FETCH_HEAD.lock, config.lock
+        *(path / "refs").rglob("*.lock"),
+        *(path / "objects" / "pack").glob("pack_git2_*"),
+    ]
+    for leftover in leftovers:
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+            log.info("removed %s, left by a fetch that was stopped", leftover)

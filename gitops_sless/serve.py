@@ -377,6 +377,7 @@ class Server:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.backend.close()
+        self.mirror.close()
         self.invocations.flush()
         self.store.close()
         logs.event(log, "server.stopped", "stopped")

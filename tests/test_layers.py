@@ -20,6 +20,7 @@ RANKS = {
     "yamldoc": 1,
     "cron": 1,
     "source": 1,
+    "fetcher": 1,
     "routes": 1,
     "store": 1,
     "webhooks": 1,

@@ -1,0 +1,328 @@
+"""One fetch at a time in a child process the mirror can kill, so every fetch has a deadline.
+
+libgit2's fetch is blocking C code. Its callbacks run while a pack streams in, so
+a slow transfer can be stopped from one of them; but none runs while libgit2
+connects or reads the server's ref list. Measured here: a server trickling its
+ref list one byte a second kept a fetch with a 2 s deadline for as long as the
+trickle lasted (12 s for 12 bytes), with no callback called. Only a process can be
+stopped at any point, so ``FetchWorker`` runs fetches in a long-lived child
+(this file, run as a script: it imports nothing but pygit2 and the standard
+library, and starts in about 0.15 s) and kills it once the deadline has passed.
+The next fetch starts a new child.
+
+The protocol is one JSON request per line on the child's stdin and one JSON
+answer per line on its stdout. Credentials travel through that pipe only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import IO, Any
+
+import pygit2
+from pygit2.enums import CredentialType, FetchPrune, Option, RepositoryOpenFlag
+from pygit2.remotes import TransferProgress
+
+__all__ = ["Credentials", "FetchRequest", "FetchWorker", "WorkerFailed"]
+
+# the child ends itself this long after its deadline when libgit2 holds it (an orphan
+# included); the parent kills it a little later still, if even that did not happen
+_CHILD_GRACE_SEC = 0.5
+_PARENT_GRACE_SEC = 2.0
+_EXIT_DEADLINE = 124  # as timeout(1) does
+_STOP_SEC = 2.0
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to authenticate to the remote: user and password/token (HTTP), or an SSH key."""
+
+    username: str | None = None
+    password: str | None = None
+    ssh_key: str | None = None
+    ssh_pubkey: str | None = None
+    passphrase: str | None = None
+
+    def __repr__(self) -> str:
+        hidden = {"password": self.password, "passphrase": self.passphrase}
+        shown = ", ".join(
+            [f"username={self.username!r}"]
+            + [f"{name}={'***' if value else None}" for name, value in hidden.items()]
+            + [f"ssh_key={self.ssh_key!r}", f"ssh_pubkey={self.ssh_pubkey!r}"]
+        )
+        return f"Credentials({shown})"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Credentials | None:
+        """Credentials from ``SLESS_GIT_*`` variables, or ``None`` when none is set."""
+        env = os.environ if environ is None else environ
+        values = {
+            "username": env.get("SLESS_GIT_USERNAME") or None,
+            "password": env.get("SLESS_GIT_PASSWORD") or None,
+            "ssh_key": env.get("SLESS_GIT_SSH_KEY") or None,
+            "ssh_pubkey": env.get("SLESS_GIT_SSH_PUBKEY") or None,
+            "passphrase": env.get("SLESS_GIT_SSH_PASSPHRASE") or None,
+        }
+        return cls(**values) if any(values.values()) else None
+
+    def secrets(self) -> list[str]:
+        """The values that must never be shown (password, passphrase)."""
+        return [s for s in (self.password, self.passphrase) if s]
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """One fetch: into the bare repository at ``path``, from ``url`` (no password in it)."""
+
+    path: str
+    url: str
+    refspecs: list[str]
+    message: str
+    credentials: Credentials | None
+    timeout_sec: float
+
+
+class _Deadline(Exception):
+    """The fetch ran out of time (raised from a callback, or the child was stopped)."""
+
+
+class _AuthFailed(Exception):
+    """Raised from the credentials callback instead of letting libgit2 replay bad credentials."""
+
+
+class WorkerFailed(Exception):
+    """The fetch failed in the child (libgit2's message), or the child itself failed."""
+
+
+_OFFERED = {
+    CredentialType.SSH_KEY: " with the keys of the SSH agent",
+    CredentialType.USERPASS_PLAINTEXT: " with the configured password",
+}
+
+
+class _Callbacks(pygit2.RemoteCallbacks):
+    """Credentials for one fetch, and the deadline checked each time libgit2 calls back."""
+
+    def __init__(self, credentials: Credentials | None, deadline: float) -> None:
+        super().__init__()
+        self._creds = credentials
+        self._deadline = deadline
+        self._offered: set[CredentialType] = set()
+
+    def _check_deadline(self) -> None:
+        # libgit2 reports progress about twice a second while a pack streams in, so
+        # this ends a trickling transfer cleanly, about half a second after the deadline
+        if time.monotonic() > self._deadline:
+            raise _Deadline
+
+    def sideband_progress(self, string: str) -> None:
+        self._check_deadline()
+
+    def transfer_progress(self, stats: TransferProgress) -> None:
+        self._check_deadline()
+
+    def credentials(
+        self, url: str, username_from_url: str | None, allowed_types: CredentialType
+    ) -> object:
+        self._check_deadline()
+        creds = self._creds or Credentials()
+        username = creds.username or username_from_url
+        kind, cred = self._choose(creds, username, allowed_types)
+        if kind in self._offered:
+            # libgit2 asks again only when the server refused what we gave
+            offered = _OFFERED.get(kind, "")
+            if kind == CredentialType.SSH_KEY and creds.ssh_key:
+                offered = f" with the SSH key {creds.ssh_key}"
+            raise _AuthFailed(f"authentication failed for user {username!r}{offered}")
+        self._offered.add(kind)
+        return cred
+
+    def _choose(
+        self, creds: Credentials, username: str | None, allowed: CredentialType
+    ) -> tuple[CredentialType, object]:
+        if allowed & CredentialType.USERNAME:
+            return CredentialType.USERNAME, pygit2.Username(username or "git")
+        if allowed & CredentialType.SSH_KEY and creds.ssh_key:
+            key = pygit2.Keypair(
+                username or "git", creds.ssh_pubkey, creds.ssh_key, creds.passphrase or ""
+            )
+            return CredentialType.SSH_KEY, key
+        if allowed & CredentialType.USERPASS_PLAINTEXT and creds.password is not None:
+            return CredentialType.USERPASS_PLAINTEXT, pygit2.UserPass(
+                username or "git", creds.password
+            )
+        if allowed & CredentialType.SSH_KEY:
+            return CredentialType.SSH_KEY, pygit2.KeypairFromAgent(username or "git")
+        raise _AuthFailed(
+            "the server asks for credentials and none are configured"
+            " (SLESS_GIT_USERNAME/SLESS_GIT_PASSWORD or SLESS_GIT_SSH_KEY)"
+        )
+
+
+# -- the child ------------------------------------------------------------------------------
+
+
+def _set_server_timeouts(timeout_sec: float) -> None:
+    # process-wide libgit2 settings: the child's process holds one fetch at a time
+    ms = max(1, int(timeout_sec * 1000))
+    pygit2.option(Option.SET_SERVER_CONNECT_TIMEOUT, ms)
+    pygit2.option(Option.SET_SERVER_TIMEOUT, ms)
+
+
+def _fetch(request: FetchRequest) -> int:
+    """Fetch as asked; the number of objects received."""
+    deadline = time.monotonic() + request.timeout_sec
+    _set_server_timeouts(request.timeout_sec)
+    repo = pygit2.Repository(request.path, RepositoryOpenFlag.NO_SEARCH)
+    remote = repo.remotes.create_anonymous(request.url)
+    stats = remote.fetch(
+        request.refspecs,
+        message=request.message,
+        callbacks=_Callbacks(request.credentials, deadline),
+        prune=FetchPrune.PRUNE,  # PR refs deleted on the remote go; the branch is staged
+    )
+    return stats.received_objects
+
+
+def _parse(line: str) -> FetchRequest:
+    fields = json.loads(line)
+    creds = fields.pop("credentials")
+    return FetchRequest(**fields, credentials=Credentials(**creds) if creds else None)
+
+
+def _answer(request: FetchRequest) -> dict[str, Any]:
+    # a fetch libgit2 holds past every callback: the child ends itself, as an orphan would
+    watchdog = threading.Timer(request.timeout_sec + _CHILD_GRACE_SEC, os._exit, (_EXIT_DEADLINE,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        return {"received": _fetch(request)}
+    except _Deadline:
+        return {"error": "deadline", "message": ""}
+    except _AuthFailed as exc:
+        return {"error": "auth", "message": str(exc)}
+    except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
+        return {"error": "git", "message": str(exc) or type(exc).__name__}
+    finally:
+        watchdog.cancel()
+
+
+def _serve(requests: IO[str], answers: IO[str]) -> None:
+    for line in requests:  # ends when the parent closes the pipe, or exits
+        answers.write(json.dumps(_answer(_parse(line))) + "\n")
+        answers.flush()
+
+
+# -- the parent -----------------------------------------------------------------------------
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Close the child's stdin (it ends by itself), or kill it if it does not."""
+    with contextlib.suppress(OSError):
+        assert proc.stdin is not None
+        proc.stdin.close()
+    try:
+        proc.wait(_STOP_SEC)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+class FetchWorker:
+    """The parent's side: runs each request in the child, which it starts when needed.
+
+    ``fetch()`` returns the number of objects received, or raises ``_Deadline``,
+    ``_AuthFailed`` or ``WorkerFailed``; after a deadline the child is gone and
+    ``killed`` says so (it may have left lock files behind). One fetch at a time.
+    """
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[Any, FetchWorker] | None = None
+        self.killed = False
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self.close()
+        # -I: only the standard library and site-packages; this package's folder is
+        # not put on sys.path, where its module names could shadow the library's
+        proc = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+        )
+        self._proc = proc
+        self._finalizer = weakref.finalize(self, _stop, proc)
+        return proc
+
+    def fetch(self, request: FetchRequest) -> int:
+        proc = self._start()
+        self.killed = False
+        line = json.dumps(asdict(request)) + "\n"  # credentials included: a dict or None
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(line.encode())
+        except OSError as exc:
+            self.close()
+            raise WorkerFailed(f"the fetch process is gone ({exc})") from None
+        answer = self._read_answer(proc, time.monotonic() + request.timeout_sec + _PARENT_GRACE_SEC)
+        if "received" in answer:
+            return int(answer["received"])
+        if answer["error"] == "deadline":
+            raise _Deadline
+        if answer["error"] == "auth":
+            raise _AuthFailed(answer["message"])
+        raise WorkerFailed(answer["message"])
+
+    def _read_answer(self, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
+        assert proc.stdout is not None
+        fd, data = proc.stdout.fileno(), b""
+        while not data.endswith(b"\n"):
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 65536) if ready else None
+            if chunk is None:
+                self._kill()
+                raise _Deadline
+            if not chunk:
+                return self._ended(proc)
+            data += chunk
+        return json.loads(data)
+
+    def _ended(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        code = proc.wait()
+        self.killed = True  # whatever it was writing is left half done
+        self.close()
+        if code == _EXIT_DEADLINE:
+            raise _Deadline
+        raise WorkerFailed(f"the fetch process ended with exit code {code}")
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        self.killed = True
+        self.close()
+
+    def close(self) -> None:
+        """Stop the child, if one runs (safe to call twice)."""
+        finalizer, self._finalizer, self._proc = self._finalizer, None, None
+        if finalizer is not None:
+            finalizer()
+
+
+if __name__ == "__main__":
+    _serve(sys.stdin, sys.stdout)
