@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import ipaddress
 import json
+import math
 import os
 import re
 import shutil
@@ -138,7 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_kube_flags(serve)
     _add_preview_flags(serve)
     serve.add_argument(
-        "--fetch-timeout", type=float, default=60.0, help="seconds per fetch (default: 60)"
+        "--fetch-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="overall deadline of one fetch of the repository; a fetch still running then is "
+        "abandoned and the next pass tries again (default: $SLESS_FETCH_TIMEOUT or 120)",
     )
     serve.add_argument(
         "--log-format",
@@ -275,6 +280,53 @@ def _positive(name: str, value: float) -> float:
     if not value > 0:
         raise _UsageError(f"{name} {value:g}: must be greater than 0")
     return value
+
+
+def _deadline(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise _UsageError(f"{name} {value:g}: must be a number of seconds greater than 0")
+    return value
+
+
+def _fetch_timeout(value: float | None) -> float:
+    """``--fetch-timeout``, else ``$SLESS_FETCH_TIMEOUT``, else 120 seconds."""
+    if value is not None:
+        return _deadline("--fetch-timeout", value)
+    text = os.environ.get("SLESS_FETCH_TIMEOUT") or "120"
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise _UsageError(f"$SLESS_FETCH_TIMEOUT {text!r}: not a number of seconds") from None
+    return _deadline("$SLESS_FETCH_TIMEOUT", seconds)
+
+
+_REPO_EXPECTED = (
+    "expected a git repository, a folder of functions, or a URL (https://, ssh://, git://, file://)"
+)
+
+
+def _is_url(repo: str) -> bool:
+    # git's rule: a colon before any slash makes it a URL (host:path, user@host:path)
+    head, colon, _ = repo.partition(":")
+    return "://" in repo or bool(colon and "/" not in head)
+
+
+def _check_repo(repo: str) -> None:
+    """A local --repo must be there now; a URL's remote is checked by each fetch."""
+    if _is_url(repo):
+        return
+    path = Path(repo)
+    if not path.exists():
+        raise _UsageError(f"--repo {repo}: no such file or directory; {_REPO_EXPECTED}")
+    if not path.is_dir():
+        raise _UsageError(f"--repo {repo}: not a directory; {_REPO_EXPECTED}")
+
+
+def _check_ssh_keys() -> None:
+    for variable in ("SLESS_GIT_SSH_KEY", "SLESS_GIT_SSH_PUBKEY"):
+        value = os.environ.get(variable)
+        if value and not Path(value).is_file():
+            raise _UsageError(f"${variable} {value}: no such file; expected an SSH key file")
 
 
 def _not_negative(name: str, value: int) -> int:
@@ -428,6 +480,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, Server  # the server stack loads only for this command
 
     _register_secrets(args)
+    _check_repo(args.repo)
+    _check_ssh_keys()
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise _UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
@@ -447,7 +501,7 @@ def _serve(args: argparse.Namespace) -> int:
         secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
         max_builds=int(_positive("--max-builds", args.max_builds)),
         build_timeout=_positive("--build-timeout", args.build_timeout),
-        fetch_timeout=_positive("--fetch-timeout", args.fetch_timeout),
+        fetch_timeout=_fetch_timeout(args.fetch_timeout),
         log_format=_choice("SLESS_LOG_FORMAT", args.log_format, logs.FORMATS),
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),

@@ -125,7 +125,7 @@ class Mirror:
         branch: str,
         path: Path,
         credentials: Credentials | None = None,
-        timeout_sec: float = 60,
+        timeout_sec: float = 120,
         preview_refs: bool = False,
     ) -> None:
         if not pygit2.reference_is_valid_name(f"refs/heads/{branch}"):

@@ -62,7 +62,7 @@ class ServeConfig:
     secrets_dir: Path | None = None
     max_builds: int = 2
     build_timeout: float = 600.0
-    fetch_timeout: float = 60.0
+    fetch_timeout: float = 120.0  # overall deadline of one fetch
     max_body_bytes: int = 1 << 20
     log_format: str = "text"  # text | json (gitops_sless.logs)
     log_level: str = "info"
