@@ -1,6 +1,6 @@
 """Pull-request previews: time from a PR webhook to the preview answering its new code.
 
-    .venv/bin/python bench/preview.py [--rounds 10] [--functions 50] [--http 1]
+    .venv/bin/python bench/preview.py [--rounds 10] [--functions 50] [--http 1] [--smoke]
 
 A real ``gitops-sless serve --previews`` (local backend, ``--poll-interval 3600``:
 webhooks drive every pass) follows ``acme/functions.git`` on a ``git daemon``
@@ -25,6 +25,8 @@ before and after) and runtime processes (``/proc/*/environ`` of the server's
 children: ``SLESS_ENV=pr-<k>``, and all of them before/after once the old
 replicas of a replaced function have drained). Target: p50 <= 3 s from the
 webhook to the preview answering. ``--max-previews`` is set to ``--rounds``.
+
+``--smoke`` runs one round over 3 functions (tests/test_bench.py): its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -363,7 +365,10 @@ def main() -> None:
     parser.add_argument("--functions", type=int, default=50)
     parser.add_argument("--http", type=int, default=1, help="functions with replicas (>= 1)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--smoke", action="store_true", help="one round over 3 functions")
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.functions, args.http = 1, 3, 1
     if not 1 <= args.http <= args.functions:
         parser.error("--http must be between 1 and --functions")
     tmp = Path(tempfile.mkdtemp(prefix="sless-bench-preview-"))

@@ -2,7 +2,7 @@
 
     python bench/proxy.py [--duration 10] [--connections 16,64] [--rounds 1]
                           [--proxies fast,asgi,asyncio,h11] [--json FILE]
-                          [--baseline DIR] [--instructions N]
+                          [--baseline DIR] [--instructions N] [--smoke]
 
 Starts, all on 127.0.0.1: the python3.11 runtime server with a trivial hello
 handler; nginx (1 worker, keep-alive upstream pool, no access log) proxying to
@@ -25,6 +25,9 @@ Then wrk (``wrk -t2 -c{N} -d{D}s --latency``) against direct, nginx and each
 proxy, and a table: requests/s, p50, p99, CPU per request of the proxy
 process, the ratio to nginx and the p50 added over direct. Every process is
 stopped at the end. Needs nginx and wrk: ``bench/setup`` installs them.
+
+``--smoke`` runs that path in seconds (proxies fast and asgi, 4 connections, 1 s each, no
+warm-up), for tests/test_bench.py: its figures mean nothing.
 
 ``--instructions N`` measures something else, and needs valgrind instead: the
 machine instructions each proxy variant runs per request, counted by
@@ -391,7 +394,8 @@ def run(args: argparse.Namespace) -> Runs:
             for n in connections:
                 # Interleaved, so a burst of load from elsewhere hits every target alike.
                 for name, url, pid in targets[turn:] + targets[:turn]:
-                    wrk(url, n, 1, None)  # warm-up: open the connections, fill the pools
+                    if not args.smoke:
+                        wrk(url, n, 1, None)  # warm-up: open the connections, fill the pools
                     rps, p50, p99, cpu = wrk(url, n, args.duration, pid)
                     results.setdefault((name, n), []).append(Result(name, n, rps, p50, p99, cpu))
                     cpu_text = f"{cpu:.1f} µs/req" if cpu is not None else ""
@@ -543,11 +547,16 @@ def main() -> None:
         metavar="N",
         help="count instructions per request under valgrind (N requests) instead of wrk",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the whole path in seconds (figures mean nothing)"
+    )
     parser.add_argument("--serve", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.duration, args.connections, args.rounds, args.proxies = 1, "4", 1, "fast,asgi"
     if args.serve:
         serve(args.serve, args.port, args.upstream, args.root)
         return

@@ -1,13 +1,16 @@
 """Benchmark the python3.11 and nodejs20 runtimes against their baselines with wrk.
 
     .venv/bin/pip install -r bench/requirements.txt
-    .venv/bin/python bench/runtimes.py [--duration 10] [--connections 16]
+    .venv/bin/python bench/runtimes.py [--duration 10] [--connections 16] [--smoke]
 
 Four servers answer the same trivial handler (``{"message": "hello"}`` as JSON) on
 127.0.0.1, one at a time; each gets a 2 s wrk warm-up, then ``--duration`` seconds measured:
 
 - python3.11 runtime vs OpenFaaS python3-http (Flask + waitress, 8 threads): target >= 2.5x
 - nodejs20 runtime vs a bare ``http.createServer`` hello: target >= 0.8x
+
+``--smoke`` runs the whole path in seconds (1 s per server, no warm-up, 4 connections), for
+tests/test_bench.py: its figures mean nothing.
 
 The result is a report: exit 0 whether the targets pass or not, 1 on errors, 2 when
 Flask or waitress is missing. Every server started is stopped on exit, Ctrl-C included.
@@ -171,8 +174,9 @@ def bench(name: str, argv: list[str], workdir: Path, args: argparse.Namespace) -
     proc, port = start(argv, workdir, log)
     try:
         check_ready(proc, port, log)
-        print(f"  {name}: warm-up {WARMUP_SEC} s, then {args.duration} s ...", file=sys.stderr)
-        wrk(port, WARMUP_SEC, args.connections)
+        print(f"  {name}: warm-up {args.warmup} s, then {args.duration} s ...", file=sys.stderr)
+        if args.warmup:
+            wrk(port, args.warmup, args.connections)
         result = parse_wrk(name, wrk(port, args.duration, args.connections))
         if proc.poll() is not None:
             raise BenchError(f"{name} exited during the run:\n{log.read_text()[-2000:]}")
@@ -191,7 +195,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds per target (10)")
     parser.add_argument("--connections", type=int, default=16, help="wrk connections (16)")
+    parser.add_argument("--smoke", action="store_true", help="the whole path in seconds")
     args = parser.parse_args()
+    args.warmup = WARMUP_SEC
+    if args.smoke:
+        args.duration, args.connections, args.warmup = 1, 4, 0
     if args.duration < 1 or args.connections < 1:
         parser.error("--duration and --connections must be at least 1")
     try:
