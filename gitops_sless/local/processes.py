@@ -34,7 +34,7 @@ from typing import Any
 from .. import logs
 from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
-from . import memory
+from . import failure, memory
 from .orphans import ProcessGroups
 
 __all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "Upstreams", "exit_reason"]
@@ -48,7 +48,7 @@ BACKOFF_FIRST_SEC = 0.5
 BACKOFF_MAX_SEC = 60.0
 STABLE_AFTER_SEC = 30.0
 WATCH_SEC = 0.1
-LOG_TAIL_BYTES = 2000
+LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
 
 # (env, function, upstreams, why the last replica that left the route ended)
@@ -96,11 +96,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, since: int) -> str:
+    """What was written to ``path`` after offset ``since`` (its last LOG_TAIL_BYTES)."""
     try:
         with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            end = f.seek(0, os.SEEK_END)
+            since = since if since <= end else 0  # the file was truncated meanwhile
+            f.seek(max(since, end - LOG_TAIL_BYTES))
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""
@@ -281,10 +283,9 @@ class Supervisor:
             raise JobFailed(f"{name}: {reason}")
         if timed_out:
             raise JobFailed(f"{name}: timed out after {timeout_sec:g}s")
-        stderr = err.decode("utf-8", "replace").strip()
         if code != 0:
-            last = stderr.splitlines()[-1] if stderr else "no output on stderr"
-            raise JobFailed(f"{name}: {reason}: {last}")
+            why = failure.cause(err.decode("utf-8", "replace"), spec.artifact)
+            raise JobFailed(f"{name}: {reason}: {why or 'no output on stderr'}")
         result = out.decode("utf-8", "replace").strip()
         try:
             json.loads(result)
@@ -408,6 +409,7 @@ class Supervisor:
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{spec.function}.log"
         with log_path.open("ab") as out:
+            since = out.seek(0, os.SEEK_END)  # the log goes on across starts: read only ours
             child = self._start(
                 spec,
                 spec.command("server"),
@@ -425,9 +427,9 @@ class Supervisor:
                 raise self._shutting_down(spec)
             if child.process.poll() is not None:
                 reason = self._reap(child)
+                why = failure.cause(_tail(log_path, since), spec.artifact) or "no output"
                 raise _StartFailed(
-                    f"{spec.function}: the runtime ended before it was healthy ({reason}):"
-                    f" {_tail(log_path).strip()[-500:]}",
+                    f"{spec.function}: the runtime ended before it was healthy ({reason}): {why}",
                     reason,
                 )
             if self._healthy(port):
