@@ -253,6 +253,7 @@ LONG = " ".join(f"word{i:03d}" for i in range(100))  # 799 characters
             "last line",
             id="huge-output-drops-cut-line",
         ),
+        pytest.param("y" * 70_000, "y" * 300 + " …", id="huge-output-in-one-line"),
         pytest.param(
             'Traceback (most recent call last):\n  File "/x/h.py", line 1, in <module>\n',
             'Traceback (most recent call last):\nFile "/x/h.py", line 1, in <module>',

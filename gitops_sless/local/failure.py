@@ -56,8 +56,10 @@ def cause(output: str, folder: Path | str | None = None) -> str:
 
 def _lines(output: str) -> list[str]:
     if len(output) > SCAN_CHARS:
-        # the first line is cut: drop it rather than show half of it
-        output = output[-SCAN_CHARS:].partition("\n")[2]
+        # the first line is cut: drop it rather than show half of it (unless it is all there is)
+        cut = output[-SCAN_CHARS:]
+        _, newline, rest = cut.partition("\n")
+        output = rest if newline else cut
     return [line.rstrip() for line in output.splitlines()]
 
 
