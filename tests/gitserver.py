@@ -212,7 +212,7 @@ class GitDaemon:
         self.stop()
 
 
-Mode = Literal["ok", "unavailable", "hang", "slow"]
+Mode = Literal["ok", "unavailable", "hang", "slow", "trickle"]
 
 
 class SmartHttpServer:
@@ -221,7 +221,8 @@ class SmartHttpServer:
     ``username``/``password`` turn on Basic auth. Set ``mode`` at any time:
     ``"unavailable"`` answers 503, ``"hang"`` reads the request and never answers
     (until ``stop()``), ``"slow"`` answers POSTs (the pack) ``slow_bytes`` at a time every
-    ``slow_delay`` seconds: each read is quick, the whole transfer is not.
+    ``slow_delay`` seconds: each read is quick, the whole transfer is not; ``"trickle"``
+    answers GETs (the ref list) that way instead.
     ``requests`` records ``(method, path, user)`` of each request.
     """
 
@@ -422,7 +423,7 @@ class _GitHttpHandler(BaseHTTPRequestHandler):
 
     def _output_chunks(self, stdout: IO[bytes]) -> Iterator[bytes]:
         server = self.git_server
-        if server.mode != "slow" or self.command != "POST":
+        if self.command != {"slow": "POST", "trickle": "GET"}.get(server.mode):
             # read1: whatever is ready now, so progress reaches the client as it happens
             while chunk := stdout.read1(65536):  # type: ignore[attr-defined]
                 yield chunk
