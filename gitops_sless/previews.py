@@ -12,8 +12,11 @@ refs of the mirror. Closing wins over a ref: GitHub keeps the refs of closed
 PRs, so a ref never brings back a preview the forge reported closed. A preview
 is torn down when the forge says closed, when its head is merged into the
 tracked branch (seen in git alone), when its head has not changed for the TTL,
-or by hand. Teardown is recorded before it starts (``TearingDown``), so a
-reconciler killed in the middle finishes it when it starts again.
+or by hand. A PR known from its ref alone (no forge token, no webhook about it)
+has nothing but the ref to say it is open: when the ref leaves the remote, it
+is closed, and it opens again if the ref comes back. Teardown is recorded before
+it starts (``TearingDown``), so a reconciler killed in the middle finishes it
+when it starts again.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ CLOSED = "Closed"  # kept as a row, so a surviving ref does not bring the previe
 # closed for these reasons, a preview comes back with a new head commit; closed by the
 # forge or merged, only when the forge says it is open again
 REOPEN_ON_NEW_HEAD = ("expired", "deleted")
+REF_DELETED = "ref deleted"  # closed because its ref left the remote: the ref brings it back
 
 
 def env_name(number: int) -> str:
@@ -294,19 +298,48 @@ class Previews:
             fields.update(head=head, head_since=time.time())
         if row is None:
             fields.update(state="Waiting", head_since=time.time())
+        elif self._ref_deleted(number, row, ref_head):
+            self._update(number, row, fields)
+            logs.event(
+                log,
+                "preview.ref_deleted",
+                f"{env_name(number)}: the PR's ref left the remote, and no forge or webhook "
+                "says it is open: taken as closed",
+                env=env_name(number),
+            )
+            self.begin_teardown(number, REF_DELETED)
+            return None
         elif row["state"] == CLOSED:
             reopened = pr is not None and row["forge_open"] == 0
             new_head = row["reason"] in REOPEN_ON_NEW_HEAD and "head" in fields
-            if not (reopened or new_head):
+            ref_back = row["reason"] == REF_DELETED and ref_head is not None
+            if not (reopened or new_head or ref_back):
                 self._update(number, row, fields)
                 return None
             fields["state"] = "Waiting"
+            if ref_back:
+                fields.setdefault("head_since", time.time())  # its TTL starts again
         elif fields.get("forge_open", row["forge_open"]) == 0:
             self._update(number, row, fields)
             self.begin_teardown(number, "closed")
             return None
         self._update(number, row, fields)
         return head
+
+    def _ref_deleted(self, number: int, row: dict[str, Any], ref_head: str | None) -> bool:
+        """A PR found from its ref alone whose ref is gone: nothing else can tell it closed.
+
+        ``forge_open`` stays unset until a webhook or the forge speaks of the PR, so a row
+        without it was found from a ref. A mirror that never fetched holds no ref at all.
+        """
+        return (
+            ref_head is None
+            and self.forge is None
+            and row["forge_open"] is None
+            and number not in self._hooked
+            and row["state"] not in (CLOSED, "TearingDown")
+            and self.mirror.head() is not None
+        )
 
     def _update(self, number: int, row: dict[str, Any] | None, fields: dict[str, Any]) -> None:
         changed = {

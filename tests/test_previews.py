@@ -749,6 +749,51 @@ def test_a_pr_opened_after_the_last_forge_poll_is_not_closed_by_that_poll(setup,
     assert answer(server, "pr-15") == "new PR"
 
 
+def delete_ref(setup: Setup, number: int) -> None:
+    """The PR's ref leaves the remote (what a plain git host does when a PR goes)."""
+    git("update-ref", "-d", f"refs/pull/{number}/head", cwd=setup.bare)
+    assert f"refs/pull/{number}/head" not in setup.remote_refs()
+
+
+def test_a_deleted_pr_ref_closes_its_preview_when_nothing_else_can_tell(setup):
+    # no forge token, no webhook: the ref is all that says the PR is open
+    setup.push_main(repository("main", count=2))
+    server = setup.serve()
+    head = setup.open(server, 8, change("pr 8"))
+    until(in_state(server, 8, "Ready", head), "pr-8 Ready", server)
+    assert answer(server, "pr-8") == "pr 8"
+    pids = processes(setup.state, "pr-8")
+    assert pids
+
+    delete_ref(setup, 8)
+    server.sync()  # fetches, with the deleted ref pruned; previews follow
+    until(lambda: "pr-8" not in listing(server), "pr-8 gone from the listing", server)
+    assert server.client.get(f"/fn/pr-8/{CHANGED}/").status_code == 404
+    until(lambda: not any(alive(pid) for pid in pids), "pr-8's processes gone", server)
+    assert server.function(CHANGED, "pr-8") is None
+    assert answer(server, "prod") == "main"
+    # other passes do not bring it back; the ref coming back does
+    another_pass_shows(setup, server, 11)
+    assert "pr-8" not in listing(server)
+    head = setup.open(server, 8, change("pr 8 again"))
+    until(in_state(server, 8, "Ready", head), "pr-8 back with its ref", server)
+    assert answer(server, "pr-8") == "pr 8 again"
+
+
+def test_with_a_forge_a_deleted_ref_alone_does_not_close_an_open_pr(setup, fake_github):
+    setup.push_main(repository("main", count=2))
+    head = listed_pull(setup, fake_github, 8, "pr 8")
+    server = serve_with_forge(setup, fake_github)
+    until(in_state(server, 8, "Ready", head), "pr-8 Ready", server)
+
+    delete_ref(setup, 8)
+    server.sync()
+    another_pass_shows(setup, server, 12)  # passes ran after the ref was gone
+    row = preview(server, 8)
+    assert row is not None and (row["state"], row["head"]) == ("Ready", head), row
+    assert answer(server, "pr-8") == "pr 8"
+
+
 # --- Previews in process, with doubles: the same faults, pinned down ------------------------
 
 OLD, NEW = "a" * 40, "b" * 40
@@ -916,6 +961,40 @@ def test_a_pending_report_goes_out_before_the_preview_pass(doubles):
     previews.run_pass()
     assert seen == [[(7, NEW, "pending")]]
     assert reporter.reports == [(7, NEW, "pending"), (7, NEW, "success")]
+
+
+def test_a_pr_known_from_its_ref_alone_closes_when_the_ref_goes_and_opens_when_back(doubles):
+    doubles.mirror.heads[8] = NEW
+    previews = doubles.make()
+    previews.run_pass()
+    assert doubles.store.preview(8)["state"] == "Ready"
+    del doubles.mirror.heads[8]
+    previews.run_pass()
+    row = doubles.store.preview(8)
+    assert (row["state"], row["reason"]) == ("Closed", "ref deleted")
+    assert "pr-8" in doubles.backend.removed
+    previews.run_pass()  # stays closed
+    assert doubles.store.preview(8)["state"] == "Closed"
+    doubles.mirror.heads[8] = NEW  # the same head, pushed again
+    previews.run_pass()
+    assert doubles.store.preview(8)["state"] == "Ready"
+
+
+@pytest.mark.parametrize("told_by", ["webhook", "forge"])
+def test_a_vanished_ref_does_not_close_a_pr_a_webhook_or_the_forge_spoke_of(doubles, told_by):
+    doubles.mirror.heads[8] = NEW
+    if told_by == "forge":
+        previews = doubles.make(forge=ForgeDouble([PullRequest(8, "open", NEW, "main")]))
+        next_pass(previews, previews.start)
+    else:
+        previews = doubles.make()
+        previews.on_event(PullRequest(8, "open", NEW, "main"))
+        previews.run_pass()
+    assert doubles.store.preview(8)["state"] == "Ready"
+    del doubles.mirror.heads[8]
+    previews.run_pass()
+    assert doubles.store.preview(8)["state"] == "Ready"
+    assert "pr-8" not in doubles.backend.removed
 
 
 # --- the Kubernetes backend, in process -----------------------------------------------------
