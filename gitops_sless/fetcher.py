@@ -251,16 +251,17 @@ class FetchWorker:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._finalizer: weakref.finalize[Any, FetchWorker] | None = None
+        self._busy = False
         self.killed = False
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
         self.close()
-        # -I: only the standard library and site-packages; this package's folder is
-        # not put on sys.path, where its module names could shadow the library's
+        # -P: the script's folder (this package) is not put on sys.path, where its
+        # module names could shadow the standard library's
         proc = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__)],
+            [sys.executable, "-P", os.path.abspath(__file__)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             bufsize=0,
@@ -279,7 +280,12 @@ class FetchWorker:
         except OSError as exc:
             self.close()
             raise WorkerFailed(f"the fetch process is gone ({exc})") from None
-        answer = self._read_answer(proc, time.monotonic() + request.timeout_sec + _PARENT_GRACE_SEC)
+        self._busy = True
+        try:
+            deadline = time.monotonic() + request.timeout_sec + _PARENT_GRACE_SEC
+            answer = self._read_answer(proc, deadline)
+        finally:
+            self._busy = False
         if "received" in answer:
             return int(answer["received"])
         if answer["error"] == "deadline":
@@ -291,8 +297,11 @@ class FetchWorker:
     def _read_answer(self, proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
         assert proc.stdout is not None
         fd, data = proc.stdout.fileno(), b""
+        # poll, not select: a server with many functions may hold fds past FD_SETSIZE
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
         while not data.endswith(b"\n"):
-            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            ready = waiting.poll(max(0, int((deadline - time.monotonic()) * 1000)))
             chunk = os.read(fd, 65536) if ready else None
             if chunk is None:
                 self._kill()
@@ -308,6 +317,8 @@ class FetchWorker:
         self.close()
         if code == _EXIT_DEADLINE:
             raise _Deadline
+        if code < 0:
+            raise WorkerFailed(f"the fetch process was stopped (signal {-code})")
         raise WorkerFailed(f"the fetch process ended with exit code {code}")
 
     def _kill(self) -> None:
@@ -318,8 +329,10 @@ class FetchWorker:
         self.close()
 
     def close(self) -> None:
-        """Stop the child, if one runs (safe to call twice)."""
-        finalizer, self._finalizer, self._proc = self._finalizer, None, None
+        """Stop the child, if one runs (safe to call twice, from any thread)."""
+        proc, finalizer, self._finalizer, self._proc = self._proc, self._finalizer, None, None
+        if proc is not None and self._busy:
+            proc.kill()  # a fetch under way is ended, not waited for
         if finalizer is not None:
             finalizer()
 

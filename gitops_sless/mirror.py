@@ -146,9 +146,11 @@ class Mirror:
         self._interrupted = True
 
     def close(self) -> None:
-        """Stop the process fetches run in (the next fetch starts another one)."""
-        with self._lock:
-            self._worker.close()
+        """Stop the process fetches run in (the next fetch starts another one).
+
+        Not under the fetch lock: a shutdown does not wait for a fetch to end, it ends it.
+        """
+        self._worker.close()
 
     def __repr__(self) -> str:
         return f"Mirror({redact(self.url)!r}, branch={self.branch!r}, path={str(self.path)!r})"
