@@ -121,6 +121,8 @@ def test_the_tarball_holds_dockerfile_runtime_and_function_with_fixed_metadata(r
     assert list(found) == sorted(
         [
             "Dockerfile",
+            "deps",
+            "deps/.sless-deps-key",  # no dependency file: deps/ holds only this
             "function",
             "function/handler.py",
             "function/lib",
@@ -144,6 +146,7 @@ def test_the_tarball_holds_dockerfile_runtime_and_function_with_fixed_metadata(r
     assert content(context, "Dockerfile") == (runtime / "Dockerfile").read_bytes()
     assert content(context, "runtime/server.py") == (runtime / "server.py").read_bytes()
     assert content(context, "function/handler.py") == HANDLER.encode()
+    assert content(context, "deps/.sless-deps-key") == b"none\n"
     assert content(context, long_name) == b"a name longer than 100 bytes\n"
     # nothing of the repository outside the folder, nothing of the work tree
     assert not any("README" in name for name in found if name.startswith("function"))

@@ -219,7 +219,10 @@ def test_python_function_is_built_from_git_objects_with_its_dependencies(tmp_pat
     assert "pip install" in result.log and "exited 0" in result.log
     assert "sless_tinypkg" in result.log  # pip's own output is captured
     assert (root / f"{fn.build_tag}.log").read_text() == result.log
-    assert sorted(p.name for p in root.iterdir()) == [fn.build_tag, f"{fn.build_tag}.log"]
+    assert not (art / "sless.yaml").exists()  # not part of the build: its edits build nothing
+    # the artifact, its log, and the dependency cache its dependencies came from
+    assert sorted(p.name for p in root.iterdir()) == [".deps", fn.build_tag, f"{fn.build_tag}.log"]
+    assert [p.name for p in (root / ".deps").iterdir()] == [marker["dependencies"]]
 
 
 def test_node_function_gets_its_dependencies_but_not_dev_dependencies(tmp_path, root):
@@ -367,7 +370,8 @@ def test_a_hanging_install_is_killed_at_the_deadline(tmp_path, root, monkeypatch
     assert time.monotonic() - started < 10
     assert str(caught.value) == f"build {fn.build_tag} failed: pip install timed out after 2 s"
     assert not builder.is_built(fn.build_tag)
-    assert list(root.iterdir()) == [root / f"{fn.build_tag}.log"]
+    assert [p for p in root.iterdir() if p.name != ".deps"] == [root / f"{fn.build_tag}.log"]
+    assert list((root / ".deps").iterdir()) == []  # no half-installed dependencies
     deadline = time.monotonic() + 5
     while processes_mentioning(str(root)) and time.monotonic() < deadline:
         time.sleep(0.05)

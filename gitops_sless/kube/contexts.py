@@ -1,8 +1,15 @@
 """Build contexts for kaniko: one function's files and its runtime, as a gzip tarball.
 
 The tarball holds ``Dockerfile`` (the runtime's), ``runtime/`` (the runtime
-folder, read from disk) and ``function/`` (the function folder, read from git
-objects, never a checkout). The same function gives the same bytes on any
+folder, read from disk), ``function/`` (the function folder without its
+``sless.yaml``, read from git objects, never a checkout) and ``deps/``: what
+installing its dependencies reads (``requirements.txt``; ``package.json`` and
+its lock file; the whole folder when those name its files, see
+``gitops_sless.dependencies``) plus ``.sless-deps-key``, the key of that
+install. The Dockerfile copies ``deps/`` and installs before it copies
+``function/``, so kaniko's layer cache (``--cache=true``) reuses the install
+for every build whose ``deps/`` is the same: a code change installs nothing,
+and ``deps/`` is never empty. The same function gives the same bytes on any
 machine: entries sorted by name, folders listed, times, owners and modes fixed,
 and a gzip header without a time or a file name. A context is stored under its
 build tag, so its content must be exactly what the tag names.
@@ -18,6 +25,7 @@ import tarfile
 from dataclasses import dataclass
 
 from ..backend import BuildFailed
+from ..dependencies import Dependencies, dependencies
 from ..errors import TransientError
 from ..identity import is_manifest, source_id
 from ..manifest import Function, _resolve_in_folder
@@ -25,7 +33,9 @@ from ..paths import stays_inside
 from ..runtimes import get as get_runtime
 from ..source import DirectorySnapshot, Snapshot
 
-__all__ = ["SourceChanged", "build_context"]
+__all__ = ["DEPS_KEY_FILE", "SourceChanged", "build_context"]
+
+DEPS_KEY_FILE = ".sless-deps-key"
 
 _DIR_MODE = 0o755
 _EXEC_MODE = 0o755
@@ -73,6 +83,7 @@ def build_context(fn: Function, snapshot: Snapshot) -> bytes:
         _Member("Dockerfile", "file", data=_verified(on_disk, "Dockerfile", dockerfile.oid)),
         *_members(tag, on_disk, "", "runtime", manifest=False),
         *_members(tag, snapshot, fn.folder, "function", manifest=True),
+        *_dependency_members(tag, snapshot, fn.folder, dependencies(fn, snapshot)),
     ]
     return _tarball(sorted(members, key=lambda m: m.name.encode("utf-8", "surrogateescape")))
 
@@ -109,6 +120,31 @@ def _members(
         if _resolve_in_folder(rel, links) is None:
             raise BuildFailed(tag, f"symlink {rel} resolves outside the folder")
     return members
+
+
+def _dependency_members(
+    tag: str, snapshot: Snapshot, folder: str, deps: Dependencies | None
+) -> list[_Member]:
+    """``deps/``: what the install reads, and the file naming its key."""
+    key = _Member(
+        f"deps/{DEPS_KEY_FILE}", "file", data=f"{deps.key if deps else 'none'}\n".encode()
+    )
+    if deps is None:
+        return [_Member("deps", "dir", _DIR_MODE), key]
+    if deps.whole_folder:
+        whole = _members(tag, snapshot, folder, "deps", manifest=True)
+        return [*(m for m in whole if m.name != key.name), key]
+    entries = {e.name: e for e in snapshot.entries(folder)}
+    files = [
+        _Member(
+            f"deps/{name}",
+            "file",
+            _EXEC_MODE if entries[name].mode & 0o111 else _FILE_MODE,
+            _verified(snapshot, posixpath.join(folder, name), entries[name].oid),
+        )
+        for name in deps.files
+    ]
+    return [_Member("deps", "dir", _DIR_MODE), *files, key]
 
 
 def _verified(snapshot: Snapshot, path: str, oid: str) -> bytes:

@@ -139,5 +139,7 @@ class LocalBackend(Backend):
         return self.supervisor.run_once(spec, job.event, fn.timeout_sec)
 
     def close(self) -> None:
+        # installers first: a pip left running would write for minutes after the stop
+        self.builder.close()
         self.crons.close()
         self.supervisor.close()

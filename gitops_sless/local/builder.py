@@ -1,16 +1,23 @@
 """Local builds: a function folder plus its dependencies, in an artifact folder per build tag.
 
-An artifact is ``root/<tag>/``: the function folder's files, written from the
-snapshot (git objects, never a checkout), and the dependencies installed into
-it (``.sless-deps/`` for pip, ``node_modules/`` for npm). A build happens in
-``root/.tmp-<tag>-<random>/`` and is renamed into place when it succeeded; the
-marker file ``.sless-build.json`` is written last, so an artifact is either
-complete or not built at all, also after a crash. A built tag is never built
-again: tags are content-derived, so the same tag is the same content.
+An artifact is ``root/<tag>/``: the function folder's files (without its
+``sless.yaml``, which is not part of the build), written from the snapshot (git
+objects, never a checkout), and its dependencies (``.sless-deps/`` for pip,
+``node_modules/`` for npm). A build happens in ``root/.tmp-<tag>-<random>/`` and
+is renamed into place when it succeeded; the marker file ``.sless-build.json``
+is written last, so an artifact is either complete or not built at all, also
+after a crash. A built tag is never built again: tags are content-derived, so
+the same tag is the same content.
+
+Dependencies are installed once per key (the runtime and what the install
+reads, see ``gitops_sless.dependencies``) into ``root/.deps/<key>/`` and
+hard-linked into each artifact that needs them (see ``depcache``): a code change
+that leaves ``requirements.txt`` or ``package.json`` as they were runs no installer.
 
 Installers run the repository's own code (setup scripts, npm lifecycle
 scripts), as the function itself will: they get a scrubbed environment
 without the reconciler's secrets, their own process group, and a deadline.
+``close()`` kills the running ones and refuses further builds (shutdown).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import re
@@ -29,23 +37,25 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 from ..backend import BuildFailed
+from ..dependencies import Dependencies, dependencies, input_paths
 from ..errors import TransientError
 from ..identity import is_manifest, source_id
 from ..manifest import Function
 from ..paths import stays_inside
-from ..runtimes import get as get_runtime
 from ..source import Snapshot
+from .depcache import DependencyCache, link_tree
 from .orphans import ProcessGroups
 
 __all__ = [
     "MARKER",
+    "BuildCancelled",
     "BuildFailed",
     "BuildResult",
     "LocalBuilder",
@@ -55,8 +65,14 @@ __all__ = [
 
 MARKER = ".sless-build.json"
 DEPS_DIR = ".sless-deps"
+DEPS_CACHE = ".deps"  # below root: the dependency cache
 TMP_PREFIX = ".tmp-"
+# what each installer leaves in its folder: the part an artifact gets
+OUTPUTS = {"requirements.txt": DEPS_DIR, "package.json": "node_modules"}
+CLOSE_WAIT_SEC = 10.0
 LOG_TAIL_CHARS = 4000
+
+logger = logging.getLogger(__name__)
 
 # a tag names a folder below root: nothing that could climb out or hide as a dotfile
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -67,6 +83,10 @@ _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):[^/\s
 
 class SourceChanged(TransientError):
     """A file changed while it was read (a directory being edited): build again later."""
+
+
+class BuildCancelled(TransientError):
+    """The builder is closing (the server is stopping): the build did not finish; ask again."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,18 @@ class _Log:
         self._file.close()
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every step of one build needs."""
+
+    tag: str
+    snapshot: Snapshot
+    folder: str
+    env: dict[str, str]
+    deadline: float
+    log: _Log
+
+
 class _Pending:
     """A build in progress, for callers that ask for the same tag meanwhile."""
 
@@ -172,11 +204,14 @@ class LocalBuilder:
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._built: set[str] = set()
+        self._installers_running: dict[int, subprocess.Popen[bytes]] = {}
+        self._closing = False
         self.root.mkdir(parents=True, exist_ok=True)
         # installers of a killed predecessor must not finish a build this process redoes
         self.groups = groups or ProcessGroups(self.root.parent / "pids" / "builds")
         self.groups.stop_orphans()
         self._remove_leftovers()
+        self.deps = DependencyCache(self.root / DEPS_CACHE)
 
     # --- artifacts ---------------------------------------------------------
 
@@ -262,8 +297,9 @@ class LocalBuilder:
         """Build ``fn`` from ``snapshot``, or return the artifact already built.
 
         Blocks until done. Raises ``BuildFailed`` when an installer fails or the
-        build runs past ``timeout_sec``, and ``SourceChanged`` when a file of a
-        directory snapshot changed while it was read. ``snapshot`` must be the
+        build runs past ``timeout_sec``, ``SourceChanged`` when a file of a
+        directory snapshot changed while it was read, and ``BuildCancelled``
+        once ``close()`` was called. ``snapshot`` must be the
         one ``fn`` was loaded from (``ValueError`` otherwise): a tag must only
         ever hold the content it names.
         """
@@ -279,6 +315,8 @@ class LocalBuilder:
                 # a build of this tag may have finished since the check above
                 if self.is_built(tag):
                     return self._cached(tag, started)
+                if self._closing:
+                    raise BuildCancelled(f"build {tag} not started: the builder is closing")
                 pending = self._pending[tag] = _Pending()
         if not owner:
             pending.done.wait()
@@ -324,23 +362,31 @@ class LocalBuilder:
             raise BuildFailed(tag, f"cannot write the build log: {exc}") from exc
         tmp: Path | None = None
         try:
+            self._check_open(tag)
             log.line(
                 f"build {tag}: function {fn.name} ({fn.runtime}) from "
                 f"{fn.folder or '.'} at {snapshot.revision}"
             )
+            deps = dependencies(fn, snapshot)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir=self.root))
             tmp.chmod(0o755)
-            log.line(f"laid out {_lay_out(tag, snapshot, fn.folder, tmp)} entries")
-            for step, command in self._installers(fn, tmp):
-                self._run(tag, step, command, tmp, env, deadline, log)
-            # a crash between rename and marker leaves an unmarked folder: not built
-            if final.exists():
-                _remove_path(final)
-            os.rename(tmp, final)
-            tmp = None
-            duration = time.monotonic() - started
-            log.line(f"built {tag} in {duration:.1f} s")
-            _write_marker(final, tag, fn, snapshot, duration)
+            count = _lay_out(tag, snapshot, fn.folder, tmp, _all_but_manifest(fn.folder))
+            log.line(f"laid out {count} entries")
+            job = _Job(tag, snapshot, fn.folder, env, deadline, log)
+            with contextlib.ExitStack() as held:
+                if deps is not None:
+                    held.enter_context(self.deps.use(deps.key))
+                    self._add_dependencies(deps, job, tmp)
+                # a crash between rename and marker leaves an unmarked folder: not built
+                if final.exists():
+                    _remove_path(final)
+                os.rename(tmp, final)
+                tmp = None
+                duration = time.monotonic() - started
+                log.line(f"built {tag} in {duration:.1f} s")
+                # written while the dependencies are held: from now on the
+                # marker names them, so the collector keeps them
+                _write_marker(final, tag, fn, snapshot, duration, deps.key if deps else None)
             return BuildResult(tag, final, log.text(), duration, cached=False)
         except OSError as exc:
             log.line(f"FAILED: {exc}")
@@ -350,8 +396,8 @@ class LocalBuilder:
             exc.log_tail = log.tail()
             raise
         except Exception as exc:
-            # SourceChanged, or an unreadable snapshot: not this build's fault, but
-            # its log must still say how it ended
+            # SourceChanged, BuildCancelled, or an unreadable snapshot: not this
+            # build's fault, but its log must still say how it ended
             log.line(f"FAILED: {exc}")
             raise
         finally:
@@ -359,12 +405,53 @@ class LocalBuilder:
             if tmp is not None:
                 _remove_path(tmp)
 
-    def _installers(self, fn: Function, folder: Path) -> list[tuple[str, list[str]]]:
-        dependency_file = get_runtime(fn.runtime).dependency_file
-        if not (folder / dependency_file).is_file():
-            return []
+    # --- dependencies ------------------------------------------------------
+
+    def _add_dependencies(self, deps: Dependencies, job: _Job, artifact: Path) -> None:
+        """Install ``deps`` into the cache unless they are there, then link them in."""
+        key = deps.key
+        wait = job.deadline - time.monotonic()
+        try:
+            installed = self.deps.ensure(key, lambda folder: self._install(deps, job, folder), wait)
+        except TimeoutError as exc:
+            raise BuildFailed(job.tag, f"timed out after {self.timeout_sec:g} s: {exc}") from None
+        except BuildFailed as exc:
+            if exc.tag == job.tag:
+                raise
+            # the build that was installing the same dependencies failed: so does this one
+            raise BuildFailed(job.tag, f"dependencies {key}: {exc.reason}", exc.log_tail) from exc
+        if not installed:
+            job.log.line(f"dependencies: reusing {key} ({self._installed_by(key)})")
+        output = OUTPUTS[deps.dependency_file]
+        source = self.deps.path(key) / output
+        if source.exists():
+            _remove_path(artifact / output)  # the installer's result replaces the folder's own
+            link_tree(source, artifact / output)
+        job.log.line(f"dependencies: linked {output}/ from {key}")
+
+    def _installed_by(self, key: str) -> str:
+        marker = self.deps.marker(key)
+        return f"installed by build {marker.get('tag', '?')} at {marker.get('finished', '?')}"
+
+    def _install(self, deps: Dependencies, job: _Job, folder: Path) -> dict[str, Any]:
+        """Run the installer of ``deps`` in ``folder``; keep only what it produced."""
+        started = time.monotonic()
+        job.log.line(f"dependencies: installing {deps.key} from {deps.describe()}")
+        inputs = set(input_paths(deps, job.snapshot, job.folder))
+        _lay_out(job.tag, job.snapshot, job.folder, folder, inputs.__contains__)
+        for step, command in self._installers(deps.dependency_file, folder):
+            self._run(step, command, folder, job)
+        output = OUTPUTS[deps.dependency_file]
+        for item in folder.iterdir():
+            if item.name != output:
+                _remove_path(item)
+        took = time.monotonic() - started
+        job.log.line(f"dependencies: installed {deps.key} in {took:.1f} s")
+        return {"tag": job.tag, "inputs": deps.describe(), "finished": _now()}
+
+    def _installers(self, dependency_file: str, folder: Path) -> list[tuple[str, list[str]]]:
         if dependency_file == "requirements.txt":
-            # --target keeps every installed file inside the artifact, never in
+            # --target keeps every installed file inside the folder, never in
             # the environment the reconciler runs in
             return [
                 (
@@ -385,19 +472,17 @@ class LocalBuilder:
             ]
         if dependency_file == "package.json":
             return [("npm install", [self.npm, "install", "--omit=dev", "--no-audit", "--no-fund"])]
-        raise BuildFailed(fn.build_tag, f"no installer for {dependency_file} ({fn.runtime})")
+        raise ValueError(f"no installer for {dependency_file}")
 
-    def _run(
-        self,
-        tag: str,
-        step: str,
-        command: list[str],
-        cwd: Path,
-        env: dict[str, str],
-        deadline: float,
-        log: _Log,
-    ) -> None:
-        remaining = deadline - time.monotonic()
+    # --- installers --------------------------------------------------------
+
+    def _check_open(self, tag: str) -> None:
+        if self._closing:
+            raise BuildCancelled(f"build {tag} stopped: the builder is closing")
+
+    def _run(self, step: str, command: list[str], cwd: Path, job: _Job) -> None:
+        tag, log = job.tag, job.log
+        remaining = job.deadline - time.monotonic()
         if remaining <= 0:
             raise BuildFailed(tag, f"timed out after {self.timeout_sec:g} s", log.tail())
         log.line(f"$ {shlex.join(command)}")
@@ -407,38 +492,81 @@ class LocalBuilder:
         started = time.monotonic()
         try:
             with output_path.open("w+b") as output:
-                try:
-                    proc = subprocess.Popen(
-                        command,
-                        cwd=cwd,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=output,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                except OSError as exc:
-                    raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
-                self.groups.add(proc.pid, command)
-                try:
-                    code: int | None = proc.wait(timeout=remaining)
-                except subprocess.TimeoutExpired:
-                    code = None
-                finally:
-                    # the whole group: installers start compilers, node-gyp, git...
-                    _kill_group(proc)
-                    self.groups.remove(proc.pid)
+                code = self._wait_for(step, command, cwd, job, output, remaining)
                 output.seek(0)
                 log.write(output.read().decode("utf-8", "replace"))
         except OSError as exc:
             raise BuildFailed(tag, f"{step}: {exc}", log.tail()) from exc
         finally:
             output_path.unlink(missing_ok=True)
+        self._check_open(tag)  # killed by close(): not a failure of this content
         if code is None:
             raise BuildFailed(tag, f"{step} timed out after {self.timeout_sec:g} s", log.tail())
         log.line(f"{step} exited {code} after {time.monotonic() - started:.1f} s")
         if code != 0:
             raise BuildFailed(tag, f"{step} exited {code}", log.tail())
+
+    def _wait_for(
+        self,
+        step: str,
+        command: list[str],
+        cwd: Path,
+        job: _Job,
+        output: IO[bytes],
+        timeout: float,
+    ) -> int | None:
+        """Start one installer and wait for it; its exit code, or None past ``timeout``."""
+        with self._lock:  # close() either sees this installer or has refused it
+            self._check_open(job.tag)
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    env=job.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BuildFailed(job.tag, f"cannot start {step}: {exc}", job.log.tail()) from exc
+            self._installers_running[proc.pid] = proc
+        self.groups.add(proc.pid, command)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            # the whole group: installers start compilers, node-gyp, git...
+            _kill_group(proc)
+            self.groups.remove(proc.pid)
+            with self._lock:
+                self._installers_running.pop(proc.pid, None)
+
+    # --- shutdown ----------------------------------------------------------
+
+    def close(self, wait_sec: float = CLOSE_WAIT_SEC) -> None:
+        """Kill every running installer's process group and refuse further builds.
+
+        Returns once the builds in progress have ended (they raise
+        ``BuildCancelled`` and remove their temporary folders) and no process
+        of a killed group is left, or after ``wait_sec``. Safe to call twice.
+        """
+        with self._lock:
+            self._closing = True
+            running = list(self._installers_running.values())
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + wait_sec
+        groups = [proc.pid for proc in running]
+        while time.monotonic() < deadline:
+            with self._lock:
+                busy = bool(self._pending or self._installers_running)
+            if not busy and not any(_group_alive(pgid) for pgid in groups):
+                return
+            time.sleep(0.02)
+        logger.warning("builder closed with builds or installers still ending")
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -448,13 +576,23 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _lay_out(tag: str, snapshot: Snapshot, folder: str, target: Path) -> int:
-    """Write the files of ``folder`` below ``target``; return how many entries were written."""
+def _all_but_manifest(folder: str) -> Callable[[str], bool]:
+    # the root sless.yaml is not part of the build (see identity)
+    return lambda path: not is_manifest(folder, path)
+
+
+def _lay_out(
+    tag: str, snapshot: Snapshot, folder: str, target: Path, include: Callable[[str], bool]
+) -> int:
+    """Write the entries of ``folder`` that ``include`` (their snapshot paths) below ``target``.
+
+    Returns how many entries were written.
+    """
     links: list[Path] = []
     count = 0
     for path, entry in snapshot.walk(folder):
-        if is_manifest(folder, path):
-            continue  # not part of the build: see identity
+        if not include(path):
+            continue
         rel = posixpath.relpath(path, folder) if folder else path
         dest = target / rel
         if entry.kind == "tree":
@@ -497,7 +635,12 @@ def _verified(snapshot: Snapshot, path: str, oid: str) -> bytes:
 
 
 def _write_marker(
-    folder: Path, tag: str, fn: Function, snapshot: Snapshot, duration: float
+    folder: Path,
+    tag: str,
+    fn: Function,
+    snapshot: Snapshot,
+    duration: float,
+    dependencies_key: str | None,
 ) -> None:
     marker = {
         "tag": tag,
@@ -505,12 +648,28 @@ def _write_marker(
         "source_id": fn.source_id,
         "folder": fn.folder,
         "revision": snapshot.revision,
+        "dependencies": dependencies_key,
         "duration_sec": round(duration, 3),
         "finished": _now(),
     }
     partial = folder / f"{MARKER}.partial"
     partial.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, folder / MARKER)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies waiting to be reaped do not)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # fields after the name: state, ppid, pgrp
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def _remove_path(path: Path) -> None:

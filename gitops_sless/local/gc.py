@@ -3,7 +3,8 @@
 Kept: every artifact an environment uses or a replica runs, every build in
 progress, and the newest ``keep`` builds of each function folder (so a revert
 to a recent version starts without a build). Everything else goes: older
-artifacts with their build logs, logs of failed builds nobody uses, and the
+artifacts with their build logs, logs of failed builds nobody uses, installed
+dependencies no artifact links to any more (nor a build in progress), and the
 replica logs of functions no environment has any more. Replica logs of live
 functions are trimmed to their tail once they pass ``MAX_LOG_BYTES``.
 """
@@ -31,6 +32,7 @@ KEEP_LOG_BYTES = 1 << 20
 @dataclass
 class Collected:
     removed_tags: list[str] = field(default_factory=list)
+    removed_dependencies: list[str] = field(default_factory=list)
     removed_logs: list[str] = field(default_factory=list)
     reclaimed_bytes: int = 0
 
@@ -53,17 +55,19 @@ def collect(
                 out.reclaimed_bytes += size
         except RuntimeError:  # its build started meanwhile
             continue
+    _dependencies(builder, out)
     for stray in _stray_build_logs(builder, protected):
         out.reclaimed_bytes += _size(stray)
         stray.unlink(missing_ok=True)
         out.removed_logs.append(str(stray))
     out.reclaimed_bytes += _replica_logs(logs_dir, live_functions, out)
-    if out.removed_tags or out.removed_logs:
+    if out.removed_tags or out.removed_dependencies or out.removed_logs:
         logs.event(
             log,
             "gc.finished",
-            f"removed {len(out.removed_tags)} artifacts and {len(out.removed_logs)} logs, "
-            f"{out.reclaimed_bytes} bytes reclaimed",
+            f"removed {len(out.removed_tags)} artifacts, "
+            f"{len(out.removed_dependencies)} installed dependencies and "
+            f"{len(out.removed_logs)} logs, {out.reclaimed_bytes} bytes reclaimed",
         )
     return out
 
@@ -82,6 +86,21 @@ def _unwanted_tags(builder: LocalBuilder, protected: set[str], keep: int) -> lis
         newest_first = [tag for _, tag in sorted(builds, reverse=True)]
         unwanted += [tag for tag in newest_first[keep:] if tag not in protected]
     return sorted(unwanted)
+
+
+def _dependencies(builder: LocalBuilder, out: Collected) -> None:
+    """Remove installed dependencies that no remaining artifact was built with."""
+    linked = {builder.marker(tag).get("dependencies") for tag in builder.tags()}
+    for key in builder.deps.installed():
+        if key in linked:
+            continue
+        size = _size(builder.deps.path(key))
+        try:
+            if builder.deps.remove(key):
+                out.removed_dependencies.append(key)
+                out.reclaimed_bytes += size
+        except RuntimeError:  # a build started using them meanwhile
+            continue
 
 
 def _stray_build_logs(builder: LocalBuilder, protected: set[str]) -> Iterable[Path]:
@@ -128,7 +147,11 @@ def _size(path: Path) -> int:
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                st = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
+            # a file hard-linked elsewhere too (installed dependencies) frees
+            # nothing yet; it counts when its last link goes
+            if st.st_nlink <= 1:
+                total += st.st_size
     return total

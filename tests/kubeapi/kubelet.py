@@ -58,6 +58,7 @@ class Kubelet:
         self.pushed_images: set[str] = set()
         self.preloaded_images: set[str] = set()
         self.build_contexts: dict[str, list[str]] = {}
+        self.layer_cache: dict[str, set[str]] = {}  # kaniko's cache repositories
         self.failing_builds: list[tuple[str, str]] = []
         self.job_logs: dict[tuple[str, str], tuple[str, bool]] = {}
         self.crashing: dict[tuple[str, str], tuple[str, int]] = {}
@@ -358,7 +359,9 @@ class Kubelet:
                 return
             ns, name, uid, build, env = item
             try:
-                result = run_build(build, env, self.failing_builds, self.build_contexts)
+                result = run_build(
+                    build, env, self.failing_builds, self.build_contexts, self.layer_cache
+                )
             except Exception as exc:  # a build must never kill the worker
                 result = (False, f"error building image: {exc}")
             self.results[uid] = result
