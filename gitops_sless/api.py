@@ -364,13 +364,17 @@ def create_api(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         wait: Annotated[
             float,
-            Query(description=f"seconds to wait for the pass to finish (at most {MAX_WAIT_SEC})"),
+            Query(
+                description="seconds to wait for the pass, and the builds and jobs it "
+                f"starts, to finish (at most {MAX_WAIT_SEC})"
+            ),
         ] = 0,
     ) -> SyncAccepted:
         authorize(credentials)
         served_after = reconciler.request_sync("api")
         timeout = min(wait, MAX_WAIT_SEC)
-        finished = reconciler.wait_for_pass(served_after - 1, timeout) if wait > 0 else False
+        # a pass, and the builds and jobs it started: what the commit asks for is done
+        finished = reconciler.wait_for_settled(served_after - 1, timeout) if wait > 0 else False
         return SyncAccepted.from_rows(store.last_sync(reconciler.env), finished=finished)
 
     @app.post(

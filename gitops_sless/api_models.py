@@ -43,7 +43,10 @@ __all__ = [
 FunctionPhase = Literal["Pending", "Building", "Ready", "Failed", "Invalid", "Disabled"]
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
 BuildPhase = Literal["Building", "Succeeded", "Failed"]
-SyncResult = Literal["Running", "Succeeded", "Invalid", "Failed"]
+# Succeeded: every function serves its commit; Progressing: builds, jobs or secrets are
+# awaited; Invalid: a manifest is broken; Degraded: a function or job failed; Failed: the
+# pass itself could not run (fetch, refused prune)
+SyncResult = Literal["Running", "Succeeded", "Progressing", "Invalid", "Degraded", "Failed"]
 
 Timestamp = Annotated[
     str,
@@ -118,8 +121,13 @@ class Function(ApiModel):
     message: str | None = Field(description="why it is in this phase")
     manifest: str | None = Field(description="the sless.yaml that declares it")
     updated: Timestamp
-    restarts: int = Field(description="times its process was restarted")
+    restarts: int = Field(
+        description="times its process was restarted, or its deploy tried again, in a row"
+    )
     last_exit: str | None = Field(description="how its process last ended")
+    next_retry: Timestamp | None = Field(
+        default=None, description="when a deploy that failed is tried again (backing off)"
+    )
 
     @classmethod
     def fields_from_row(cls, row: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +142,7 @@ class Function(ApiModel):
             "updated": rfc3339(row["updated"]),
             "restarts": row.get("restarts") or 0,
             "last_exit": row.get("last_exit"),
+            "next_retry": rfc3339(row["next_retry"]) if row.get("next_retry") else None,
         }
 
     @classmethod
@@ -288,7 +297,7 @@ class Status(ApiModel):
         description="the revision of the newest pass that fetched one, whatever its result"
     )
     last_good_revision: str | None = Field(
-        description="the revision of the newest pass whose every manifest was valid"
+        description="the revision of the newest pass after which every function served it"
     )
     last_sync: Sync | None
     functions: int

@@ -26,6 +26,7 @@ __all__ = [
     "Health",
     "JobFailed",
     "JobRecord",
+    "SecretUnavailable",
     "deployment_for",
 ]
 
@@ -44,6 +45,11 @@ class BuildFailed(PermanentError):
 
 class JobFailed(PermanentError):
     """A job run ended without a result; its error is kept as the run's message."""
+
+
+class SecretUnavailable(TransientError):
+    """A secret a function or job names cannot be read yet: it waits (Pending), as a pod does
+    for a missing Secret, and starts as soon as the secret appears, with no new commit."""
 
 
 class ApplyFailed(TransientError):
@@ -155,6 +161,13 @@ class Backend(ABC):
 
         ``runs()`` reads the job runs: only a backend that publishes pays for it.
         """
+
+    def unavailable(self, env: str, env_vars: Mapping[str, EnvValue]) -> str | None:
+        """Why a process with ``env_vars`` cannot start yet (a secret it names), or None.
+
+        A backend whose workloads wait for their secrets themselves says None.
+        """
+        return None
 
     def job_runs(self, env: str) -> list[JobRecord]:
         """Finished job runs recorded by the backend itself (empty: the store is the record)."""

@@ -626,6 +626,8 @@ _PHASE_STYLE = {
     "Running": "yellow",
     "Failed": "red",
     "Invalid": "red",
+    "Degraded": "red",
+    "Progressing": "yellow",
     "Succeeded": "green",
 }
 
@@ -686,7 +688,7 @@ def _status(args: argparse.Namespace) -> int:
             last = environments.get(name, {}).get("lastSync")
             listing.append({"name": name, "lastSync": last, "functions": functions})
     ok = all(fn["phase"] in GOOD_PHASES for env in listing for fn in env["functions"]) and not any(
-        env["lastSync"] and env["lastSync"]["result"] == "Failed" for env in listing
+        env["lastSync"] and env["lastSync"]["result"] in ("Failed", "Degraded") for env in listing
     )
     if args.output == "json":
         answer = {"server": client.server, "ok": ok, "status": status, "environments": listing}

@@ -59,6 +59,8 @@ _KIND = {
     "Succeeded": "ok",
     "Failed": "bad",
     "Invalid": "warn",
+    "Degraded": "bad",
+    "Progressing": "busy",
     "Building": "busy",
     "Running": "busy",
     "Pending": "wait",

@@ -1,10 +1,17 @@
 """A reconcile pass, and the loop that runs one pass at a time.
 
-A pass is an ordered list of steps: fetch, load, plan, build, run jobs,
-apply, prune, report. Each step writes what it did to the status store as it
-goes, so a crash leaves a truthful record. A step that fails stops only what
-depends on it: a fetch that fails changes nothing; a bad manifest keeps the
-last good version of its functions; a failed build keeps the old version
+A pass is an ordered list of steps: (at start-up) restore what served, fetch,
+load, plan, start long work, deploy, prune, derive every function's phase,
+report. Each function moves through its own pipeline (build, the jobs it
+takes results from, deploy): a build or job runs in the background, and the
+pass waits for it only while nothing else asks for a pass and its patience
+lasts; when it finishes, a follow-up pass deploys what waited for it. So a
+60 s install never holds back a one-line change to another function.
+
+What serves is state: every deploy is written down (``serving``) and a
+restart starts exactly that before it fetches anything. A step that fails
+stops only what depends on it: a fetch that fails changes nothing; a bad
+manifest, a failed build or a failed deploy keep the last good version
 serving; a crash mid-pass leaves everything that ran running.
 """
 
@@ -13,18 +20,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import logs, manifest
-from .backend import Backend, BuildFailed, Deployment, Health, deployment_for
+from . import backoff, failure, logs, manifest, serving
+from .backend import Backend, BuildFailed, Deployment, SecretUnavailable, deployment_for
 from .diff import job_errors, job_results
 from .errors import SlessError
+from .inflight import InFlight
 from .manifest import DesiredState, Function, Job
 from .metrics import METRICS
-from .planner import Observed, Plan, plan
+from .phases import Outcome, derive, summarize
+from .planner import Held, Observed, Plan, plan
+from .records import Records
 from .routes import Declared, RouteTable
 from .source import Snapshot
 from .store import FUNCTION_PHASES, Store
@@ -34,13 +44,14 @@ __all__ = ["Reconciler", "Source"]
 log = logging.getLogger(__name__)
 
 FINISHED = ("Succeeded", "Failed", "Skipped")
-MAX_ROUNDS = 5  # plan again after jobs finish, so their dependents deploy in the same pass
 # a run interrupted by a reconciler crash runs again, as Kubernetes reruns a Job whose pod
 # vanished (at-least-once), up to this many attempts in all
 MAX_JOB_ATTEMPTS = 3
+FOLLOW_UP = "follow-up"  # a build or job finished, or a replica came or went: look again
 # passes nobody asked for in person: logged at debug level unless they change something
-QUIET_TRIGGERS = ("poll", "settle", "preview")
+QUIET_TRIGGERS = ("poll", "settle", "preview", FOLLOW_UP)
 SETTLE_SEC = 1.0  # a backend reporting a rollout in progress is looked at again this soon
+PATIENCE_SEC = 5.0  # how long a pass waits for the work it started, when nothing else waits
 
 
 class Source(Protocol):
@@ -56,6 +67,7 @@ class PassResult:
     revision: str | None
     plan: Plan | None
     error: str | None
+    result: str = "Succeeded"
 
 
 @dataclass
@@ -66,10 +78,11 @@ class _Pass:
     started: float
     sync_id: int | None = None
     revision: str | None = None
-    builds: int = 0
+    started_work: int = 0
     applies: int = 0
+    failures: int = 0
     prunes: int = 0
-    jobs: int = 0
+    mine: set[Hashable] = field(default_factory=set)  # work it started and may wait for
 
     @property
     def changed(self) -> bool:
@@ -95,8 +108,14 @@ class Reconciler:
         allow_empty: bool = False,
         leading: Callable[[], bool] | None = None,
         after_pass: Callable[[], None] | None = None,
+        patience_sec: float = PATIENCE_SEC,
+        follow_up: Callable[[], None] | None = None,
     ) -> None:
-        """``leading()``: whether this replica may run passes (it holds the lease)."""
+        """``leading()``: whether this replica may run passes (it holds the lease).
+
+        ``follow_up()``: asks for a pass when background work finished; by
+        default :meth:`request_sync`, for a reconciler that runs :meth:`run_forever`.
+        """
         self.source = source
         self.backend = backend
         self.store = store
@@ -104,20 +123,33 @@ class Reconciler:
         self.routes = routes
         self.public_url = public_url.rstrip("/")
         self.build_retry_sec = build_retry_sec
+        self.patience_sec = patience_sec
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
         self.leading = leading or (lambda: True)
         self._after_pass = after_pass  # previews run after each pass of the tracked branch
+        self._follow_up = follow_up or (lambda: self.request_sync(FOLLOW_UP) and None)
         self._settle: threading.Timer | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
+        # builds and jobs: long, and each waits for a slot only behind its own kind's limit
+        self._work = InFlight(max(16, workers), self._work_done)
         self._desired: DesiredState | None = None
         self._manifests = manifest.ManifestCache()
+        self._records = Records(store, env)
+        self._published = -1  # the records version the proxy and /metrics last saw
+        self._outcomes: dict[str, Outcome] = {}  # deploys that did not start, by function
+        self._serving: set[str] = {row["name"] for row in store.serving(env)}
+        self._restored = False
+        self._built: set[str] = set()  # tags known built: a tag never changes once built
+        self._deployments: dict[str, tuple[Function, tuple[str | None, ...], Deployment]] = {}
+        self._done = {"built": 0, "build_failed": 0, "jobs": 0}  # finished in the background
         self._wanted = threading.Event()
         self._triggers: list[str] = []
         self._stopping = threading.Event()
         self._idle = threading.Condition()
         self._passes = 0
         self._taken = False  # a pass has taken the waiting triggers and not finished yet
+        self._follow_up_due = False  # work finished that no pass has looked at yet
         self._exclusive = threading.Lock()  # one pass, or one maintenance task, at a time
         self._logged_problems: frozenset[str] = frozenset()
         self._last_revision: str | None = None
@@ -139,12 +171,17 @@ class Reconciler:
             return self._passes + (2 if self._taken else 1)
 
     def run_forever(self) -> None:
+        following = False
         while not self._stopping.is_set():
             if not self._wanted.wait(0.5):
                 continue
             if not self.leading():  # requests wait for this replica to lead
+                following = True
                 self._stopping.wait(0.5)
                 continue
+            if following:  # another replica wrote the records meanwhile
+                self._records.reload()
+                following = False
             with self._idle:
                 self._wanted.clear()
                 triggers, self._triggers = self._triggers, []
@@ -156,6 +193,20 @@ class Reconciler:
         with self._idle:
             return self._idle.wait_for(lambda: self._passes > after, timeout)
 
+    def wait_for_settled(self, after: int, timeout: float) -> bool:
+        """Block until more than ``after`` passes have finished and no work is under way:
+        what the commit asks for is built, run and deployed, or has failed."""
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: (
+                    self._passes > after
+                    and not self._taken
+                    and not self._follow_up_due
+                    and not self._work.busy
+                ),
+                timeout,
+            )
+
     @property
     def passes(self) -> int:
         return self._passes
@@ -165,16 +216,33 @@ class Reconciler:
         if self._settle is not None:
             self._settle.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._work.shutdown()
 
     def exclusively(self, task: Callable[[], Any]) -> Any:
         """Run ``task`` between passes (garbage collection must not race a deploy)."""
         with self._exclusive:
-            return task()
+            try:
+                return task()
+            finally:
+                self._built.clear()  # it may have removed artifacts
+
+    def _work_done(self) -> None:
+        with self._idle:
+            self._follow_up_due = True
+            self._idle.notify_all()
+        if not self._stopping.is_set():
+            self._follow_up()
+
+    def _interrupted(self) -> bool:
+        """Someone asks for a pass (a push, a poll, the API): stop waiting for long work."""
+        return self._stopping.is_set() or any(t != FOLLOW_UP for t in self._triggers)
 
     # --- one pass ------------------------------------------------------------------------
 
     def sync(self, trigger: str = "manual") -> PassResult:
         with self._exclusive:
+            with self._idle:
+                self._follow_up_due = False  # this pass sees whatever finished until now
             try:
                 return self._sync(_Pass(trigger, time.time()))
             finally:
@@ -189,20 +257,20 @@ class Reconciler:
         level = logging.DEBUG if current.trigger in QUIET_TRIGGERS else logging.INFO
         logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
+            if not self._restored:  # before the fetch: an unreachable remote changes nothing
+                self._restore()
             fetched = self.source.fetch()
             snapshot = self.source.snapshot(getattr(fetched, "commit", None))
             current.revision = snapshot.revision
             desired = self._load(snapshot)
             self._log_problems(desired)
             last = self._converge(desired, snapshot, current)
-            result = "Succeeded" if not desired.invalid else "Invalid"
-            problems = [str(e).splitlines()[0] for e in desired.invalid.values()]
+            result, error = self._conclude(desired, last, current)
             if last.refused:
-                result, problems = "Failed", [last.refused, *problems]
-            error = "; ".join(problems) or None
+                result, error = "Failed", "; ".join(filter(None, [last.refused, error]))
             self._settle_later()
             self._finish(current, result, error)
-            return PassResult(current.revision, last, error)
+            return PassResult(current.revision, last, error, result)
         except SlessError as exc:
             return self._failed(current, str(exc))
         except Exception as exc:  # a bug must not stop the loop or what is running
@@ -217,6 +285,9 @@ class Reconciler:
 
     def _finish(self, current: _Pass, result: str, error: str | None) -> None:
         previous = self.store.last_sync(self.env)
+        done, self._done = self._done, dict.fromkeys(self._done, 0)
+        if any(done.values()):
+            self._begin_row(current)
         if current.sync_id is None:
             self.store.repeat_sync(
                 self.env, current.trigger, current.started, result, current.revision, error
@@ -231,14 +302,11 @@ class Reconciler:
         quiet = current.quiet and current.revision == self._last_revision and not new_outcome
         self._last_revision = current.revision or self._last_revision
         took = time.time() - current.started
-        did = (
-            f"{current.builds} built, {current.applies} deployed, "
-            f"{current.prunes} pruned, {current.jobs} jobs run"
-        )
         logs.event(
             log,
             "sync.finished" if result != "Failed" else "sync.failed",
-            f"{result} in {took:.2f}s ({did})" + (f": {error}" if error else ""),
+            f"{result} in {took:.2f}s ({_did(current, done, self._work.keys())})"
+            + (f": {error}" if error else ""),
             level=logging.DEBUG if quiet else (logging.WARNING if error else logging.INFO),
             env=self.env,
             revision=_short(current.revision),
@@ -249,7 +317,7 @@ class Reconciler:
 
     def _failed(self, current: _Pass, error: str) -> PassResult:
         self._finish(current, "Failed", error)
-        return PassResult(current.revision, None, error)
+        return PassResult(current.revision, None, error, "Failed")
 
     def _log_problems(self, desired: DesiredState) -> None:
         """Each manifest problem once, when it appears (not on every poll)."""
@@ -278,46 +346,33 @@ class Reconciler:
         """An invalid manifest keeps every function it last declared, however broken it is.
 
         A file that cannot be read at all (YAML syntax, encoding, size, a
-        symlink) yields no names of its own, so the names come from the
-        functions the store last saw deployed from that path; only deleting
-        the file removes them.
+        symlink) yields no names of its own, so the names come from what
+        serves from that path, and from the records; only deleting the file
+        removes them.
         """
-        for record in self.store.functions(self.env):
-            path = record["manifest"]
-            if path in desired.invalid and record["name"] not in desired.functions:
-                desired.invalid_names.setdefault(record["name"], path)
+        declared = {row["name"]: row["manifest"] for row in self._records.all()}
+        for row in self.store.serving(self.env):
+            declared[row["name"]] = row["deployment"]["function"]["manifest"]
+        for name, path in declared.items():
+            if path in desired.invalid and name not in desired.functions:
+                desired.invalid_names.setdefault(name, path)
 
     def _converge(self, desired: DesiredState, snapshot: Snapshot, current: _Pass) -> Plan:
-        planned = self._plan(desired)
-        for _ in range(MAX_ROUNDS):
-            reported = self._report(planned, desired)
-            if reported or planned.builds or planned.jobs or planned.prunes:
-                self._begin_row(current)
-            current.builds += len(planned.builds)
-            current.jobs += len(planned.jobs)
-            current.prunes += len(planned.prunes)
-            self._run_all(lambda fn: self._build(fn, snapshot), planned.builds)
-            if planned.builds:
-                self.publish()
-            self._run_all(lambda item: self._run_job(*item), planned.jobs)
-            running = set(self.backend.deployed(self.env)) if planned.applies else set()
-            applied = self._run_all(
-                lambda d, running=running: self._apply(d, snapshot.revision, d.name in running),
-                planned.applies,
-            )
-            current.applies += sum(applied)
-            if any(applied):
-                self._begin_row(current)
-            for name in planned.prunes:
-                self._prune(name)
-            if not (planned.builds or planned.jobs):
-                break
+        """Plan and act until nothing more can be done now; returns the last plan."""
+        deadline = time.monotonic() + self.patience_sec
+        while True:
+            since = self._work.mark()
             planned = self._plan(desired)
-        return planned
+            if self._start_work(planned, snapshot, current):
+                self._write_phases(desired, planned, current)  # Building/Pending show at once
+            self._deploy(planned, snapshot.revision, current)
+            left = deadline - time.monotonic()
+            if not self._work.wait_any(current.mine, since, left, self._interrupted):
+                return planned
 
     def _plan(self, desired: DesiredState) -> Plan:
         observed = self._observe(desired)
-        planned = plan(desired, self.env, observed)
+        planned = plan(desired, self.env, observed, self._deployment_for)
         emptying = planned.prunes and not desired.functions and not desired.invalid_names
         if emptying and not self.allow_empty:
             # a wrong path or a bad fetch must not empty an environment (Argo CD: allowEmpty)
@@ -329,6 +384,18 @@ class Reconciler:
             planned.prunes = []
         return planned
 
+    def _deployment_for(self, env: str, fn: Function, results: Mapping[str, str]) -> Deployment:
+        """deployment_for, remembered while the function and the results it takes stay."""
+        cached = self._deployments.get(fn.name)
+        if cached is not None and cached[0] is fn:
+            deps = fn.job_dependencies(env) if cached[1] else ()
+            if tuple(results.get(job) for job in deps) == cached[1]:
+                return cached[2]
+        deps = fn.job_dependencies(env)
+        deployment = deployment_for(env, fn, results)
+        self._deployments[fn.name] = (fn, tuple(results.get(job) for job in deps), deployment)
+        return deployment
+
     def _run_all(self, step: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
         return [future.result() for future in [self._pool.submit(step, item) for item in items]]
 
@@ -339,24 +406,37 @@ class Reconciler:
         self._adopt_job_runs()
         now = time.time()
         failed = {}
-        built = set()
         for fn in desired.functions.values():
-            if self.backend.is_built(fn):
-                built.add(fn.build_tag)
+            tag = fn.build_tag
+            if tag in self._built:
                 continue
-            record = self.store.build(fn.build_tag)
+            if self.backend.is_built(fn):
+                self._built.add(tag)
+                continue
+            record = self.store.build(tag)
             recent = record and now - (record["finished"] or 0) < self.build_retry_sec
             if recent and record["phase"] == "Failed":
-                failed[fn.build_tag] = record["error"] or "build failed"
+                failed[tag] = record["error"] or "build failed"
         runs = self.store.jobs(self.env)
         finished = frozenset((r["name"], r["run_id"]) for r in runs if r["phase"] in FINISHED)
+        under_way = self._work.keys()
         return Observed(
-            built=frozenset(built),
+            built=frozenset(self._built),
             failed_builds=failed,
             finished_runs=finished,
             job_results=job_results(desired.jobs, runs),
             deployed=self.backend.deployed(self.env),
             job_errors=job_errors(desired.jobs, runs),
+            building=frozenset(key[1] for key in under_way if key[0] == "build"),
+            running=frozenset(key[1:] for key in under_way if key[0] == "job"),
+            job_waits=_job_waits(desired, runs),
+            held={
+                name: Held(o.spec_hash, o.message, o.retry_at)
+                for name, o in self._outcomes.items()
+                if o.retry_at is not None
+            },
+            serving=frozenset(self._serving),
+            now=now,
         )
 
     def _adopt_job_runs(self) -> None:
@@ -379,61 +459,148 @@ class Reconciler:
 
     def _interrupted_runs(self) -> None:
         """Runs left 'Running' by a killed reconciler run again, up to MAX_JOB_ATTEMPTS."""
-        for env in [self.env]:  # each environment's reconciler takes care of its own
-            for run in self.store.jobs(env):
-                if run["phase"] != "Running":
-                    continue
-                attempts = run["attempts"] or 1
-                if attempts >= MAX_JOB_ATTEMPTS:
-                    phase = "Failed"
-                    error = (
-                        f"interrupted: the reconciler stopped during each of {attempts} "
-                        "attempts; bump runId to run it again"
-                    )
-                else:
-                    phase = "Pending"
-                    error = (
-                        f"interrupted: the reconciler stopped during attempt {attempts}; "
-                        "it runs again"
-                    )
-                self.store.set_job_run(env, run["name"], run["run_id"], phase=phase, error=error)
-                logs.event(
-                    log,
-                    "job.interrupted",
-                    error,
-                    level=logging.WARNING,
-                    env=env,
-                    job=run["name"],
-                    runId=run["run_id"],
+        for run in self.store.jobs(self.env):
+            if run["phase"] != "Running":
+                continue
+            attempts = run["attempts"] or 1
+            if attempts >= MAX_JOB_ATTEMPTS:
+                phase = "Failed"
+                error = (
+                    f"interrupted: the reconciler stopped during each of {attempts} "
+                    "attempts; bump runId to run it again"
                 )
+            else:
+                phase = "Pending"
+                error = (
+                    f"interrupted: the reconciler stopped during attempt {attempts}; it runs again"
+                )
+            self.store.set_job_run(self.env, run["name"], run["run_id"], phase=phase, error=error)
+            logs.event(
+                log,
+                "job.interrupted",
+                error,
+                level=logging.WARNING,
+                env=self.env,
+                job=run["name"],
+                runId=run["run_id"],
+            )
 
     # --- steps ---------------------------------------------------------------------------------
 
+    def _restore(self) -> None:
+        """Start what served when the last reconciler stopped, as it was, before anything else."""
+        self._restored = True
+        rows = self.store.serving(self.env)
+        if not rows:
+            return
+        self.backend.refresh(self.env)
+        running = self.backend.deployed(self.env)
+        todo = []
+        for row in rows:
+            try:
+                deployment = serving.from_record(row["deployment"])
+            except (KeyError, TypeError, ValueError) as exc:
+                self._warn("function.unrestored", row["name"], f"unreadable record: {exc}")
+                continue
+            if running.get(deployment.name) == deployment.spec_hash:
+                continue  # still running (a cluster keeps what it runs)
+            if not self.backend.is_built(deployment.function):
+                why = f"its build {deployment.function.build_tag} is gone; it is built again"
+                self._warn("function.unrestored", deployment.name, why)
+                continue
+            todo.append((deployment, row["revision"]))
+        self._run_all(lambda item: self._start_restored(*item), todo)
+
+    def _start_restored(self, deployment: Deployment, revision: str | None) -> None:
+        try:
+            self.backend.apply(deployment, revision)
+        except SlessError as exc:
+            self._warn("function.unrestored", deployment.name, str(exc))
+            return
+        fn = deployment.function
+        where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
+        logs.event(log, "function.restored", f"{fn.name} serves {fn.build_tag} again", **where)
+
+    def _warn(self, event: str, name: str, message: str) -> None:
+        where = {"env": self.env, "function": name}
+        logs.event(log, event, f"{name}: {message}", level=logging.WARNING, **where)
+
+    def _start_work(self, planned: Plan, snapshot: Snapshot, current: _Pass) -> bool:
+        """Builds and jobs go to the background; True if any started."""
+        started = 0
+        for fn in planned.builds:
+            key = ("build", fn.build_tag)
+            if self._work.start(key, lambda fn=fn: self._build(fn, snapshot)):
+                current.mine.add(key)
+                started += 1
+        for fn, job in planned.jobs:
+            key = ("job", job.name, job.run_id)
+            if self._job_can_run(fn, job) and self._work.start(
+                key, lambda fn=fn, job=job: self._run_job(fn, job)
+            ):
+                current.mine.add(key)
+                started += 1
+        if started:
+            self._begin_row(current)
+            current.started_work += started
+        return started > 0
+
+    def _job_can_run(self, fn: Function, job: Job) -> bool:
+        """A job whose secret is missing waits (Pending, with why), as its pod would."""
+        results = job_results(
+            self._desired.jobs if self._desired else {}, self.store.jobs(self.env)
+        )
+        why = self.backend.unavailable(self.env, deployment_for(self.env, fn, results).env_vars)
+        if why is None:
+            return True
+        before = self.store.job_run(self.env, job.name, job.run_id) or {}
+        if (before.get("phase"), before.get("error")) != ("Pending", why):
+            self.store.set_job_run(
+                self.env, job.name, job.run_id, function=fn.name, phase="Pending", error=why
+            )
+            where = {"env": self.env, "function": fn.name, "job": job.name, "runId": job.run_id}
+            logs.event(log, "job.waiting", f"{job.name}: {why}", level=logging.WARNING, **where)
+        return False
+
+    def _deploy(self, planned: Plan, revision: str, current: _Pass) -> None:
+        running = set(self.backend.deployed(self.env)) if planned.applies else set()
+        applied = self._run_all(
+            lambda d: self._apply(d, revision, d.name in running), planned.applies
+        )
+        current.applies += sum(1 for a in applied if a is True)
+        current.failures += sum(1 for a in applied if a is False)
+        if any(a is not None for a in applied):
+            self._begin_row(current)
+        for name in planned.prunes:
+            self._prune(name)
+            current.prunes += 1
+            self._begin_row(current)
+
     def _build(self, fn: Function, snapshot: Snapshot) -> None:
-        users = [f for f in self._desired_functions() if f.build_tag == fn.build_tag]
-        names = ", ".join(user.name for user in users)
-        for user in users:
-            self.store.set_function(self.env, user.name, phase="Building", build_tag=fn.build_tag)
+        users = ", ".join(f.name for f in self._desired_functions() if f.build_tag == fn.build_tag)
         self.store.start_build(fn.build_tag, fn.runtime, fn.source_id, fn.folder)
-        where = {"env": self.env, "function": names, "tag": fn.build_tag}
+        where = {"env": self.env, "function": users, "tag": fn.build_tag}
         logs.event(log, "build.started", f"{fn.build_tag} ({fn.folder or '.'})", **where)
         started = time.monotonic()
         try:
             build_log = self.backend.build(fn, snapshot)
-        except BuildFailed as exc:
+        except SlessError as exc:
             took = time.monotonic() - started
-            self.store.finish_build(fn.build_tag, "Failed", exc.log_tail, str(exc))
+            tail = exc.log_tail if isinstance(exc, BuildFailed) else ""
+            why = failure.cause(tail) if tail else ""
+            self.store.finish_build(
+                fn.build_tag, "Failed", tail, f"{exc}: {why}" if why else str(exc)
+            )
+            self._done["build_failed"] += 1
             METRICS.builds.inc(runtime=fn.runtime, result="Failed")
             METRICS.build_duration.observe(took)
             logs.event(
                 log, "build.failed", f"{exc} after {took:.1f}s", level=logging.ERROR, **where
             )
-            message = f"{exc}\n{exc.log_tail[-1500:]}"
-            for user in users:
-                self.store.set_function(self.env, user.name, phase="Failed", message=message)
             return
         took = time.monotonic() - started
         self.store.finish_build(fn.build_tag, "Succeeded", build_log)
+        self._done["built"] += 1
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
         METRICS.build_duration.observe(took)
         logs.event(log, "build.finished", f"{fn.build_tag} in {took:.1f}s", **where)
@@ -450,6 +617,7 @@ class Reconciler:
             job.run_id,
             function=fn.name,
             phase="Running",
+            error=None,
             started=time.time(),
             finished=None,
             attempts=attempt,
@@ -461,6 +629,17 @@ class Reconciler:
         try:
             deployment = deployment_for(self.env, fn, results)
             result = self.backend.run_job(self.env, fn, job, deployment.env_vars)
+        except SecretUnavailable as exc:  # it went between the check and the start: wait again
+            self.store.set_job_run(
+                self.env,
+                job.name,
+                job.run_id,
+                phase="Pending",
+                error=str(exc),
+                attempts=attempt - 1,
+            )
+            logs.event(log, "job.waiting", f"{job.name}: {exc}", level=logging.WARNING, **where)
+            return
         except SlessError as exc:
             if self._stopping.is_set():  # killed by the shutdown: the next start runs it again
                 logs.event(log, "job.interrupted", f"{job.name}: {exc}", **where)
@@ -468,6 +647,7 @@ class Reconciler:
             self.store.set_job_run(
                 self.env, job.name, job.run_id, phase="Failed", error=str(exc), finished=time.time()
             )
+            self._done["jobs"] += 1
             logs.event(log, "job.failed", f"{job.name}: {exc}", level=logging.ERROR, **where)
             return
         self.store.set_job_run(
@@ -479,36 +659,38 @@ class Reconciler:
             error=None,
             finished=time.time(),
         )
+        self._done["jobs"] += 1
         logs.event(log, "job.succeeded", f"{job.name}: {_clip(result)}", **where)
 
-    def _apply(self, deployment: Deployment, revision: str, replacing: bool) -> bool:
-        """Start or replace one function; False when it failed exactly as it did last time."""
+    def _apply(self, deployment: Deployment, revision: str, replacing: bool) -> bool | None:
+        """Start or replace one function: True if it did, False if it failed, None if it
+        waits for a secret or the server stops."""
         fn = deployment.function
         where = {"env": self.env, "function": fn.name, "revision": _short(revision)}
         try:
             self.backend.apply(deployment, revision)
+        except SecretUnavailable as exc:
+            # tried again on every pass: the secret may appear without a commit
+            before = self._outcomes.get(fn.name)
+            self._outcomes[fn.name] = Outcome(deployment.spec_hash, "Pending", str(exc))
+            level = logging.DEBUG if before and before.message == str(exc) else logging.WARNING
+            logs.event(log, "deploy.waiting", str(exc), level=level, **where)
+            return None
         except SlessError as exc:
             if self._stopping.is_set():  # refused by the shutdown, not by the function
-                return False
-            # retried every pass (a secret file may appear without a commit), but a
-            # repeat of the same failure is not news: no write, no history row, debug only
-            record = self.store.function(self.env, fn.name) or {}
-            repeat = (record.get("phase"), record.get("message")) == ("Failed", str(exc))
-            if not repeat:
-                self.store.set_function(self.env, fn.name, phase="Failed", message=str(exc))
-            level = logging.DEBUG if repeat else logging.ERROR
-            logs.event(log, "deploy.failed", str(exc), level=level, **where)
-            return not repeat
-        health = self.backend.health(self.env).get(fn.name)
-        self.store.set_function(
-            self.env,
+                return None
+            self._back_off(deployment, str(exc), where)
+            return False
+        self._outcomes.pop(fn.name, None)
+        self.store.set_serving(self.env, fn.name, serving.to_record(deployment), revision)
+        self._serving.add(fn.name)
+        self._records.update(
             fn.name,
-            phase=health.phase if health else ("Ready" if fn.enabled else "Disabled"),
             build_tag=fn.build_tag,
             revision=revision,
-            message=health.message if health else None,
             restarts=0,
             last_exit=None,
+            next_retry=None,
             spec={"hash": deployment.spec_hash, "replicas": fn.replicas, "http": fn.http},
         )
         what = "replaced" if replacing else "deployed"
@@ -516,31 +698,67 @@ class Reconciler:
         logs.event(log, f"function.{what}", f"{fn.name} {what} ({fn.build_tag}{state})", **where)
         return True
 
+    def _back_off(self, deployment: Deployment, message: str, where: dict[str, Any]) -> None:
+        """A deploy that failed is tried again later and later (CrashLoopBackOff)."""
+        before = self._outcomes.get(deployment.name)
+        same = before is not None and before.spec_hash == deployment.spec_hash
+        attempts = before.attempts + 1 if same and before else 1
+        wait = backoff.delay(attempts)
+        self._outcomes[deployment.name] = Outcome(
+            deployment.spec_hash, "Failed", message, attempts, time.time() + wait
+        )
+        logs.event(
+            log,
+            "deploy.failed",
+            f"{message} (attempt {attempts}; next try in {wait:g}s)",
+            level=logging.ERROR,
+            attempt=attempts,
+            retryInSec=wait,
+            **where,
+        )
+
     def _prune(self, name: str) -> None:
         self.backend.remove(self.env, name)
-        self.store.delete_function(self.env, name)
+        self._records.delete(name)  # and what it served
+        self._serving.discard(name)
+        self._outcomes.pop(name, None)
+        self._deployments.pop(name, None)
         logs.event(log, "function.pruned", f"{name} removed", env=self.env, function=name)
 
-    # --- what the running functions report ------------------------------------------------
+    # --- status ----------------------------------------------------------------------
+
+    def _write_phases(self, desired: DesiredState, planned: Plan, current: _Pass | None) -> None:
+        fields = derive(
+            desired,
+            planned,
+            self._outcomes,
+            self.backend.health(self.env),
+            {d.name: d.spec_hash for d in planned.applies},
+            {fn.name: self.url(fn) for fn in desired.functions.values()},
+        )
+        writes = sum(self._records.update(name, **f) for name, f in fields.items())
+        for name in set(self._records.names()) - set(fields):
+            self._records.delete(name)  # neither declared nor served: nothing to say of it
+            writes += 1
+        if writes and current is not None:
+            self._begin_row(current)
+
+    def _conclude(
+        self, desired: DesiredState, planned: Plan, current: _Pass
+    ) -> tuple[str, str | None]:
+        """Every function's phase from what is true now, and the pass's result from them."""
+        keep = set(planned.retry_at) | {d.name for d in planned.applies}
+        self._outcomes = {n: o for n, o in self._outcomes.items() if n in keep}
+        self._write_phases(desired, planned, current)
+        records = {r["name"]: r for r in self._records.all()}
+        failed_jobs = job_errors(desired.jobs, self.store.jobs(self.env))
+        summary = summarize(records, desired, failed_jobs)
+        return summary.result, summary.error
 
     def replica_event(self, env: str, name: str, kind: str, reason: str | None) -> None:
-        """A replica of ``name`` ended (``exited``, with why) or is healthy again."""
-        record = self.store.function(env, name)
-        if record is None:
-            return
-        if kind == "exited":
-            self.store.set_function(
-                env,
-                name,
-                restarts=(record["restarts"] or 0) + 1,
-                last_exit=reason,
-                message=f"a replica ended: {reason}; restarting",
-            )
-        elif record["message"] and record["message"].startswith("a replica ended"):
-            self.store.set_function(env, name, message=None)
-        self.publish()
-
-    # --- status ----------------------------------------------------------------------
+        """A replica of ``name`` ended (``exited``, with why) or is healthy again: look again."""
+        if env == self.env and not self._stopping.is_set():
+            self._follow_up()
 
     def url(self, fn: Function) -> str | None:
         return f"{self.public_url}/fn/{self.env}/{fn.name}/" if fn.http else None
@@ -550,12 +768,17 @@ class Reconciler:
 
         The proxy answers a declared name that does not serve with 503, not 404.
         """
-        records = self.store.functions(self.env)
+        version = self._records.version
+        if version == self._published:
+            return
+        self._published = version
+        records = self._records.all()
         desired = self._desired.functions if self._desired else {}
         try:
             self.backend.report(self.env, records, desired, lambda: self.store.jobs(self.env))
         except SlessError as exc:  # the status view must never stop a pass
             logs.event(log, "status.unpublished", str(exc), level=logging.WARNING, env=self.env)
+            self._published = -1
         phases: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)
         for record in records:
             phases[record["phase"]] += 1
@@ -574,34 +797,6 @@ class Reconciler:
             },
         )
 
-    def _report(self, current: Plan, desired: DesiredState) -> int:
-        """Write each function's phase and message, only where they changed; count writes."""
-        records = {r["name"]: r for r in self.store.functions(self.env)}  # one query, not N
-        writes = 0
-
-        def update(name: str, **fields: Any) -> None:
-            nonlocal writes
-            record = records.get(name)
-            if record is None or any(record.get(k) != v for k, v in fields.items()):
-                self.store.set_function(self.env, name, **fields)
-                writes += 1
-
-        for name, path in desired.invalid_names.items():
-            update(name, phase="Invalid", manifest=path, message=str(desired.invalid[path]))
-        for name, reason in current.waiting.items():
-            update(name, phase="Pending", message=reason)
-        for name, reason in current.failed.items():
-            if records.get(name, {}).get("phase") != "Failed":  # keep the build's log tail
-                update(name, phase="Failed", message=reason)
-        for fn in desired.functions.values():
-            update(fn.name, manifest=fn.manifest, url=self.url(fn))
-        busy = {*current.waiting, *current.failed, *(d.name for d in current.applies)}
-        busy |= {fn.name for fn in current.builds}
-        for name, health in self.backend.health(self.env).items():
-            if name in desired.functions and name not in busy:
-                update(name, **_health_fields(health))
-        return writes
-
     def _settle_later(self) -> None:
         """Look again soon while the backend reports a rollout in progress."""
         if self._stopping.is_set() or not any(
@@ -614,18 +809,30 @@ class Reconciler:
             self._settle.start()
 
 
-def _health_fields(health: Health) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "phase": health.phase,
-        "message": health.message,
-        "last_exit": health.last_exit,
-        "restarts": health.restarts,
+def _job_waits(desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Jobs whose current run waits for something (a secret), with why."""
+    current = {job.name: job.run_id for job in desired.jobs.values()}
+    return {
+        run["name"]: run["error"]
+        for run in runs
+        if run["phase"] == "Pending" and run["error"] and current.get(run["name"]) == run["run_id"]
     }
-    if health.revision:
-        fields["revision"] = health.revision
-    if health.build_tag:
-        fields["build_tag"] = health.build_tag
-    return fields
+
+
+def _did(current: _Pass, done: Mapping[str, int], under_way: frozenset[Hashable]) -> str:
+    parts = [
+        f"{done['built']} built",
+        f"{current.applies} deployed",
+        f"{current.prunes} pruned",
+        f"{done['jobs']} jobs run",
+    ]
+    failed = current.failures + done["build_failed"]
+    if failed:
+        parts.insert(2, f"{failed} failed")
+    if under_way:
+        builds = sum(1 for key in under_way if key[0] == "build")
+        parts.append(f"{builds} builds and {len(under_way) - builds} jobs under way")
+    return ", ".join(parts)
 
 
 def _short(revision: str | None) -> str | None:

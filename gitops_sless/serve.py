@@ -48,6 +48,9 @@ ASGIApp = Callable[
 ]
 
 
+ANNOUNCE_WAIT_SEC = 60.0
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     repo: str
@@ -233,7 +236,7 @@ class Server:
             build_timeout_sec=config.build_timeout,
             on_cron=self.invocations.record_cron,
             # the reconciler is made below; replicas exist only once it has run a pass
-            on_replica_event=lambda *event: self.reconciler.replica_event(*event),
+            on_replica_event=self._replica_event,
         )
 
     def _previews(self) -> Previews:
@@ -262,6 +265,10 @@ class Server:
                 routes=self.routes,
                 workers=2,
                 leading=self.elector.is_leader if self.elector else None,
+                # previews take turns in one loop: none waits long for its builds, and
+                # the loop runs again when they finish
+                patience_sec=1.0,
+                follow_up=lambda: self.previews.request() if self.previews else None,
             )
 
         return Previews(
@@ -276,6 +283,12 @@ class Server:
             forge_interval_sec=max(config.poll_interval, 15.0),
             leading=self.elector.is_leader if self.elector else None,
         )
+
+    def _replica_event(self, env: str, name: str, kind: str, reason: str | None) -> None:
+        if env == self.config.env:
+            self.reconciler.replica_event(env, name, kind, reason)
+        elif getattr(self, "previews", None) is not None:
+            self.previews.request()  # its pass looks at the replicas again
 
     def _after_pass(self) -> None:
         previews = getattr(self, "previews", None)  # the first pass may end before it exists
@@ -385,6 +398,9 @@ class Server:
     def _announce(self) -> None:
         if not self.reconciler.wait_for_pass(0, 600):
             return
+        # the builds and jobs the first pass started: the listing says where each one ended,
+        # unless one takes long (it then says Building)
+        self.reconciler.wait_for_settled(0, ANNOUNCE_WAIT_SEC)
         base = self.config.public_url
         lines = [f"gitops-sless is serving {mirror_mod.redact(self.url)} ({self.config.branch})"]
         for fn in self.store.functions(self.config.env):

@@ -54,6 +54,16 @@ CREATE TABLE IF NOT EXISTS functions (
     last_exit TEXT,
     PRIMARY KEY (env, name)
 );
+-- what each function serves: the deployment as it was started, so a restart starts
+-- exactly it, whatever the repository says now (see serving.py)
+CREATE TABLE IF NOT EXISTS serving (
+    env TEXT NOT NULL,
+    name TEXT NOT NULL,
+    deployment TEXT NOT NULL,
+    revision TEXT,
+    deployed REAL NOT NULL,
+    PRIMARY KEY (env, name)
+);
 CREATE TABLE IF NOT EXISTS builds (
     tag TEXT PRIMARY KEY,
     runtime TEXT NOT NULL,
@@ -123,6 +133,7 @@ _ADDED_COLUMNS = (
     ("builds", "folder", "TEXT NOT NULL DEFAULT ''"),
     ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
+    ("functions", "next_retry", "REAL"),
 )
 
 _FUNCTION_FIELDS = (
@@ -135,6 +146,7 @@ _FUNCTION_FIELDS = (
     "spec",
     "restarts",
     "last_exit",
+    "next_retry",
 )
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
@@ -294,12 +306,30 @@ class Store:
     def delete_function(self, env: str, name: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM functions WHERE env = ? AND name = ?", (env, name))
+            db.execute("DELETE FROM serving WHERE env = ? AND name = ?", (env, name))
             db.execute("DELETE FROM invocations WHERE env = ? AND name = ?", (env, name))
 
-    def delete_environment(self, env: str) -> None:
-        """Every row of ``env``: functions, job runs, sync history and invocations."""
+    # --- what serves ------------------------------------------------------------------
+
+    def set_serving(
+        self, env: str, name: str, deployment: dict[str, Any], revision: str | None
+    ) -> None:
         with self._tx() as db:
-            for table in ("functions", "jobs", "syncs", "invocations"):
+            db.execute(
+                "INSERT OR REPLACE INTO serving (env, name, deployment, revision, deployed)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (env, name, json.dumps(deployment, sort_keys=True), revision, time.time()),
+            )
+
+    def serving(self, env: str) -> list[dict[str, Any]]:
+        """What each function of ``env`` was last deployed as (``deployment`` decoded)."""
+        rows = self._all("SELECT * FROM serving WHERE env = ? ORDER BY name", env)
+        return [{**row, "deployment": json.loads(row["deployment"])} for row in rows]
+
+    def delete_environment(self, env: str) -> None:
+        """Every row of ``env``: functions, what serves, job runs, sync history, invocations."""
+        with self._tx() as db:
+            for table in ("functions", "serving", "jobs", "syncs", "invocations"):
                 db.execute(f"DELETE FROM {table} WHERE env = ?", (env,))
 
     # --- previews ------------------------------------------------------------------------

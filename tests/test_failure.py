@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from gitops_sless import runtimes
-from gitops_sless.local import failure
+from gitops_sless import failure, runtimes
 from gitops_sless.local.processes import ProcessSpec
 
 from .conftest import write_files

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import runtimes
-from ..backend import Backend, CronRun, Deployment, EnvValue, JobFailed
+from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobFailed, SecretUnavailable
 from ..manifest import Function, Job, SecretRef
 from ..routes import Route, RouteTable
 from ..source import Snapshot
 from . import builder as local_builder
-from .processes import ProcessSpec, ReplicaEvent, Supervisor
+from .processes import ProcessSpec, ReplicaEvent, Supervisor, UnitStatus
 from .scheduler import CronScheduler
 from .secrets import SecretsDir
 
@@ -100,6 +100,18 @@ class LocalBackend(Backend):
     def deployed(self, env: str) -> dict[str, str]:
         return self.supervisor.deployed(env)
 
+    def health(self, env: str) -> dict[str, Health]:
+        return {name: _health(unit) for name, unit in self.supervisor.status(env).items()}
+
+    def unavailable(self, env: str, env_vars: Mapping[str, EnvValue]) -> str | None:
+        try:
+            for value in env_vars.values():
+                if isinstance(value, SecretRef):
+                    self.secrets.resolve(value)
+        except SecretUnavailable as exc:
+            return str(exc)
+        return None
+
     def apply(self, deployment: Deployment, revision: str | None = None) -> None:
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
@@ -143,3 +155,13 @@ class LocalBackend(Backend):
         self.builder.close()
         self.crons.close()
         self.supervisor.close()
+
+
+def _health(unit: UnitStatus) -> Health:
+    """A function with no healthy replica left is Failed (CrashLoopBackOff), as on Kubernetes."""
+    # no countdown in the message: it would change the record on every pass
+    ended = f"a replica ended: {unit.last_exit}; restarting" if unit.last_exit else None
+    degraded = unit.ready < unit.wanted
+    if degraded and unit.ready == 0:
+        return Health("Failed", ended, unit.last_exit, unit.restarts)
+    return Health("Ready", ended if degraded else None, unit.last_exit, unit.restarts)

@@ -31,22 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import logs
+from .. import backoff, failure, logs
 from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
-from . import failure, memory
+from . import memory
 from .orphans import ProcessGroups
 
-__all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "Upstreams", "exit_reason"]
+__all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "UnitStatus", "Upstreams", "exit_reason"]
 
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_SEC = 20.0
 STOP_GRACE_SEC = 5.0
 DRAIN_SEC = 1.0
-BACKOFF_FIRST_SEC = 0.5
-BACKOFF_MAX_SEC = 60.0
-STABLE_AFTER_SEC = 30.0
 WATCH_SEC = 0.1
 LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
@@ -114,8 +111,14 @@ def exit_reason(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _backoff(failures: int) -> float:
-    return min(BACKOFF_MAX_SEC, BACKOFF_FIRST_SEC * 2 ** max(0, failures - 1))
+@dataclass(frozen=True)
+class UnitStatus:
+    """One function's replicas as the supervisor sees them."""
+
+    wanted: int
+    ready: int
+    restarts: int  # replicas that ended since it was deployed
+    last_exit: str | None
 
 
 @dataclass(eq=False)
@@ -162,7 +165,8 @@ class _Unit:
     spec_hash: str
     wanted: int
     replicas: list[_Replica] = field(default_factory=list)
-    failures: int = 0
+    failures: int = 0  # in a row: the backoff grows with it
+    restarts: int = 0  # in all, since deployed
     restart_at: float = 0.0
     last_exit: str | None = None
     degraded: bool = False  # a replica exited; "recovered" once all are back
@@ -215,6 +219,19 @@ class Supervisor:
     def deployed(self, env: str) -> dict[str, str]:
         with self._lock:
             return {name: u.spec_hash for (e, name), u in self._units.items() if e == env}
+
+    def status(self, env: str) -> dict[str, UnitStatus]:
+        with self._lock:
+            return {
+                name: UnitStatus(
+                    wanted=u.wanted,
+                    ready=sum(1 for r in u.replicas if not r.withdrawn),
+                    restarts=u.restarts,
+                    last_exit=u.last_exit,
+                )
+                for (e, name), u in self._units.items()
+                if e == env
+            }
 
     def artifacts_in_use(self) -> set[Path]:
         """Artifact folders of every function deployed and every process still running."""
@@ -478,11 +495,11 @@ class Supervisor:
                 unit.replicas = [r for r in unit.replicas if r not in dead]
                 unit.last_exit = reasons[-1]
                 unit.degraded = True
-                backoff = self._back_off(unit, now)
+                wait = self._back_off(unit, now)
                 self._publish(key)
             for replica, reason in zip(dead, reasons, strict=True):
-                message = f"replica on port {replica.port}: {reason}; restarting in {backoff:.1f}s"
-                self._exited(key, "replica.exited", message, reason, backoff)
+                message = f"replica on port {replica.port}: {reason}; restarting in {wait:.1f}s"
+                self._exited(key, "replica.exited", message, reason, wait)
         with self._lock:
             if self._units.get(key) is not unit or self._closing:
                 return
@@ -491,7 +508,9 @@ class Supervisor:
             )
             if restart:
                 unit.restarting = True
-            elif unit.failures and all(now - r.started > STABLE_AFTER_SEC for r in unit.replicas):
+            elif unit.failures and all(
+                now - r.started > backoff.RESET_AFTER_SEC for r in unit.replicas
+            ):
                 unit.failures = 0
         if restart:
             # in its own thread: a slow start never delays noticing another function's crash
@@ -503,12 +522,13 @@ class Supervisor:
     def _back_off(unit: _Unit, now: float) -> float:
         """One more failure: the next restart waits longer. Call with the lock held."""
         unit.failures += 1
-        backoff = _backoff(unit.failures)
-        unit.restart_at = now + backoff
-        return backoff
+        unit.restarts += 1
+        wait = backoff.delay(unit.failures)
+        unit.restart_at = now + wait
+        return wait
 
     def _exited(
-        self, key: tuple[str, str], event: str, message: str, reason: str | None, backoff: float
+        self, key: tuple[str, str], event: str, message: str, reason: str | None, wait: float
     ) -> None:
         """Log a replica that ended (or never became healthy) and tell the status store."""
         logs.event(
@@ -519,7 +539,7 @@ class Supervisor:
             env=key[0],
             function=key[1],
             reason=reason,
-            backoffSec=backoff,
+            backoffSec=wait,
         )
         if reason:
             self._notify(key, "exited", reason)
@@ -538,13 +558,13 @@ class Supervisor:
             with self._lock:
                 if self._units.get(key) is not unit or self._closing:
                     return
-                backoff = self._back_off(unit, time.monotonic())
+                wait = self._back_off(unit, time.monotonic())
                 if reason:
                     unit.last_exit = reason
                     self._publish(key)
             event = "replica.exited" if reason else "replica.unhealthy"
-            message = f"restart failed (next try in {backoff:.1f}s): {exc}"
-            self._exited(key, event, message, reason, backoff)
+            message = f"restart failed (next try in {wait:.1f}s): {exc}"
+            self._exited(key, event, message, reason, wait)
             return
         with self._lock:
             current = self._units.get(key) is unit and not self._closing

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import logs
-from ..errors import PermanentError
+from ..backend import SecretUnavailable
 from ..manifest import SecretRef
 
 __all__ = ["SecretMissing", "SecretsDir"]
 
 
-class SecretMissing(PermanentError):
-    """A referenced secret key has no file: the function is not started (never an empty value)."""
+class SecretMissing(SecretUnavailable):
+    """A referenced secret key has no file: the function waits (never an empty value)."""
 
 
 class SecretsDir:

@@ -1,0 +1,146 @@
+"""Every function's phase, derived each pass from what is true now; never remembered.
+
+Pure, like the planner: it reads the desired state, the plan, what the last
+deploy attempts said and what the backend sees running, and returns the
+fields of each function's record. An error that no longer applies is gone
+in the pass that fixes it. The order of the checks is the order of the
+pipeline: a manifest must be valid, its build done, the jobs it waits for
+run, its deploy succeeded, and only then does what runs say how it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .backend import Health
+from .manifest import DesiredState, Function
+from .planner import Plan
+
+__all__ = ["Outcome", "Summary", "derive", "summarize"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the last deploy attempt of a spec said, while it is not running."""
+
+    spec_hash: str
+    phase: str  # Pending: waits for something outside git (a secret); Failed: it did not start
+    message: str
+    attempts: int = 0
+    retry_at: float | None = None
+
+
+def _deployed(fn: Function, health: Health | None) -> dict[str, Any]:
+    if not fn.enabled:
+        return {"phase": "Disabled", "message": None, "next_retry": None}
+    if health is None:
+        return {"phase": "Ready", "message": None, "next_retry": None}
+    fields: dict[str, Any] = {
+        "phase": health.phase,
+        "message": health.message,
+        "last_exit": health.last_exit,
+        "restarts": health.restarts,
+        "next_retry": None,
+    }
+    if health.revision:
+        fields["revision"] = health.revision
+    if health.build_tag:
+        fields["build_tag"] = health.build_tag
+    return fields
+
+
+def _one(
+    fn: Function,
+    plan: Plan,
+    outcome: Outcome | None,
+    health: Health | None,
+    hashes: Mapping[str, str],
+) -> dict[str, Any]:
+    name = fn.name
+    if name in plan.failed:
+        fields: dict[str, Any] = {"phase": "Failed", "message": plan.failed[name]}
+        if name in plan.retry_at and outcome is not None:
+            return {**fields, "restarts": outcome.attempts, "next_retry": plan.retry_at[name]}
+        return {**fields, "next_retry": None}
+    if name in plan.building:
+        return {"phase": "Building", "message": None, "next_retry": None}
+    if name in plan.waiting:
+        return {"phase": "Pending", "message": plan.waiting[name], "next_retry": None}
+    if outcome is not None and outcome.spec_hash == hashes.get(name):
+        fields = {"phase": outcome.phase, "message": outcome.message}
+        if outcome.phase == "Failed":
+            fields["restarts"] = outcome.attempts
+        return {**fields, "next_retry": outcome.retry_at}
+    return _deployed(fn, health)
+
+
+def derive(
+    desired: DesiredState,
+    plan: Plan,
+    outcomes: Mapping[str, Outcome],
+    health: Mapping[str, Health],
+    hashes: Mapping[str, str],
+    urls: Mapping[str, str | None],
+) -> dict[str, dict[str, Any]]:
+    """name -> the fields of its record that this pass decides.
+
+    ``hashes``: the spec hash each function's deploy would have now, for the
+    functions the plan got that far with.
+    """
+    out = {
+        name: {
+            "phase": "Invalid",
+            "manifest": path,
+            "message": str(desired.invalid[path]),
+            "next_retry": None,
+        }
+        for name, path in desired.invalid_names.items()
+    }
+    for name, fn in desired.functions.items():
+        out[name] = {
+            **_one(fn, plan, outcomes.get(name), health.get(name), hashes),
+            "manifest": fn.manifest,
+            "url": urls.get(name),
+        }
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A pass's result, from the phases it left: Succeeded means everything serves its commit."""
+
+    result: str  # Succeeded, Progressing, Invalid or Degraded
+    error: str | None
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+def _busy(name: str, record: Mapping[str, Any]) -> str:
+    why = _first_line(record["message"])
+    return f"{name}: {record['phase'].lower()}" + (f" ({why})" if why else "")
+
+
+def summarize(
+    records: Mapping[str, Mapping[str, Any]],
+    desired: DesiredState,
+    failed_jobs: Mapping[str, str],
+) -> Summary:
+    failed = sorted(n for n, r in records.items() if r["phase"] == "Failed")
+    problems = [f"{n}: {_first_line(records[n]['message']) or 'failed'}" for n in failed]
+    problems += [f"job {n}: {_first_line(error)}" for n, error in sorted(failed_jobs.items())]
+    invalid = [_first_line(str(e)) for e in desired.invalid.values()]
+    if problems:
+        count = len(failed) + len(failed_jobs)
+        return Summary("Degraded", f"{count} failed: " + "; ".join(problems + invalid))
+    if invalid:
+        return Summary("Invalid", "; ".join(invalid))
+    busy = sorted(n for n, r in records.items() if r["phase"] in ("Building", "Pending"))
+    if busy:
+        waiting = [_busy(n, records[n]) for n in busy[:5]]
+        more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
+        return Summary("Progressing", "; ".join(waiting) + more)
+    return Summary("Succeeded", None)

@@ -1,0 +1,69 @@
+"""One environment's function records, read from the status store once and written through.
+
+A pass compares every function's derived fields with its record; reading
+10,000 rows from SQLite on every poll would cost more than the rest of the
+pass. The reconciler of an environment is the only writer of its rows, so
+the copy here stays true; :meth:`reload` reads them again when that may not
+hold (a replica that followed another leader).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .store import Store
+
+__all__ = ["Records"]
+
+
+class Records:
+    def __init__(self, store: Store, env: str) -> None:
+        self.store = store
+        self.env = env
+        self._lock = threading.Lock()
+        self._rows: dict[str, dict[str, Any]] = {}
+        self.version = 0  # moves on every write: whoever shows the records looks again
+        self.reload()
+
+    def reload(self) -> None:
+        rows = {row["name"]: row for row in self.store.functions(self.env)}
+        with self._lock:
+            self._rows = rows
+            self.version += 1
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._rows.get(name)
+            return dict(row) if row else None
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._rows)
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every record, ordered by name, as the store would return them."""
+        with self._lock:
+            return [dict(self._rows[name]) for name in sorted(self._rows)]
+
+    def update(self, name: str, **fields: Any) -> bool:
+        """Write the fields that differ from the record (creating it); True if any did."""
+        with self._lock:
+            row = self._rows.get(name)
+            changed = (
+                fields if row is None else {k: v for k, v in fields.items() if row.get(k) != v}
+            )
+            if row is not None and not changed:
+                return False
+            self.store.set_function(self.env, name, **changed)
+            fresh = self.store.function(self.env, name)
+            if fresh is not None:
+                self._rows[name] = fresh
+            self.version += 1
+            return True
+
+    def delete(self, name: str) -> None:
+        with self._lock:
+            self.store.delete_function(self.env, name)
+            self._rows.pop(name, None)
+            self.version += 1
