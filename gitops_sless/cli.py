@@ -44,6 +44,8 @@ EXIT_NOT_OK, EXIT_ERROR = 1, 2  # the answer is not what was hoped for / could n
 EXIT_INTERRUPTED = 130
 POLL_SEC = 0.5  # logs -f: how often to ask for more
 GOOD_PHASES = ("Ready", "Disabled")
+# a last pass that says so: a job waits or failed, a build runs, a function failed
+NOT_CONVERGED = ("Failed", "Degraded", "Progressing")
 MAX_SYNC_WAIT = 600  # the server waits at most this long
 _ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 
@@ -688,7 +690,7 @@ def _status(args: argparse.Namespace) -> int:
             last = environments.get(name, {}).get("lastSync")
             listing.append({"name": name, "lastSync": last, "functions": functions})
     ok = all(fn["phase"] in GOOD_PHASES for env in listing for fn in env["functions"]) and not any(
-        env["lastSync"] and env["lastSync"]["result"] in ("Failed", "Degraded") for env in listing
+        env["lastSync"] and env["lastSync"]["result"] in NOT_CONVERGED for env in listing
     )
     if args.output == "json":
         answer = {"server": client.server, "ok": ok, "status": status, "environments": listing}
