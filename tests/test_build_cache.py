@@ -26,16 +26,24 @@ import pytest
 
 from gitops_sless import manifest
 from gitops_sless.dependencies import dependencies
+from gitops_sless.kube.backend import KubeBackend
+from gitops_sless.kube.client import KubeClient
+from gitops_sless.kube.connect import connect
 from gitops_sless.local.backend import LocalBackend
 from gitops_sless.local.builder import BuildCancelled, BuildResult, LocalBuilder
 from gitops_sless.local.gc import collect
 from gitops_sless.local.secrets import SecretsDir
 from gitops_sless.manifest import Function
 from gitops_sless.routes import RouteTable
-from gitops_sless.source import Snapshot, open_snapshot
+from gitops_sless.source import DirectorySnapshot, Snapshot, open_snapshot
 
 from . import gitserver
 from .gitserver import GitDaemon, WorkRepo, init_bare
+from .kube_harness import NAMESPACE
+from .kube_harness import settings as kube_settings
+from .kubeapi import FakeKube
+from .kubeapi.kaniko import build_args, run_build
+from .s3server import S3Server
 from .sless_server import SlessServer
 from .test_local_builder import make_wheel
 
@@ -578,3 +586,209 @@ def test_serve_applies_a_sless_yaml_edit_without_a_build(
         assert sorted(folders) == sorted([".deps", after["buildTag"]])
     finally:
         server.stop()
+
+
+# --- what an install reads ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("files", "reason"),
+    [
+        pytest.param(
+            {"requirements.txt": "requests==2.31\nflask>=3 ; python_version > '3'\n"},
+            None,
+            id="index-packages",
+        ),
+        pytest.param(
+            {"requirements.txt": "/srv/wheels/x-1.0-py3-none-any.whl\n"}, None, id="absolute-path"
+        ),
+        pytest.param(
+            {"requirements.txt": "-e .\n"},
+            "requirements.txt:1 names the path .",
+            id="the-folder-itself",
+        ),
+        pytest.param(
+            {"requirements.txt": "-r base.txt\n", "base.txt": "requests\n"},
+            "requirements.txt:1 names base.txt, a file of the folder",
+            id="included-file",
+        ),
+        pytest.param(
+            {"requirements.txt": "--find-links wheels/\nx\n", "wheels/x.whl": "w"},
+            "requirements.txt:1 names wheels/, a file of the folder",
+            id="find-links",
+        ),
+        pytest.param(
+            {"requirements.txt": "x @ file:lib/x\n", "lib/x/setup.py": ""},
+            "requirements.txt:1 names lib/x, a file of the folder",
+            id="file-url",
+        ),
+        pytest.param(
+            {"package.json": '{"dependencies": {"left-pad": "^1.3.0"}}'}, None, id="npm-registry"
+        ),
+        pytest.param(
+            {"package.json": '{"dependencies": {"x": "file:/srv/x.tgz"}}'}, None, id="npm-absolute"
+        ),
+        pytest.param(
+            {"package.json": '{"dependencies": {"x": "file:./x"}}'},
+            "package.json dependencies.x is the path file:./x",
+            id="npm-file",
+        ),
+        pytest.param(
+            {"package.json": '{"devDependencies": {"x": "../x"}}'},
+            "package.json devDependencies.x is the path ../x",
+            id="npm-relative",
+        ),
+        pytest.param(
+            {"package.json": '{"scripts": {"postinstall": "node build.js"}}'},
+            "package.json has a postinstall script",
+            id="npm-script",
+        ),
+        pytest.param(
+            {"package.json": '{"workspaces": ["a"]}'},
+            "package.json declares workspaces",
+            id="npm-workspaces",
+        ),
+        pytest.param(
+            {"package.json": "{}", "binding.gyp": "{}"},
+            "the folder has a binding.gyp",
+            id="node-gyp",
+        ),
+        pytest.param({"package.json": "{,"}, "package.json is not valid JSON", id="npm-bad-json"),
+    ],
+)
+def test_what_an_install_may_read(tmp_path, files, reason):
+    runtime = "nodejs20" if "package.json" in files else "python3.11"
+    handler = "handler.js" if runtime == "nodejs20" else "handler.py"
+    folder = tmp_path / "repo" / "fn"
+    for rel, text in {**files, handler: "", "sless.yaml": py_manifest("fn")}.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text.replace("python3.11", runtime))
+    snapshot = DirectorySnapshot(tmp_path / "repo")
+    fn = functions(snapshot)["fn"]
+
+    deps = dependencies(fn, snapshot)
+
+    assert deps is not None and deps.whole_folder == reason
+    if reason is None:
+        assert set(deps.files) == set(files) - {"binding.gyp"}
+    # a change elsewhere in the folder keeps the key only when the install cannot read it
+    (folder / handler).write_text("// changed\n")
+    changed = DirectorySnapshot(tmp_path / "repo")
+    again = dependencies(functions(changed)["fn"], changed)
+    assert again is not None and (again.key == deps.key) == (reason is None)
+
+
+def test_the_dependency_key_follows_the_lock_file_and_npmrc(tmp_path, repo):
+    first = commit(repo, node_function("fn", "v1", tmp_path / "x.tgz"))
+    locked = commit(repo, {"fn/package-lock.json": '{"lockfileVersion": 3}'})
+    npmrc = commit(repo, {"fn/.npmrc": "registry=https://npm.example/\n"})
+    found = [dependencies(functions(s)["fn"], s) for s in (first, locked, npmrc)]
+    assert len({d.key for d in found if d}) == 3
+    assert found[2] is not None
+    assert found[2].files == (".npmrc", "package-lock.json", "package.json")
+
+
+# --- Kubernetes: the install is a layer kaniko's cache reuses ------------------------------
+
+
+@pytest.fixture
+def kube_backend(fake_kube: FakeKube, s3_server: S3Server) -> KubeBackend:
+    client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
+    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    backend = connect(kube_settings(fake_kube.kubeconfig, s3_server.config()), RouteTable())
+    backend.builds.poll_sec = 0.1
+    return backend
+
+
+RUN_PIP = "RUN if [ -f requirements.txt ]; then"
+
+
+def test_kaniko_reuses_the_install_for_a_code_change_and_not_for_new_requirements(
+    repo, fake_kube: FakeKube, kube_backend: KubeBackend
+):
+    v1 = commit(repo, py_function("fn", "v1", "requests==2.31\n"))
+    first = kube_backend.build(functions(v1)["fn"], v1)
+    v2 = commit(repo, {"fn/handler.py": PY_HANDLER % "v2", "fn/sless.yaml": py_manifest("fn")})
+    fn = functions(v2)["fn"]
+    second = kube_backend.build(fn, v2)
+    v3 = commit(repo, {"fn/requirements.txt": "requests==2.32\n"})
+    third = kube_backend.build(functions(v3)["fn"], v3)
+
+    assert f"No cached layer found for cmd {RUN_PIP}" in first
+    assert f"Using caching version of cmd: {RUN_PIP}" in second
+    assert f"No cached layer found for cmd {RUN_PIP}" in third
+    context = fake_kube.build_contexts[f"contexts/{fn.build_tag}.tar.gz"]
+    assert [m for m in context if m.startswith("deps")] == [
+        "deps",
+        "deps/.sless-deps-key",
+        "deps/requirements.txt",
+    ]
+    assert "function/handler.py" in context and "function/sless.yaml" not in context
+
+
+def test_a_dependency_file_naming_folder_files_puts_the_folder_in_deps(
+    tmp_path, repo, fake_kube: FakeKube, kube_backend: KubeBackend
+):
+    files = py_function("fn", "v1", "./vendored/x.whl\n") | {"fn/vendored/x.whl": "wheel"}
+    snapshot = commit(repo, files)
+    fn = functions(snapshot)["fn"]
+    kube_backend.build(fn, snapshot)
+    context = fake_kube.build_contexts[f"contexts/{fn.build_tag}.tar.gz"]
+    deps = sorted(m.removeprefix("deps/") for m in context if m.startswith("deps/"))
+    assert deps == [
+        ".sless-deps-key",
+        "handler.py",
+        "requirements.txt",
+        "vendored",
+        "vendored/x.whl",
+    ]
+
+
+def _context(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "args", "error"),
+    [
+        pytest.param(b"FROM x\nCOPY app/ /app/\n", [], None, id="copy-present"),
+        pytest.param(
+            b"FROM x\nCOPY deps/ /function/\n",
+            [],
+            "failed to get fileinfo for /kaniko/buildcontext/deps",
+            id="copy-missing",
+        ),
+        pytest.param(
+            b"FROM x\n",
+            ["--cache-layers=true"],
+            "Error: unknown flag: --cache-layers",
+            id="unknown-flag",
+        ),
+    ],
+)
+def test_the_kaniko_imitation_refuses_what_kaniko_refuses(
+    s3_server: S3Server, dockerfile, args, error
+):
+    key = f"imitation/{time.monotonic_ns()}.tar.gz"
+    s3_server.client().put_object(
+        Bucket=s3_server.bucket, Key=key, Body=_context({"Dockerfile": dockerfile, "app/a.py": b""})
+    )
+    container = {"args": [f"--context=s3://{s3_server.bucket}/{key}", "--destination=r/x:1", *args]}
+    build = build_args({"spec": {"containers": [container]}})
+    assert build is not None
+    env = {
+        "S3_ENDPOINT": s3_server.endpoint,
+        "AWS_REGION": s3_server.region,
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+    }
+    ok, log = run_build(build, env, [], {}, {})
+    assert ok == (error is None), log
+    if error:
+        assert error in log

@@ -57,6 +57,7 @@ RANKS = {
     "local.gc": 6,
     "failure": 1,
     "local.depcache": 6,
+    "local.installers": 6,
     "kube": 6,
     "kube.contexts": 6,
     "kube.storage": 6,

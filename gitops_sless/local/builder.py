@@ -14,10 +14,9 @@ reads, see ``gitops_sless.dependencies``) into ``root/.deps/<key>/`` and
 hard-linked into each artifact that needs them (see ``depcache``): a code change
 that leaves ``requirements.txt`` or ``package.json`` as they were runs no installer.
 
-Installers run the repository's own code (setup scripts, npm lifecycle
-scripts), as the function itself will: they get a scrubbed environment
-without the reconciler's secrets, their own process group, and a deadline.
-``close()`` kills the running ones and refuses further builds (shutdown).
+Installers run as ``installers`` describes (scrubbed environment, own process
+group, the build's deadline). ``close()`` kills the running ones and refuses
+further builds (shutdown).
 """
 
 from __future__ import annotations
@@ -29,19 +28,15 @@ import logging
 import os
 import posixpath
 import re
-import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ..backend import BuildFailed
 from ..dependencies import Dependencies, dependencies, input_paths
@@ -51,6 +46,7 @@ from ..manifest import Function
 from ..paths import stays_inside
 from ..source import Snapshot
 from .depcache import DependencyCache, link_tree
+from .installers import BuildCancelled, BuildLog, Installers, build_environment, group_alive, now
 from .orphans import ProcessGroups
 
 __all__ = [
@@ -70,23 +66,15 @@ TMP_PREFIX = ".tmp-"
 # what each installer leaves in its folder: the part an artifact gets
 OUTPUTS = {"requirements.txt": DEPS_DIR, "package.json": "node_modules"}
 CLOSE_WAIT_SEC = 10.0
-LOG_TAIL_CHARS = 4000
 
 logger = logging.getLogger(__name__)
 
 # a tag names a folder below root: nothing that could climb out or hide as a dotfile
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
-# user:password@ in URLs (index URLs, registries) that an installer may echo
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):[^/\s@]+@")
 
 
 class SourceChanged(TransientError):
     """A file changed while it was read (a directory being edited): build again later."""
-
-
-class BuildCancelled(TransientError):
-    """The builder is closing (the server is stopping): the build did not finish; ask again."""
 
 
 @dataclass(frozen=True)
@@ -100,67 +88,6 @@ class BuildResult:
     cached: bool
 
 
-def build_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """The environment of an installer, and the values left out of it.
-
-    Proxies, PATH, HOME and the installers' own settings pass; the
-    reconciler's ``SLESS_*`` settings and anything named like a credential do
-    not. The left-out values are returned so that the log can be scrubbed of
-    them, in case they reach an installer some other way.
-    """
-    kept: dict[str, str] = {}
-    dropped: list[str] = []
-    for name, value in environ.items():
-        upper = name.upper()
-        secret = any(word in upper for word in _SECRET_WORDS) and not upper.endswith("PATH")
-        if upper.startswith("SLESS_") or secret:
-            dropped.append(value)
-        else:
-            kept[name] = value
-    # npm otherwise asks the registry for its own newest version on every build
-    kept.setdefault("npm_config_update_notifier", "false")
-    return kept, dropped
-
-
-class _Log:
-    """The build log: kept in memory and appended to ``root/<tag>.log`` step by step.
-
-    Every text passes the scrubber before it is stored, so no secret reaches
-    the file, the result or the exception.
-    """
-
-    def __init__(self, path: Path, secrets: list[str]) -> None:
-        self.path = path
-        # longest first, so a secret that contains another is replaced whole
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-        self._parts: list[str] = []
-        self._file: IO[str] = path.open("w", encoding="utf-8")
-
-    def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "****")
-        return _URL_PASSWORD.sub(r"\g<head>:****@", text)
-
-    def write(self, text: str) -> None:
-        text = self.scrub(text)
-        self._parts.append(text)
-        self._file.write(text)
-        # flushed per step so the status API can show a running build's log
-        self._file.flush()
-
-    def line(self, text: str) -> None:
-        self.write(f"[{_now()}] {text}\n")
-
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    def tail(self) -> str:
-        return self.text()[-LOG_TAIL_CHARS:]
-
-    def close(self) -> None:
-        self._file.close()
-
-
 @dataclass(frozen=True)
 class _Job:
     """What every step of one build needs."""
@@ -170,7 +97,7 @@ class _Job:
     folder: str
     env: dict[str, str]
     deadline: float
-    log: _Log
+    log: BuildLog
 
 
 class _Pending:
@@ -204,12 +131,11 @@ class LocalBuilder:
         self._lock = threading.Lock()
         self._pending: dict[str, _Pending] = {}
         self._built: set[str] = set()
-        self._installers_running: dict[int, subprocess.Popen[bytes]] = {}
-        self._closing = False
         self.root.mkdir(parents=True, exist_ok=True)
         # installers of a killed predecessor must not finish a build this process redoes
         self.groups = groups or ProcessGroups(self.root.parent / "pids" / "builds")
         self.groups.stop_orphans()
+        self.installers = Installers(self.groups)
         self._remove_leftovers()
         self.deps = DependencyCache(self.root / DEPS_CACHE)
 
@@ -315,8 +241,7 @@ class LocalBuilder:
                 # a build of this tag may have finished since the check above
                 if self.is_built(tag):
                     return self._cached(tag, started)
-                if self._closing:
-                    raise BuildCancelled(f"build {tag} not started: the builder is closing")
+                self.installers.check_open(tag)
                 pending = self._pending[tag] = _Pending()
         if not owner:
             pending.done.wait()
@@ -357,12 +282,12 @@ class LocalBuilder:
         deadline = started + self.timeout_sec
         env, secrets = build_environment(os.environ)
         try:
-            log = _Log(self.log_path(tag), secrets)
+            log = BuildLog(self.log_path(tag), secrets)
         except OSError as exc:
             raise BuildFailed(tag, f"cannot write the build log: {exc}") from exc
         tmp: Path | None = None
         try:
-            self._check_open(tag)
+            self.installers.check_open(tag)
             log.line(
                 f"build {tag}: function {fn.name} ({fn.runtime}) from "
                 f"{fn.folder or '.'} at {snapshot.revision}"
@@ -439,17 +364,19 @@ class LocalBuilder:
         job.log.line(f"dependencies: installing {deps.key} from {deps.describe()}")
         inputs = set(input_paths(deps, job.snapshot, job.folder))
         _lay_out(job.tag, job.snapshot, job.folder, folder, inputs.__contains__)
-        for step, command in self._installers(deps.dependency_file, folder):
-            self._run(step, command, folder, job)
+        for step, command in self._commands(deps.dependency_file, folder):
+            self.installers.run(
+                job.tag, step, command, folder, job.env, job.deadline, self.timeout_sec, job.log
+            )
         output = OUTPUTS[deps.dependency_file]
         for item in folder.iterdir():
             if item.name != output:
                 _remove_path(item)
         took = time.monotonic() - started
         job.log.line(f"dependencies: installed {deps.key} in {took:.1f} s")
-        return {"tag": job.tag, "inputs": deps.describe(), "finished": _now()}
+        return {"tag": job.tag, "inputs": deps.describe(), "finished": now()}
 
-    def _installers(self, dependency_file: str, folder: Path) -> list[tuple[str, list[str]]]:
+    def _commands(self, dependency_file: str, folder: Path) -> list[tuple[str, list[str]]]:
         if dependency_file == "requirements.txt":
             # --target keeps every installed file inside the folder, never in
             # the environment the reconciler runs in
@@ -474,75 +401,6 @@ class LocalBuilder:
             return [("npm install", [self.npm, "install", "--omit=dev", "--no-audit", "--no-fund"])]
         raise ValueError(f"no installer for {dependency_file}")
 
-    # --- installers --------------------------------------------------------
-
-    def _check_open(self, tag: str) -> None:
-        if self._closing:
-            raise BuildCancelled(f"build {tag} stopped: the builder is closing")
-
-    def _run(self, step: str, command: list[str], cwd: Path, job: _Job) -> None:
-        tag, log = job.tag, job.log
-        remaining = job.deadline - time.monotonic()
-        if remaining <= 0:
-            raise BuildFailed(tag, f"timed out after {self.timeout_sec:g} s", log.tail())
-        log.line(f"$ {shlex.join(command)}")
-        # output goes to a file, not a pipe: a grandchild that outlives the kill
-        # could hold a pipe open and block the reader forever
-        output_path = Path(f"{cwd}.out")
-        started = time.monotonic()
-        try:
-            with output_path.open("w+b") as output:
-                code = self._wait_for(step, command, cwd, job, output, remaining)
-                output.seek(0)
-                log.write(output.read().decode("utf-8", "replace"))
-        except OSError as exc:
-            raise BuildFailed(tag, f"{step}: {exc}", log.tail()) from exc
-        finally:
-            output_path.unlink(missing_ok=True)
-        self._check_open(tag)  # killed by close(): not a failure of this content
-        if code is None:
-            raise BuildFailed(tag, f"{step} timed out after {self.timeout_sec:g} s", log.tail())
-        log.line(f"{step} exited {code} after {time.monotonic() - started:.1f} s")
-        if code != 0:
-            raise BuildFailed(tag, f"{step} exited {code}", log.tail())
-
-    def _wait_for(
-        self,
-        step: str,
-        command: list[str],
-        cwd: Path,
-        job: _Job,
-        output: IO[bytes],
-        timeout: float,
-    ) -> int | None:
-        """Start one installer and wait for it; its exit code, or None past ``timeout``."""
-        with self._lock:  # close() either sees this installer or has refused it
-            self._check_open(job.tag)
-            try:
-                proc = subprocess.Popen(
-                    command,
-                    cwd=cwd,
-                    env=job.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise BuildFailed(job.tag, f"cannot start {step}: {exc}", job.log.tail()) from exc
-            self._installers_running[proc.pid] = proc
-        self.groups.add(proc.pid, command)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        finally:
-            # the whole group: installers start compilers, node-gyp, git...
-            _kill_group(proc)
-            self.groups.remove(proc.pid)
-            with self._lock:
-                self._installers_running.pop(proc.pid, None)
-
     # --- shutdown ----------------------------------------------------------
 
     def close(self, wait_sec: float = CLOSE_WAIT_SEC) -> None:
@@ -552,28 +410,15 @@ class LocalBuilder:
         ``BuildCancelled`` and remove their temporary folders) and no process
         of a killed group is left, or after ``wait_sec``. Safe to call twice.
         """
-        with self._lock:
-            self._closing = True
-            running = list(self._installers_running.values())
-        for proc in running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        killed = self.installers.close()
         deadline = time.monotonic() + wait_sec
-        groups = [proc.pid for proc in running]
         while time.monotonic() < deadline:
             with self._lock:
-                busy = bool(self._pending or self._installers_running)
-            if not busy and not any(_group_alive(pgid) for pgid in groups):
+                busy = bool(self._pending) or self.installers.running()
+            if not busy and not any(group_alive(pgid) for pgid in killed):
                 return
             time.sleep(0.02)
         logger.warning("builder closed with builds or installers still ending")
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    # the group is gone when every member has exited already
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _all_but_manifest(folder: str) -> Callable[[str], bool]:
@@ -650,26 +495,11 @@ def _write_marker(
         "revision": snapshot.revision,
         "dependencies": dependencies_key,
         "duration_sec": round(duration, 3),
-        "finished": _now(),
+        "finished": now(),
     }
     partial = folder / f"{MARKER}.partial"
     partial.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, folder / MARKER)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies waiting to be reaped do not)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        # fields after the name: state, ppid, pgrp
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
-            return True
-    return False
 
 
 def _remove_path(path: Path) -> None:
@@ -677,7 +507,3 @@ def _remove_path(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")

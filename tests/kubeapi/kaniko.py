@@ -226,6 +226,8 @@ def _copy_sources(instruction: str) -> list[str] | None:
 
 
 def _missing_copy_source(instructions: list[str], names: set[str]) -> str | None:
+    # a folder exists once a member lies below it, listed itself or not
+    names = names | {n.rsplit("/", i)[0] for n in names for i in range(1, n.count("/") + 1)}
     for instruction in instructions:
         for source in _copy_sources(instruction) or []:
             if source not in ("", ".") and source not in names:

@@ -1,0 +1,240 @@
+"""Running installers (pip, npm): a scrubbed environment, a process group each, a deadline.
+
+Installers run the repository's own code (setup scripts, npm lifecycle
+scripts), as the function itself will: they get an environment without the
+reconciler's secrets, their own session (so their pid is their process group
+and the whole group can be killed: compilers, node-gyp, git...), and a
+deadline. Their output goes to the build log, scrubbed of secrets.
+``close()`` kills every running group and refuses new installers, so a
+stopping server leaves no pip writing for minutes behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from ..backend import BuildFailed
+from ..errors import TransientError
+from .orphans import ProcessGroups
+
+__all__ = ["BuildCancelled", "BuildLog", "Installers", "build_environment", "group_alive"]
+
+LOG_TAIL_CHARS = 4000
+
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+# user:password@ in URLs (index URLs, registries) that an installer may echo
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):[^/\s@]+@")
+
+
+class BuildCancelled(TransientError):
+    """The builder is closing (the server is stopping): the build did not finish; ask again."""
+
+
+def build_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment of an installer, and the values left out of it.
+
+    Proxies, PATH, HOME and the installers' own settings pass; the
+    reconciler's ``SLESS_*`` settings and anything named like a credential do
+    not. The left-out values are returned so that the log can be scrubbed of
+    them, in case they reach an installer some other way.
+    """
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for name, value in environ.items():
+        upper = name.upper()
+        secret = any(word in upper for word in _SECRET_WORDS) and not upper.endswith("PATH")
+        if upper.startswith("SLESS_") or secret:
+            dropped.append(value)
+        else:
+            kept[name] = value
+    # npm otherwise asks the registry for its own newest version on every build
+    kept.setdefault("npm_config_update_notifier", "false")
+    return kept, dropped
+
+
+class BuildLog:
+    """A build log: kept in memory and appended to its file step by step.
+
+    Every text passes the scrubber before it is stored, so no secret reaches
+    the file, the result or the exception.
+    """
+
+    def __init__(self, path: Path, secrets: list[str]) -> None:
+        self.path = path
+        # longest first, so a secret that contains another is replaced whole
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._parts: list[str] = []
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "****")
+        return _URL_PASSWORD.sub(r"\g<head>:****@", text)
+
+    def write(self, text: str) -> None:
+        text = self.scrub(text)
+        self._parts.append(text)
+        self._file.write(text)
+        # flushed per step so the status API can show a running build's log
+        self._file.flush()
+
+    def line(self, text: str) -> None:
+        self.write(f"[{now()}] {text}\n")
+
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def tail(self) -> str:
+        return self.text()[-LOG_TAIL_CHARS:]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Installers:
+    """The installers of one builder: started, waited for, killed on close."""
+
+    def __init__(self, groups: ProcessGroups) -> None:
+        self.groups = groups
+        self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._closing = False
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def check_open(self, tag: str) -> None:
+        """BuildCancelled once ``close()`` was called."""
+        if self._closing:
+            raise BuildCancelled(f"build {tag} stopped: the builder is closing")
+
+    def running(self) -> bool:
+        with self._lock:
+            return bool(self._running)
+
+    def run(
+        self,
+        tag: str,
+        step: str,
+        command: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        deadline: float,
+        timeout_sec: float,
+        log: BuildLog,
+    ) -> None:
+        """Run ``command`` in ``cwd`` until it exits or ``deadline`` (monotonic) passes.
+
+        ``timeout_sec`` is the build's whole allowance, for messages. BuildFailed
+        when it cannot start, exits non-zero or times out; BuildCancelled when
+        ``close()`` killed it.
+        """
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise BuildFailed(tag, f"timed out after {timeout_sec:g} s", log.tail())
+        log.line(f"$ {shlex.join(command)}")
+        # output goes to a file, not a pipe: a grandchild that outlives the kill
+        # could hold a pipe open and block the reader forever
+        output_path = Path(f"{cwd}.out")
+        started = time.monotonic()
+        try:
+            with output_path.open("w+b") as output:
+                code = self._wait_for(tag, step, command, cwd, env, output, remaining, log)
+                output.seek(0)
+                log.write(output.read().decode("utf-8", "replace"))
+        except OSError as exc:
+            raise BuildFailed(tag, f"{step}: {exc}", log.tail()) from exc
+        finally:
+            output_path.unlink(missing_ok=True)
+        self.check_open(tag)  # killed by close(): not a failure of this content
+        if code is None:
+            raise BuildFailed(tag, f"{step} timed out after {timeout_sec:g} s", log.tail())
+        log.line(f"{step} exited {code} after {time.monotonic() - started:.1f} s")
+        if code != 0:
+            raise BuildFailed(tag, f"{step} exited {code}", log.tail())
+
+    def _wait_for(
+        self,
+        tag: str,
+        step: str,
+        command: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        output: IO[bytes],
+        timeout: float,
+        log: BuildLog,
+    ) -> int | None:
+        """Start one installer and wait for it; its exit code, or None past ``timeout``."""
+        with self._lock:  # close() either sees this installer or has refused it
+            self.check_open(tag)
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
+            self._running[proc.pid] = proc
+        self.groups.add(proc.pid, command)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            _kill_group(proc)
+            self.groups.remove(proc.pid)
+            with self._lock:
+                self._running.pop(proc.pid, None)
+
+    def close(self) -> list[int]:
+        """Refuse new installers and kill the running ones; the process groups killed."""
+        with self._lock:
+            self._closing = True
+            running = list(self._running.values())
+        for proc in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return [proc.pid for proc in running]
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    # the group is gone when every member has exited already
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies waiting to be reaped do not)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # the fields after the name: state, ppid, pgrp
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
