@@ -792,3 +792,28 @@ def test_the_kaniko_imitation_refuses_what_kaniko_refuses(
     assert ok == (error is None), log
     if error:
         assert error in log
+
+
+def test_half_installed_dependencies_of_a_crashed_process_are_removed_on_start(
+    tmp_path, repo, root
+):
+    package = Package(tmp_path / "pkg")
+    snapshot = commit(repo, py_function("fn", "v1", f"{package.path}\n"))
+    fn = functions(snapshot)["fn"]
+    LocalBuilder(root).build(fn, snapshot)
+    key = builder_key(root, fn.build_tag)
+    cache = root / ".deps"
+    # an install cut short, and one renamed into place whose marker was never written
+    (cache / f".tmp-{key}-x1y2" / ".sless-deps").mkdir(parents=True)
+    (cache / f".tmp-{key}-x1y2.out").write_text("pip output")
+    (cache / "python3.11-0123456789abcdef01234567" / ".sless-deps").mkdir(parents=True)
+
+    builder = LocalBuilder(root)
+
+    assert sorted(p.name for p in cache.iterdir()) == [key]
+    assert builder.deps.installed() == [key]
+
+
+def builder_key(root: Path, tag: str) -> str:
+    """The dependency key the artifact of ``tag`` was linked from."""
+    return json.loads((root / tag / ".sless-build.json").read_text())["dependencies"]
