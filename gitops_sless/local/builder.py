@@ -349,9 +349,11 @@ class LocalBuilder:
             job.log.line(f"dependencies: reusing {key} ({self._installed_by(key)})")
         output = OUTPUTS[deps.dependency_file]
         source = self.deps.path(key) / output
-        if source.exists():
-            _remove_path(artifact / output)  # the installer's result replaces the folder's own
-            link_tree(source, artifact / output)
+        if not source.exists():  # nothing to install (a requirements.txt of comments)
+            job.log.line(f"dependencies: {key} installed nothing")
+            return
+        _remove_path(artifact / output)  # the installer's result replaces the folder's own
+        link_tree(source, artifact / output)
         job.log.line(f"dependencies: linked {output}/ from {key}")
 
     def _installed_by(self, key: str) -> str:
