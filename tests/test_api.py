@@ -513,11 +513,20 @@ def test_diff_of_what_is_deployed_is_empty(tmp_path, write_repo):
     assert answer["builds"] == answer["added"] == answer["changed"] == answer["jobs"] == []
 
 
+def test_diff_of_a_manifest_only_change_needs_no_build(tmp_path, write_repo):
+    api, _ = _deployed_api(tmp_path, write_repo)
+    answer = _diff_of(api, tmp_path, write_repo, _manifest_files(replicas=3))
+    assert answer["builds"] == []
+    (greet,) = answer["changed"]
+    assert [f["field"] for f in greet["fields"]] == ["replicas"]
+    assert answer["unchanged"] == ["shower"]
+
+
 def test_diff_names_changed_fields_never_literal_values(tmp_path, write_repo):
     api, _ = _deployed_api(tmp_path, write_repo)
-    answer = _diff_of(
-        api, tmp_path, write_repo, _manifest_files(replicas=3, greeting="secret-ish-value")
-    )
+    files = _manifest_files(replicas=3, greeting="secret-ish-value")
+    files["greet/h.py"] = GREET_HANDLER + "# new code: a new build\n"
+    answer = _diff_of(api, tmp_path, write_repo, files)
     assert "secret-ish-value" not in json.dumps(answer)
     assert answer["hasChanges"] is True
     (build,) = answer["builds"]
