@@ -817,3 +817,27 @@ def test_half_installed_dependencies_of_a_crashed_process_are_removed_on_start(
 def builder_key(root: Path, tag: str) -> str:
     """The dependency key the artifact of ``tag`` was linked from."""
     return json.loads((root / tag / ".sless-build.json").read_text())["dependencies"]
+
+
+def test_stopping_serve_during_an_install_stops_the_installer(
+    tmp_path: Path, git_daemon: GitDaemon, git_root: Path
+):
+    package = Package(tmp_path / "pkg", sleep=600)
+    init_bare(git_root / "functions.git")
+    url = git_daemon.url("functions.git")
+    work = WorkRepo(tmp_path / "work")
+    work.commit("v1", serve_files(tmp_path / "stamps", "hello", 0, f"{package.path}\n"))
+    work.git("push", "--quiet", url, "HEAD:main")
+    env = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+    server = SlessServer(url, tmp_path / "state", env=env)
+    try:
+        server.start(wait_for_sync=False)
+        (_, pgid), *_ = wait_for(package.builds, "pip to build the package")
+        assert group_running(pgid)
+    finally:
+        server.stop()  # SIGTERM, as systemd or kubectl would
+
+    assert group_running(pgid) == []
+    artifacts = tmp_path / "state" / "artifacts"
+    assert [p.name for p in artifacts.iterdir() if p.is_dir()] in ([], [".deps"])
+    assert not (artifacts / ".deps").exists() or list((artifacts / ".deps").iterdir()) == []
