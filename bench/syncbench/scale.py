@@ -255,14 +255,8 @@ def one_change(h: Harness, repo: WorkRepo, result: Scale, args: argparse.Namespa
     build_seconds = METRICS.build_duration.total
     watch = UpstreamWatch(h, name, "changed")
     watch.start()
-    profile = cProfile.Profile() if args.profile else None
     started = time.perf_counter()
-    if profile is not None:
-        profile.enable()
     h.sync()
-    if profile is not None:
-        profile.disable()
-        profile_top([profile], args.profile / f"one-change-{result.n}.prof")
     result.one_fetch = h.fetch_seconds
     watch.join(120)  # a build left to the background deploys in a follow-up pass
     watch.stop.set()

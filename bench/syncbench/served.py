@@ -128,6 +128,7 @@ class Served:
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.args = args
         self.installs = tmp / "installs.log"
+        self.push_seconds: list[float] = []  # `git push` alone, the baseline of the idle push
         self.bare = str(init_bare(tmp / "origin.git"))
         self.work = WorkRepo(tmp / "work")
         self.work.commit(
@@ -170,6 +171,7 @@ class Served:
         self.work.commit(message, files)
         started = time.perf_counter()
         self.work.push(self.bare)
+        self.push_seconds.append(time.perf_counter() - started)
         body = json.dumps({"ref": "refs/heads/main"}).encode()
         digest = hmac.new(WEBHOOK_SECRET.encode(), body, hashlib.sha256).hexdigest()
         headers = {"X-Hub-Signature-256": f"sha256={digest}", "X-GitHub-Event": "push"}
@@ -313,7 +315,7 @@ def scenarios(tmp: Path, args: argparse.Namespace, report: Report) -> None:
                 f"when it answered: {busy[-1]['at_answer']})",
                 flush=True,
             )
-        push_figures(report, idle, busy, args)
+        push_figures(report, idle, busy, served.push_seconds, args)
         print(f"\n## sless.yaml-only changes; heavy installs in {args.heavy_sec:g} s")
         rounds = [served.yaml_round(k) for k in range(1, args.yaml_rounds + 1)]
         yaml_figures(report, rounds, served.heavy_install_seconds())
@@ -329,13 +331,21 @@ def spread(values: list[float]) -> str:
 
 
 def push_figures(
-    report: Report, idle: list[float], busy: list[dict[str, Any]], args: argparse.Namespace
+    report: Report,
+    idle: list[float],
+    busy: list[dict[str, Any]],
+    pushes: list[float],
+    args: argparse.Namespace,
 ) -> None:
     latencies = [b["latency"] for b in busy]
     both = sum(1 for b in busy if all(b["at_push"]))
     still = sum(1 for b in busy if any(b["at_answer"]))
     idle_p50, busy_p50 = pct(idle, 0.5), pct(latencies, 0.5)
-    report.figure(f"push -> new code answers, idle ({len(idle)} pushes)", spread(idle))
+    report.figure(
+        f"push -> new code answers, idle ({len(idle)} pushes)",
+        spread(idle),
+        f"`git push` alone p50 {pct(pushes, 0.5):.3f} s",
+    )
     report.figure(
         f"push -> new code answers, {args.slow_sec:g} s build + job of others in flight",
         f"{spread(latencies)}; {busy_p50 / idle_p50:.2f} x idle",
