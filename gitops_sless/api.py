@@ -345,7 +345,7 @@ def create_api(
         row = store.function(env, name)
         if row is None:
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
-        build = store.build(row["build_tag"]) if row["build_tag"] else None
+        build = store.build_of(row)
         jobs = [job for job in store.jobs(env) if job["function"] == name]
         return FunctionDetail.from_rows(row, build, jobs, store.invocations(env, name))
 

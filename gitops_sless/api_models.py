@@ -219,7 +219,9 @@ class Invocation(ApiModel):
 
 
 class FunctionDetail(Function):
-    build: Build | None
+    build: Build | None = Field(
+        description="the build of what the repository asks for, or of what runs if none yet"
+    )
     jobs: list[JobRun]
     invocations: list[Invocation] = Field(description="the latest calls, newest first")
 

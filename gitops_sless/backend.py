@@ -143,6 +143,8 @@ class Backend(ABC):
     :meth:`refresh` and answers the other questions from what it read.
     """
 
+    publishes = False  # True: :meth:`report` keeps a view of the status (after every pass)
+
     def refresh(self, env: str) -> None:  # noqa: B027 - optional hook
         """Read what runs in ``env``; called before every plan."""
 

@@ -493,7 +493,7 @@ class Pages:
                 env=env,
             )
             return _page(f"{name}: not found · gitops-sless", header, main, 404)
-        build = self.store.build(row["build_tag"]) if row["build_tag"] else None
+        build = self.store.build_of(row)
         jobs = self.store.jobs(env)
         fn = FunctionDetail.from_rows(
             row, build, jobs, self.store.invocations(env, name, CHART_CALLS)

@@ -1,9 +1,11 @@
 """Long work under way in the background: builds and job runs, each known by its key.
 
 A pass starts work here and does not wait for it beyond its patience; when a
-piece finishes, ``on_done`` asks for another pass, which deploys whatever
-could not go on without it. So a 60 s install holds back only the functions
-built from it, never a change to another function.
+piece finishes, every subscriber asks for another pass, which deploys whatever
+could not go on without it. One registry serves every environment of a
+server, so a tag that prod is building is not built again for a preview. So a
+60 s install holds back only the functions built from it, never a change to
+another function.
 """
 
 from __future__ import annotations
@@ -20,12 +22,22 @@ log = logging.getLogger(__name__)
 
 
 class InFlight:
-    def __init__(self, workers: int, on_done: Callable[[], None], name: str = "sless-bg") -> None:
+    def __init__(self, workers: int, name: str = "sless-bg") -> None:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self._keys: set[Hashable] = set()
         self._finished = 0  # pieces of work finished so far: wait_any watches it move
         self._changed = threading.Condition()
-        self._on_done = on_done
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, on_done: Callable[[], None]) -> None:
+        """Call ``on_done()`` whenever a piece of work finishes (whoever started it: builds
+        are shared by every environment that wants the same tag)."""
+        with self._changed:
+            self._listeners.append(on_done)
+
+    def unsubscribe(self, on_done: Callable[[], None]) -> None:
+        with self._changed:
+            self._listeners = [f for f in self._listeners if f != on_done]
 
     def start(self, key: Hashable, task: Callable[[], object]) -> bool:
         """Run ``task`` unless work with ``key`` is already under way; True if started."""
@@ -51,16 +63,13 @@ class InFlight:
                 self._keys.discard(key)
                 self._finished += 1
                 self._changed.notify_all()
-            self._on_done()
+                listeners = list(self._listeners)
+            for on_done in listeners:
+                on_done()
 
-    def keys(self) -> frozenset[Hashable]:
+    def under_way(self) -> frozenset[Hashable]:
         with self._changed:
             return frozenset(self._keys)
-
-    @property
-    def busy(self) -> bool:
-        with self._changed:
-            return bool(self._keys)
 
     def mark(self) -> int:
         """A point to wait from: :meth:`wait_any` returns once work finishes after it."""

@@ -103,6 +103,7 @@ def derive(
             **_one(fn, plan, outcomes.get(name), health.get(name), hashes),
             "manifest": fn.manifest,
             "url": urls.get(name),
+            "wanted_tag": fn.build_tag,  # what the repository asks for; build_tag is what runs
         }
     return out
 
@@ -129,13 +130,14 @@ def summarize(
     desired: DesiredState,
     failed_jobs: Mapping[str, str],
 ) -> Summary:
+    # names only: each function and job says why in its own record
     failed = sorted(n for n, r in records.items() if r["phase"] == "Failed")
-    problems = [f"{n}: {_first_line(records[n]['message']) or 'failed'}" for n in failed]
-    problems += [f"job {n}: {_first_line(error)}" for n, error in sorted(failed_jobs.items())]
+    failed += [f"job {n}" for n in sorted(failed_jobs)]
     invalid = [_first_line(str(e)) for e in desired.invalid.values()]
-    if problems:
-        count = len(failed) + len(failed_jobs)
-        return Summary("Degraded", f"{count} failed: " + "; ".join(problems + invalid))
+    if failed:
+        return Summary(
+            "Degraded", f"{len(failed)} failed: " + "; ".join([", ".join(failed), *invalid])
+        )
     if invalid:
         return Summary("Invalid", "; ".join(invalid))
     busy = sorted(n for n, r in records.items() if r["phase"] in ("Building", "Pending"))

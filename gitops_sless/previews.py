@@ -381,7 +381,8 @@ class Previews:
         result = reconciler.sync("preview")
         if (self.store.preview(number) or {}).get("state") in ("TearingDown", CLOSED):
             return  # closed or deleted while the pass ran: the teardown wins
-        state, reason = self._state_of(env, result.error)
+        failed = result.result in ("Failed", "Degraded", "Invalid")
+        state, reason = self._state_of(env, result.error if failed else None)
         self._set_state(number, state, reason)
         self._report(number, head, state, reason)
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from . import backoff, failure, logs, manifest, serving
 from .backend import Backend, BuildFailed, Deployment, SecretUnavailable, deployment_for
 from .diff import job_errors, job_results
-from .errors import SlessError
+from .errors import SlessError, TransientError
 from .inflight import InFlight
 from .manifest import DesiredState, Function, Job
 from .metrics import METRICS
@@ -110,11 +110,15 @@ class Reconciler:
         after_pass: Callable[[], None] | None = None,
         patience_sec: float = PATIENCE_SEC,
         follow_up: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        work: InFlight | None = None,
     ) -> None:
         """``leading()``: whether this replica may run passes (it holds the lease).
 
         ``follow_up()``: asks for a pass when background work finished; by
         default :meth:`request_sync`, for a reconciler that runs :meth:`run_forever`.
+        ``clock()``: the time deploy backoffs are counted in. ``work``: the builds and
+        jobs under way, shared by the reconcilers of one server (by default its own).
         """
         self.source = source
         self.backend = backend
@@ -124,6 +128,7 @@ class Reconciler:
         self.public_url = public_url.rstrip("/")
         self.build_retry_sec = build_retry_sec
         self.patience_sec = patience_sec
+        self.clock = clock
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
         self.leading = leading or (lambda: True)
@@ -131,8 +136,10 @@ class Reconciler:
         self._follow_up = follow_up or (lambda: self.request_sync(FOLLOW_UP) and None)
         self._settle: threading.Timer | None = None
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sless-work")
-        # builds and jobs: long, and each waits for a slot only behind its own kind's limit
-        self._work = InFlight(max(16, workers), self._work_done)
+        # builds and jobs: long, and shared with the other environments' reconcilers
+        self._owns_work = work is None
+        self._work = work or InFlight(max(16, workers))
+        self._work.subscribe(self._work_done)
         self._desired: DesiredState | None = None
         self._manifests = manifest.ManifestCache()
         self._records = Records(store, env)
@@ -202,7 +209,7 @@ class Reconciler:
                     self._passes > after
                     and not self._taken
                     and not self._follow_up_due
-                    and not self._work.busy
+                    and not self._under_way()
                 ),
                 timeout,
             )
@@ -216,7 +223,9 @@ class Reconciler:
         if self._settle is not None:
             self._settle.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._work.shutdown()
+        self._work.unsubscribe(self._work_done)
+        if self._owns_work:
+            self._work.shutdown()
 
     def exclusively(self, task: Callable[[], Any]) -> Any:
         """Run ``task`` between passes (garbage collection must not race a deploy)."""
@@ -225,6 +234,14 @@ class Reconciler:
                 return task()
             finally:
                 self._built.clear()  # it may have removed artifacts
+
+    def _under_way(self) -> bool:
+        """Work this environment waits for: its jobs, and builds of tags it wants."""
+        tags = {fn.build_tag for fn in self._desired_functions()}
+        return any(
+            (key[0] == "job" and key[1] == self.env) or (key[0] == "build" and key[1] in tags)
+            for key in self._work.under_way()
+        )
 
     def _work_done(self) -> None:
         with self._idle:
@@ -305,8 +322,7 @@ class Reconciler:
         logs.event(
             log,
             "sync.finished" if result != "Failed" else "sync.failed",
-            f"{result} in {took:.2f}s ({_did(current, done, self._work.keys())})"
-            + (f": {error}" if error else ""),
+            f"{result} in {took:.2f}s ({_did(current, done)})" + (f": {error}" if error else ""),
             level=logging.DEBUG if quiet else (logging.WARNING if error else logging.INFO),
             env=self.env,
             revision=_short(current.revision),
@@ -404,7 +420,7 @@ class Reconciler:
     def _observe(self, desired: DesiredState) -> Observed:
         self.backend.refresh(self.env)
         self._adopt_job_runs()
-        now = time.time()
+        now = self.clock()
         failed = {}
         for fn in desired.functions.values():
             tag = fn.build_tag
@@ -419,7 +435,7 @@ class Reconciler:
                 failed[tag] = record["error"] or "build failed"
         runs = self.store.jobs(self.env)
         finished = frozenset((r["name"], r["run_id"]) for r in runs if r["phase"] in FINISHED)
-        under_way = self._work.keys()
+        under_way = self._work.under_way()
         return Observed(
             built=frozenset(self._built),
             failed_builds=failed,
@@ -428,7 +444,9 @@ class Reconciler:
             deployed=self.backend.deployed(self.env),
             job_errors=job_errors(desired.jobs, runs),
             building=frozenset(key[1] for key in under_way if key[0] == "build"),
-            running=frozenset(key[1:] for key in under_way if key[0] == "job"),
+            running=frozenset(
+                key[2:] for key in under_way if key[0] == "job" and key[1] == self.env
+            ),
             job_waits=_job_waits(desired, runs),
             held={
                 name: Held(o.spec_hash, o.message, o.retry_at)
@@ -534,7 +552,7 @@ class Reconciler:
                 current.mine.add(key)
                 started += 1
         for fn, job in planned.jobs:
-            key = ("job", job.name, job.run_id)
+            key = ("job", self.env, job.name, job.run_id)
             if self._job_can_run(fn, job) and self._work.start(
                 key, lambda fn=fn, job=job: self._run_job(fn, job)
             ):
@@ -584,13 +602,13 @@ class Reconciler:
         started = time.monotonic()
         try:
             build_log = self.backend.build(fn, snapshot)
+        except TransientError as exc:  # stopped by a shutdown, files changed: not a failure
+            self.store.delete_builds([fn.build_tag])
+            logs.event(log, "build.interrupted", str(exc), level=logging.WARNING, **where)
+            return
         except SlessError as exc:
             took = time.monotonic() - started
-            tail = exc.log_tail if isinstance(exc, BuildFailed) else ""
-            why = failure.cause(tail) if tail else ""
-            self.store.finish_build(
-                fn.build_tag, "Failed", tail, f"{exc}: {why}" if why else str(exc)
-            )
+            self.store.finish_build(fn.build_tag, "Failed", _tail(exc), _build_error(exc))
             self._done["build_failed"] += 1
             METRICS.builds.inc(runtime=fn.runtime, result="Failed")
             METRICS.build_duration.observe(took)
@@ -705,7 +723,7 @@ class Reconciler:
         attempts = before.attempts + 1 if same and before else 1
         wait = backoff.delay(attempts)
         self._outcomes[deployment.name] = Outcome(
-            deployment.spec_hash, "Failed", message, attempts, time.time() + wait
+            deployment.spec_hash, "Failed", message, attempts, self.clock() + wait
         )
         logs.event(
             log,
@@ -769,16 +787,12 @@ class Reconciler:
         The proxy answers a declared name that does not serve with 503, not 404.
         """
         version = self._records.version
+        if self.backend.publishes:  # every pass: it puts back what was edited by hand
+            self._report(self._records.all())
         if version == self._published:
             return
         self._published = version
         records = self._records.all()
-        desired = self._desired.functions if self._desired else {}
-        try:
-            self.backend.report(self.env, records, desired, lambda: self.store.jobs(self.env))
-        except SlessError as exc:  # the status view must never stop a pass
-            logs.event(log, "status.unpublished", str(exc), level=logging.WARNING, env=self.env)
-            self._published = -1
         phases: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)
         for record in records:
             phases[record["phase"]] += 1
@@ -797,6 +811,13 @@ class Reconciler:
             },
         )
 
+    def _report(self, records: list[dict[str, Any]]) -> None:
+        desired = self._desired.functions if self._desired else {}
+        try:
+            self.backend.report(self.env, records, desired, lambda: self.store.jobs(self.env))
+        except SlessError as exc:  # the status view must never stop a pass
+            logs.event(log, "status.unpublished", str(exc), level=logging.WARNING, env=self.env)
+
     def _settle_later(self) -> None:
         """Look again soon while the backend reports a rollout in progress."""
         if self._stopping.is_set() or not any(
@@ -809,6 +830,19 @@ class Reconciler:
             self._settle.start()
 
 
+def _tail(exc: SlessError) -> str:
+    return exc.log_tail if isinstance(exc, BuildFailed) else ""
+
+
+def _build_error(exc: SlessError) -> str:
+    """What the function says: the reason, then the log lines that tell why (the tag is shown
+    beside it already; a one-line view keeps the reason)."""
+    if not isinstance(exc, BuildFailed):
+        return str(exc)
+    why = failure.cause(exc.log_tail) if exc.log_tail.strip() else ""
+    return f"build failed: {exc.reason}" + (f"\n{why}" if why else "")
+
+
 def _job_waits(desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, str]:
     """Jobs whose current run waits for something (a secret), with why."""
     current = {job.name: job.run_id for job in desired.jobs.values()}
@@ -819,7 +853,7 @@ def _job_waits(desired: DesiredState, runs: list[dict[str, Any]]) -> dict[str, s
     }
 
 
-def _did(current: _Pass, done: Mapping[str, int], under_way: frozenset[Hashable]) -> str:
+def _did(current: _Pass, done: Mapping[str, int]) -> str:
     parts = [
         f"{done['built']} built",
         f"{current.applies} deployed",
@@ -829,9 +863,9 @@ def _did(current: _Pass, done: Mapping[str, int], under_way: frozenset[Hashable]
     failed = current.failures + done["build_failed"]
     if failed:
         parts.insert(2, f"{failed} failed")
-    if under_way:
-        builds = sum(1 for key in under_way if key[0] == "build")
-        parts.append(f"{builds} builds and {len(under_way) - builds} jobs under way")
+    if current.mine:
+        builds = sum(1 for key in current.mine if key[0] == "build")
+        parts.append(f"{builds} builds and {len(current.mine) - builds} jobs started")
     return ", ".join(parts)
 
 

@@ -26,6 +26,7 @@ from . import proxy as proxy_mod
 from .api import create_api
 from .backend import Backend, CronRun
 from .forge import forge_for
+from .inflight import InFlight
 from .local import gc
 from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
@@ -172,6 +173,8 @@ class Server:
             timeout_sec=config.fetch_timeout,
             preview_refs=config.previews,
         )
+        # builds and jobs under way, shared by every environment: a tag is built once
+        self.work = InFlight(32 if config.backend == "kubernetes" else 16)
         self.reconciler = Reconciler(
             self.mirror,
             self.backend,
@@ -184,6 +187,7 @@ class Server:
             # builds run in the cluster there: the reconciler only waits for them
             workers=16 if config.backend == "kubernetes" else 4,
             after_pass=self._after_pass,
+            work=self.work,
         )
         self.previews = self._previews() if config.previews else None
         self.proxy = proxy_mod.ProxyApp(
@@ -269,6 +273,7 @@ class Server:
                 # the loop runs again when they finish
                 patience_sec=1.0,
                 follow_up=lambda: self.previews.request() if self.previews else None,
+                work=self.work,
             )
 
         return Previews(
@@ -380,6 +385,7 @@ class Server:
         self._closed.set()
         logs.event(log, "server.stopping", "stopping every process this server started")
         self.reconciler.stop()
+        self.work.shutdown()
         if self.previews is not None:
             self.previews.stop()
             if self.previews.reporter is not None:

@@ -134,6 +134,7 @@ _ADDED_COLUMNS = (
     ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
     ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
     ("functions", "next_retry", "REAL"),
+    ("functions", "wanted_tag", "TEXT"),
 )
 
 _FUNCTION_FIELDS = (
@@ -147,6 +148,7 @@ _FUNCTION_FIELDS = (
     "restarts",
     "last_exit",
     "next_retry",
+    "wanted_tag",
 )
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
@@ -373,6 +375,15 @@ class Store:
 
     def build(self, tag: str) -> dict[str, Any] | None:
         return self._one("SELECT * FROM builds WHERE tag = ?", tag)
+
+    def build_of(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """A function's build: of what the repository asks for (a failed one says why), else
+        of what runs."""
+        for tag in (record.get("wanted_tag"), record.get("build_tag")):
+            build = self.build(tag) if tag else None
+            if build is not None:
+                return build
+        return None
 
     def start_build(self, tag: str, runtime: str, source_id: str, folder: str = "") -> None:
         with self._tx() as db:

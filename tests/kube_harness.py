@@ -7,6 +7,8 @@ kubelet) by the scenario tests, and the same way against a real cluster when
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,7 @@ def make(
     allow_empty: bool = False,
     build_retry_sec: float = 300.0,
     env: str = "prod",
+    clock: Callable[[], float] = time.time,
 ) -> Harness:
     routes = RouteTable()
     cron_runs: list[Any] = []
@@ -122,5 +125,6 @@ def make(
         workers=16,
         allow_empty=allow_empty,
         build_retry_sec=build_retry_sec,
+        clock=clock,
     )
     return Harness(repo, reconciler, backend, store, routes, cron_runs)

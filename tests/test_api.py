@@ -38,7 +38,7 @@ class RecordingReconciler:
         self.requests.append(trigger)
         return self.passes + 1
 
-    def wait_for_pass(self, after: int, timeout: float) -> bool:
+    def wait_for_settled(self, after: int, timeout: float) -> bool:
         self.waits.append(timeout)
         return self.finishes
 
@@ -181,6 +181,7 @@ def test_function_list_names_fields_in_camel_case(api):
         "manifest": "functions/greet/sless.yaml",
         "restarts": 0,
         "lastExit": None,
+        "nextRetry": None,
     }
     assert RFC3339.fullmatch(updated)
 

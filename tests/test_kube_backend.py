@@ -383,7 +383,8 @@ def test_cron_runs_show_as_invocations_and_crash_loops_as_failed(kube, harness_f
 def test_a_422_is_a_permanent_error_reported_on_the_function(kube, harness_for, tmp_path):
     repo = WorkRepo(tmp_path / "repo")
     repo.commit("two", {**function_folder("alpha"), **function_folder("beta")})
-    harness = harness_for(repo)
+    now = [time.time()]
+    harness = harness_for(repo, clock=lambda: now[0])
     kube.inject("apply", "Deployment", 422, times=1)
     harness.sync()
     failed = [r for r in harness.store.functions("prod") if r["phase"] == "Failed"]
@@ -391,7 +392,12 @@ def test_a_422_is_a_permanent_error_reported_on_the_function(kube, harness_for, 
     # the API server's own message, not retried (one refusal made one failure)
     assert "injected failure 422" in failed[0]["message"]
     assert kube.counts()["requests"][("apply", "Deployment")] == 2
-    # the next pass applies it again and it deploys
+    # the next pass backs off (CrashLoopBackOff: 10 s), then applies it again and it deploys
+    harness.sync()
+    assert kube.counts()["requests"][("apply", "Deployment")] == 2
+    held = harness.function(failed[0]["name"])
+    assert held["phase"] == "Failed" and held["next_retry"] == now[0] + 10
+    now[0] += 10
     harness.sync()
     assert harness.function(failed[0]["name"])["phase"] in ("Pending", "Ready")
     assert len(kube.objects("Deployment", PROD)) == 2

@@ -829,7 +829,7 @@ class ReconcilerDouble:
         self.synced.append(self.source.commit)
         if self.during is not None:
             self.during()
-        return SimpleNamespace(error=None)
+        return SimpleNamespace(error=None, result="Succeeded")
 
     def stop(self) -> None:
         pass

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 
 class KubeBackend(Backend):
+    publishes = True  # the Function resources
+
     def __init__(
         self,
         client: KubeClient,

@@ -146,6 +146,9 @@ class LocalBackend(Backend):
         self.crons.remove(env, name)
         self.supervisor.remove(env, name)
 
+    def remove_environment(self, env: str) -> None:
+        self.supervisor.remove_environment(env)  # a job a teardown interrupts ends too
+
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         spec = self._process_spec(env, fn, env_vars)
         return self.supervisor.run_once(spec, job.event, fn.timeout_sec)

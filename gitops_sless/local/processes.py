@@ -268,6 +268,15 @@ class Supervisor:
         if unit:
             self._stop([r.child for r in unit.replicas])
 
+    def remove_environment(self, env: str) -> None:
+        """Stop every process of ``env``: its replicas, and the jobs and cron runs under way."""
+        with self._lock:
+            units = [key for key in self._units if key[0] == env]
+            for key in units:
+                self._units.pop(key)
+            children = [c for c in self._children.values() if c.spec.env_name == env]
+        self._stop(children)
+
     def run_once(self, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
         """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
         name = spec.function
