@@ -152,6 +152,11 @@ class Backend(ABC):
         """Deployed functions whose phase the backend observes; empty: the reconciler's own."""
         return {}
 
+    def health_version(self, env: str) -> object | None:
+        """Something that changes whenever :meth:`health` may answer differently, or None
+        when the backend cannot tell (then the reconciler derives phases on every pass)."""
+        return None
+
     def report(  # noqa: B027 - optional hook
         self,
         env: str,

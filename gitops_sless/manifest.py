@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from . import cron, runtimes, schema, yamldoc
@@ -91,7 +92,17 @@ class Function:
         return dict(sorted(env.items()))
 
     def job_dependencies(self, environment: str) -> list[str]:
-        return sorted({v.job for v in self.env_for(environment).values() if isinstance(v, JobRef)})
+        return list(self._job_dependencies[is_preview(environment)])
+
+    @cached_property
+    def _job_dependencies(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The jobs whose results the env names, outside previews and in them: a pass asks
+        for every function's, so they are worked out once (a Function never changes)."""
+
+        def named(env: Mapping[str, EnvValue]) -> tuple[str, ...]:
+            return tuple(sorted({v.job for v in env.values() if isinstance(v, JobRef)}))
+
+        return named(self.env), named({**self.env, **self.preview_env})
 
 
 @dataclass
@@ -105,9 +116,15 @@ class DesiredState:
     # last good version of these keeps running
     invalid_names: dict[str, str] = field(default_factory=dict)
 
-    @property
+    # worked out once: a loaded state's functions do not change, and a pass asks often
+    @cached_property
     def jobs(self) -> dict[str, Job]:
         return {job.name: job for fn in self.functions.values() for job in fn.jobs}
+
+    @cached_property
+    def ordered(self) -> list[Function]:
+        """The functions by name."""
+        return sorted(self.functions.values(), key=lambda f: f.name)
 
     @property
     def problems(self) -> list[ManifestProblem]:

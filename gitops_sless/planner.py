@@ -139,7 +139,7 @@ def plan(
     out = Plan(env)
     all_jobs = desired.jobs
     tags_planned: set[str] = set()
-    for fn in sorted(desired.functions.values(), key=lambda f: f.name):
+    for fn in desired.ordered:
         if fn.build_tag not in observed.built:
             _plan_build(out, fn, observed, tags_planned)
             continue

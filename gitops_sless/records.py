@@ -46,6 +46,16 @@ class Records:
         with self._lock:
             return [dict(self._rows[name]) for name in sorted(self._rows)]
 
+    def unsettled(self) -> dict[str, dict[str, Any]]:
+        """Records of functions that are not Ready or Disabled, by name (a pass's result
+        depends on these only; there are few)."""
+        with self._lock:
+            return {
+                name: dict(row)
+                for name, row in self._rows.items()
+                if row["phase"] not in ("Ready", "Disabled")
+            }
+
     def update(self, name: str, **fields: Any) -> bool:
         """Write the fields that differ from the record (creating it); True if any did."""
         with self._lock:

@@ -51,6 +51,7 @@ class LocalBackend(Backend):
             state_dir, self._upstreams_changed, on_replica_event=on_replica_event
         )
         self.crons = CronScheduler()
+        self._health: dict[str, tuple[int, dict[str, Health]]] = {}
 
     # --- building ---------------------------------------------------------------------
 
@@ -101,7 +102,15 @@ class LocalBackend(Backend):
         return self.supervisor.deployed(env)
 
     def health(self, env: str) -> dict[str, Health]:
-        return {name: _health(unit) for name, unit in self.supervisor.status(env).items()}
+        version = self.supervisor.version
+        cached = self._health.get(env)
+        if cached is None or cached[0] != version:  # a pass asks twice, every poll
+            cached = (version, {n: _health(u) for n, u in self.supervisor.status(env).items()})
+            self._health[env] = cached
+        return cached[1]
+
+    def health_version(self, env: str) -> object:
+        return self.supervisor.version
 
     def unavailable(self, env: str, env_vars: Mapping[str, EnvValue]) -> str | None:
         try:

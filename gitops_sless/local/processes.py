@@ -201,6 +201,7 @@ class Supervisor:
         self._on_upstreams = on_upstreams
         self._on_replica_event = on_replica_event
         self._units: dict[tuple[str, str], _Unit] = {}
+        self.version = 0  # moves whenever a unit or its replicas change: status() may differ
         self._children: dict[int, _Child] = {}  # every process started and not yet reaped
         self._spawning = 0  # Popen calls under way
         self._closing = False
@@ -265,6 +266,7 @@ class Supervisor:
     def remove(self, env: str, name: str) -> None:
         with self._lock:
             unit = self._units.pop((env, name), None)
+            self.version += 1
         if unit:
             self._stop([r.child for r in unit.replicas])
 
@@ -274,6 +276,7 @@ class Supervisor:
             units = [key for key in self._units if key[0] == env]
             for key in units:
                 self._units.pop(key)
+            self.version += 1
             children = [c for c in self._children.values() if c.spec.env_name == env]
         self._stop(children)
 
@@ -404,6 +407,7 @@ class Supervisor:
     # --- replicas -------------------------------------------------------------------------
 
     def _publish(self, key: tuple[str, str]) -> None:
+        self.version += 1
         unit = self._units.get(key)
         replicas = [r for r in unit.replicas if not r.withdrawn] if unit else []
         upstreams = tuple((self.host, r.port) for r in replicas)
@@ -489,7 +493,8 @@ class Supervisor:
     def _watch(self) -> None:
         while not self._closed.wait(WATCH_SEC):
             with self._lock:
-                items = list(self._units.items())
+                # a unit with no replica wanted and none running has nothing to watch
+                items = [(k, u) for k, u in self._units.items() if u.wanted or u.replicas]
             for key, unit in items:
                 self._check(key, unit)
 
@@ -527,11 +532,11 @@ class Supervisor:
                 target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
             ).start()
 
-    @staticmethod
-    def _back_off(unit: _Unit, now: float) -> float:
+    def _back_off(self, unit: _Unit, now: float) -> float:
         """One more failure: the next restart waits longer. Call with the lock held."""
         unit.failures += 1
         unit.restarts += 1
+        self.version += 1
         wait = backoff.delay(unit.failures)
         unit.restart_at = now + wait
         return wait
