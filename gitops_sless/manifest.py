@@ -327,12 +327,38 @@ def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Functi
 # --- the whole repository ------------------------------------------------------
 
 
-def _find_manifests(snapshot: Snapshot) -> list[str]:
-    return sorted(
-        path
-        for path, entry in snapshot.walk()
-        if posixpath.basename(path) == MANIFEST_NAME and entry.kind in ("blob", "link")
-    )
+# (a manifest's path below a tree, the tree id of the manifest's folder)
+_Found = tuple[tuple[str, str], ...]
+
+
+def _find_manifests(
+    snapshot: Snapshot, memo: dict[str, _Found], live: dict[str, _Found]
+) -> list[str]:
+    """Every sless.yaml, sorted. A tree already searched (``memo``, by tree id) is not read
+    again: a commit that changes one folder reads the trees on the way to it."""
+    found = _below(snapshot, "", snapshot.tree_id(""), memo, live)
+    for path, folder_id in found:
+        snapshot.know(posixpath.dirname(path), folder_id)
+    return sorted(path for path, _ in found)
+
+
+def _below(
+    snapshot: Snapshot, folder: str, tree_id: str, memo: dict[str, _Found], live: dict[str, _Found]
+) -> _Found:
+    found = memo.get(tree_id)
+    if found is None:
+        out: list[tuple[str, str]] = []
+        for entry in snapshot.entries(folder):
+            path = f"{folder}/{entry.name}" if folder else entry.name
+            if entry.kind == "tree":
+                snapshot.know(path, entry.oid)
+                below = _below(snapshot, path, entry.oid, memo, live)
+                out += [(f"{entry.name}/{rel}", oid) for rel, oid in below]
+            elif entry.name == MANIFEST_NAME and entry.kind in ("blob", "link"):
+                out.append((entry.name, tree_id))
+        found = tuple(out)
+    live[tree_id] = found
+    return found
 
 
 def _check_unique_names(manifests: list[_Manifest]) -> None:
@@ -386,6 +412,22 @@ class ManifestCache:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], tuple[Located | None, dict[str, Any], list]] = {}
+        # the same folder gives the same Function objects: whoever remembers work per
+        # function (a deployment's hash, its job dependencies) finds it again
+        self._functions: dict[tuple[str, str], list[Function]] = {}
+        self._trees: dict[str, _Found] = {}  # tree id -> the manifests below it
+
+    def find(self, snapshot: Snapshot) -> list[str]:
+        live: dict[str, _Found] = {}
+        paths = _find_manifests(snapshot, self._trees, live)
+        self._trees = live  # only the trees of the newest snapshot
+        return paths
+
+    def functions(self, m: _Manifest) -> list[Function]:
+        key = (m.path, m.snapshot.tree_id(m.folder))
+        if key not in self._functions:
+            self._functions[key] = m.functions()
+        return self._functions[key]
 
     def checked(self, snapshot: Snapshot, path: str) -> _Manifest:
         m = _Manifest(snapshot, path)
@@ -403,12 +445,13 @@ class ManifestCache:
     def keep_only(self, manifests: list[_Manifest]) -> None:
         live = {(m.path, m.snapshot.tree_id(m.folder)) for m in manifests}
         self._entries = {k: v for k, v in self._entries.items() if k in live}
+        self._functions = {k: v for k, v in self._functions.items() if k in live}
 
 
 def load(snapshot: Snapshot, cache: ManifestCache | None = None) -> DesiredState:
     """Every function of ``snapshot``; invalid manifests are reported, not raised."""
     cache = cache or ManifestCache()
-    manifests = [cache.checked(snapshot, path) for path in _find_manifests(snapshot)]
+    manifests = [cache.checked(snapshot, path) for path in cache.find(snapshot)]
     cache.keep_only(manifests)
     _check_unique_names(manifests)
     _check_job_references(manifests)
@@ -420,6 +463,6 @@ def load(snapshot: Snapshot, cache: ManifestCache | None = None) -> DesiredState
                 if what == "function":
                     state.invalid_names[name] = m.path
         else:
-            for fn in m.functions():
+            for fn in cache.functions(m):
                 state.functions[fn.name] = fn
     return state

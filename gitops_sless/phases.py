@@ -10,7 +10,7 @@ run, its deploy succeeded, and only then does what runs say how it is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from .backend import Health
 from .manifest import DesiredState, Function
 from .planner import Plan
 
-__all__ = ["Outcome", "Summary", "derive", "summarize"]
+__all__ = ["Outcome", "Summary", "derive", "inputs", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,27 @@ def _one(
     return _deployed(fn, health)
 
 
+def inputs(
+    fn: Function,
+    plan: Plan,
+    outcomes: Mapping[str, Outcome],
+    health: Mapping[str, Health],
+    hashes: Mapping[str, str],
+) -> tuple[Any, ...]:
+    """Everything one function's fields are derived from: equal inputs, equal fields."""
+    name = fn.name
+    return (
+        fn,
+        plan.failed.get(name),
+        plan.retry_at.get(name),
+        plan.building.get(name),
+        plan.waiting.get(name),
+        outcomes.get(name),
+        hashes.get(name),
+        health.get(name),
+    )
+
+
 def derive(
     desired: DesiredState,
     plan: Plan,
@@ -83,8 +104,10 @@ def derive(
     health: Mapping[str, Health],
     hashes: Mapping[str, str],
     urls: Mapping[str, str | None],
+    only: Iterable[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """name -> the fields of its record that this pass decides.
+    """name -> the fields of its record that this pass decides (of the functions ``only``
+    names, if given; invalid ones always).
 
     ``hashes``: the spec hash each function's deploy would have now, for the
     functions the plan got that far with.
@@ -98,7 +121,9 @@ def derive(
         }
         for name, path in desired.invalid_names.items()
     }
-    for name, fn in desired.functions.items():
+    names = desired.functions if only is None else only
+    for name in names:
+        fn = desired.functions[name]
         out[name] = {
             **_one(fn, plan, outcomes.get(name), health.get(name), hashes),
             "manifest": fn.manifest,

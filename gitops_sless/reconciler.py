@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import backoff, failure, logs, manifest, serving
+from . import backoff, failure, logs, manifest, phases, serving
 from .backend import Backend, BuildFailed, Deployment, SecretUnavailable, deployment_for
 from .diff import job_errors, job_results
 from .errors import SlessError, TransientError
@@ -145,6 +145,7 @@ class Reconciler:
         self._records = Records(store, env)
         self._published = -1  # the records version the proxy and /metrics last saw
         self._derived_from: tuple[Any, ...] | None = None  # the phases' inputs last pass
+        self._derived_for: dict[str, tuple[Any, ...]] = {}  # and each function's
         self._outcomes: dict[str, Outcome] = {}  # deploys that did not start, by function
         self._serving: set[str] = {row["name"] for row in store.serving(env)}
         self._restored = False
@@ -189,6 +190,7 @@ class Reconciler:
                 continue
             if following:  # another replica wrote the records meanwhile
                 self._records.reload()
+                self._derived_for = {}
                 following = False
             with self._idle:
                 self._wanted.clear()
@@ -367,6 +369,8 @@ class Reconciler:
         serves from that path, and from the records; only deleting the file
         removes them.
         """
+        if not desired.invalid:
+            return
         declared = {row["name"]: row["manifest"] for row in self._records.all()}
         for row in self.store.serving(self.env):
             declared[row["name"]] = row["deployment"]["function"]["manifest"]
@@ -751,18 +755,21 @@ class Reconciler:
         inputs = self._phase_inputs(desired, planned)
         if inputs is not None and inputs == self._derived_from:
             return  # nothing it is derived from changed: neither can a phase
-        fields = derive(
-            desired,
-            planned,
-            self._outcomes,
-            self.backend.health(self.env),
-            {d.name: d.spec_hash for d in planned.applies},
-            {fn.name: self.url(fn) for fn in desired.functions.values()},
-        )
+        health = self.backend.health(self.env)
+        hashes = {d.name: d.spec_hash for d in planned.applies}
+        seen = self._derived_for
+        fresh = {
+            name: phases.inputs(fn, planned, self._outcomes, health, hashes)
+            for name, fn in desired.functions.items()
+        }
+        changed = [name for name, given in fresh.items() if seen.get(name) != given]
+        urls = {name: self.url(desired.functions[name]) for name in changed}
+        fields = derive(desired, planned, self._outcomes, health, hashes, urls, changed)
         writes = sum(self._records.update(name, **f) for name, f in fields.items())
-        for name in set(self._records.names()) - set(fields):
+        for name in set(self._records.names()) - fresh.keys() - desired.invalid_names.keys():
             self._records.delete(name)  # neither declared nor served: nothing to say of it
             writes += 1
+        self._derived_for = fresh
         if writes and current is not None:
             self._begin_row(current)
         self._derived_from = self._phase_inputs(desired, planned)

@@ -72,6 +72,10 @@ class Snapshot:
     def tree_id(self, folder: str) -> str:
         raise NotImplementedError
 
+    def know(self, folder: str, tree_id: str) -> None:
+        """``folder``'s tree id, found by whoever listed its parent: a snapshot that looks
+        folders up by path may skip the walk."""
+
     def walk(self, folder: str = "") -> Iterator[tuple[str, Entry]]:
         """Every entry below ``folder``, depth first, in git's order."""
         for entry in self.entries(folder):
@@ -91,9 +95,16 @@ class GitSnapshot(Snapshot):
         # a commit never changes: every object found by path is kept (a path lookup
         # in libgit2 re-reads each tree on the way, which dominates big repositories)
         self._objects: dict[str, pygit2.Object] = {"": commit.tree}
+        self._ids: dict[str, str] = {}  # folders whose tree id is known, not yet read
+
+    def know(self, folder: str, tree_id: str) -> None:
+        self._ids.setdefault(folder, tree_id)
 
     def _object(self, path: str) -> pygit2.Object:
         if path not in self._objects:
+            if path in self._ids:  # by id: no path walk
+                self._objects[path] = self._repo[self._ids[path]]
+                return self._objects[path]
             try:
                 self._objects[path] = self.commit.tree[path]
             except KeyError as exc:
@@ -131,6 +142,8 @@ class GitSnapshot(Snapshot):
         return obj.data
 
     def tree_id(self, folder: str) -> str:
+        if folder in self._ids:
+            return self._ids[folder]
         return str(self._object(folder).id)
 
 
