@@ -568,6 +568,23 @@ def test_a_teardown_interrupted_by_sigkill_finishes_after_the_restart(setup):
     assert answer(second, "pr-8") is None
 
 
+def test_a_restart_keeps_a_preview_serving_its_last_good_version(setup):
+    setup.push_main(repository("main", count=2))
+    server = setup.serve()
+    good = setup.open(server, 9, change("pr v1"))
+    until(in_state(server, 9, "Ready", good), "pr-9 Ready", server)
+    broken = setup.open(server, 9, {f"{CHANGED}/handler.py": "def main(event):\n    return {\n"})
+    until(in_state(server, 9, "Failed", broken), "pr-9's new head to fail", server)
+    assert answer(server, "pr-9") == "pr v1"
+    server.stop()
+
+    again = setup.serve()
+    until(lambda: answer(again, "pr-9") == "pr v1", "pr-9's last good version again", again)
+    status = again.function(CHANGED, "pr-9")
+    assert status["phase"] == "Failed" and "SyntaxError" in status["message"]
+    assert status["revision"] == good
+
+
 # --- reporting to the forge -----------------------------------------------------------------
 
 
