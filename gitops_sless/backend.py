@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PermanentError, TransientError
-from .manifest import Function, Job, JobRef, SecretRef
+from .manifest import Function, Job, JobRef, SecretRef, env_as_written
 from .source import Snapshot
 
 __all__ = [
@@ -119,10 +119,7 @@ def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
         "enabled": fn.enabled,
         "http": fn.http,
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
-        "env": {
-            k: ({"secret": v.secret, "key": v.key} if isinstance(v, SecretRef) else v)
-            for k, v in sorted(env_vars.items())
-        },
+        "env": env_as_written(env_vars),
     }
 
 

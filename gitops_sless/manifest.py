@@ -30,8 +30,10 @@ __all__ = [
     "JobRef",
     "ManifestCache",
     "SecretRef",
+    "env_as_written",
     "is_preview",
     "load",
+    "read_env",
 ]
 
 
@@ -289,13 +291,28 @@ def _resolve_in_folder(rel: str, links: Mapping[str, str], hops: int = 0) -> str
     return "/".join(out)
 
 
-def _env(values: Mapping[str, Any]) -> dict[str, EnvValue]:
+def read_env(values: Mapping[str, Any]) -> dict[str, EnvValue]:
+    """An env as sless.yaml writes it (a string, ``{secret, key}`` or ``{job}``), as values."""
+
     def one(value: Any) -> EnvValue:
         if isinstance(value, str):
             return value
         if "job" in value:
             return JobRef(value["job"])
         return SecretRef(value["secret"], value["key"])
+
+    return {name: one(value) for name, value in sorted(values.items())}
+
+
+def env_as_written(values: Mapping[str, EnvValue]) -> dict[str, Any]:
+    """The inverse of :func:`read_env`: what a manifest (or a stored record) says."""
+
+    def one(value: EnvValue) -> Any:
+        if isinstance(value, SecretRef):
+            return {"secret": value.secret, "key": value.key}
+        if isinstance(value, JobRef):
+            return {"job": value.job}
+        return value
 
     return {name: one(value) for name, value in sorted(values.items())}
 
@@ -312,8 +329,8 @@ def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Functi
         timeout_sec=fn["timeoutSec"],
         replicas=fn["replicas"],
         enabled=fn["enabled"],
-        env=_env(fn["env"]),
-        preview_env=_env(fn["preview"].get("env", {})),
+        env=read_env(fn["env"]),
+        preview_env=read_env(fn["preview"].get("env", {})),
         http=any(t["type"] == "http" for t in fn["triggers"]),
         crons=tuple(
             CronTrigger(t["schedule"], t["event"]) for t in fn["triggers"] if t["type"] == "cron"

@@ -260,6 +260,8 @@ class Reconciler:
     # --- one pass ------------------------------------------------------------------------
 
     def sync(self, trigger: str = "manual") -> PassResult:
+        if self._stopping.is_set():  # a follow-up asked for before the stop: nothing to do
+            return PassResult(None, None, "the reconciler is stopping", "Failed")
         with self._exclusive:
             with self._idle:
                 self._follow_up_due = False  # this pass sees whatever finished until now

@@ -16,34 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .backend import Deployment, EnvValue
-from .manifest import CronTrigger, Function, Job, JobRef, SecretRef
+from .backend import Deployment
+from .manifest import CronTrigger, Function, Job, env_as_written, read_env
 
 __all__ = ["from_record", "to_record"]
 
 FORMAT = 1
-
-
-def _value(value: EnvValue | JobRef) -> Any:
-    if isinstance(value, SecretRef):
-        return {"secret": value.secret, "key": value.key}
-    if isinstance(value, JobRef):
-        return {"job": value.job}
-    return value
-
-
-def _env(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: _value(value) for name, value in values.items()}
-
-
-def _read_value(value: Any) -> Any:
-    if isinstance(value, dict):
-        return JobRef(value["job"]) if "job" in value else SecretRef(value["secret"], value["key"])
-    return value
-
-
-def _read_env(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: _read_value(value) for name, value in values.items()}
 
 
 def to_record(deployment: Deployment) -> dict[str, Any]:
@@ -52,7 +30,7 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
         "format": FORMAT,
         "env": deployment.env,
         "specHash": deployment.spec_hash,
-        "envVars": _env(deployment.env_vars),
+        "envVars": env_as_written(deployment.env_vars),
         "function": {
             "name": fn.name,
             "folder": fn.folder,
@@ -63,8 +41,8 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "timeoutSec": fn.timeout_sec,
             "replicas": fn.replicas,
             "enabled": fn.enabled,
-            "env": _env(fn.env),
-            "previewEnv": _env(fn.preview_env),
+            "env": env_as_written(fn.env),
+            "previewEnv": env_as_written(fn.preview_env),
             "http": fn.http,
             "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
             "jobs": [{"name": j.name, "runId": j.run_id, "event": dict(j.event)} for j in fn.jobs],
@@ -89,12 +67,12 @@ def from_record(record: Mapping[str, Any]) -> Deployment:
         timeout_sec=fn["timeoutSec"],
         replicas=fn["replicas"],
         enabled=fn["enabled"],
-        env=_read_env(fn["env"]),
-        preview_env=_read_env(fn["previewEnv"]),
+        env=read_env(fn["env"]),
+        preview_env=read_env(fn["previewEnv"]),
         http=fn["http"],
         crons=tuple(CronTrigger(c["schedule"], c["event"]) for c in fn["crons"]),
         jobs=tuple(Job(j["name"], j["runId"], j["event"], fn["name"]) for j in fn["jobs"]),
         source_id=fn["sourceId"],
         build_tag=fn["buildTag"],
     )
-    return Deployment(record["env"], function, _read_env(record["envVars"]), record["specHash"])
+    return Deployment(record["env"], function, read_env(record["envVars"]), record["specHash"])

@@ -51,7 +51,8 @@ git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
 
 PKG = "sless_counted"
-BACKEND = '''"""An in-tree build backend: counts its builds, may sleep, writes a pure wheel."""
+BACKEND = '''"""An in-tree build backend: counts its builds, may sleep or wait for a gate
+file, writes a pure wheel."""
 import base64, hashlib, json, os, time, zipfile
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     with open(CONFIG["counter"], "a") as f:
         f.write(f"{os.getpid()} {os.getpgrp()}\\n")
     time.sleep(CONFIG["sleep"])
+    deadline = time.time() + 300
+    while CONFIG.get("gate") and not os.path.exists(CONFIG["gate"]) and time.time() < deadline:
+        time.sleep(0.05)
     dist = f"{name}-1.0.dist-info"
     files = {
         f"{name}/__init__.py": f"ANSWER = {CONFIG['answer']}\\n".encode(),
@@ -100,13 +104,18 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 class Package:
     """The local Python package: where it is, and how many times an installer built it."""
 
-    def __init__(self, root: Path, answer: int = 42, sleep: float = 0) -> None:
+    def __init__(
+        self, root: Path, answer: int = 42, sleep: float = 0, gate: Path | None = None
+    ) -> None:
+        """``gate``: builds wait until this file exists (as long as a test wants)."""
         self.path = root
         self.counter = root.parent / f"{root.name}.builds"
         root.mkdir(parents=True)
         (root / "backend.py").write_text(BACKEND)
         (root / "pyproject.toml").write_text(PYPROJECT)
         config = {"name": PKG, "counter": str(self.counter), "sleep": sleep, "answer": answer}
+        if gate is not None:
+            config["gate"] = str(gate)
         (root / "config.json").write_text(json.dumps(config))
 
     def builds(self) -> list[tuple[int, int]]:

@@ -8,7 +8,6 @@ what happened.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,42 +17,12 @@ from pathlib import Path
 import pytest
 
 from .sless_server import SlessServer
+from .test_build_cache import PKG, Package
 from .test_serve import HTTP, git_daemon, git_root, handler, http_function, manifest, setup
 
 __all__ = ["git_daemon", "git_root", "setup"]  # fixtures, used by name
 
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
-
-GATED_BACKEND = '''"""A build backend that waits for a gate file: as slow as the test wants."""
-import base64, hashlib, json, os, time, zipfile
-from pathlib import Path
-
-CONFIG = json.loads((Path(__file__).resolve().parent / "config.json").read_text())
-
-
-def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    Path(CONFIG["started"]).touch()
-    deadline = time.time() + 300
-    while not os.path.exists(CONFIG["gate"]) and time.time() < deadline:
-        time.sleep(0.05)
-    dist = "gated-1.0.dist-info"
-    files = {
-        "gated/__init__.py": b"READY = True\\n",
-        f"{dist}/METADATA": b"Metadata-Version: 2.1\\nName: gated\\nVersion: 1.0\\n",
-        f"{dist}/WHEEL": (
-            b"Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"
-        ),
-    }
-    record = []
-    for path, data in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    files[f"{dist}/RECORD"] = ("\\n".join(record + [f"{dist}/RECORD,,"]) + "\\n").encode()
-    with zipfile.ZipFile(os.path.join(wheel_directory, "gated-1.0-py3-none-any.whl"), "w") as out:
-        for path, data in files.items():
-            out.writestr(path, data)
-    return "gated-1.0-py3-none-any.whl"
-'''
 
 GATED_JOB = """
 import os, time
@@ -73,7 +42,6 @@ class Gate:
     def __init__(self, root: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.path = root / "open"
-        self.build_started = root / "build-started"
         self.job_started = root / "job-started"
 
     def open(self) -> None:
@@ -84,22 +52,11 @@ class Gate:
         return self.path.exists()
 
 
-def gated_package(root: Path, gate: Gate) -> Path:
-    root.mkdir(parents=True)
-    (root / "backend.py").write_text(GATED_BACKEND)
-    (root / "pyproject.toml").write_text(
-        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
-    )
-    config = {"gate": str(gate.path), "started": str(gate.build_started)}
-    (root / "config.json").write_text(json.dumps(config))
-    return root
-
-
 def slow_build(name: str, package: Path) -> dict[str, str]:
     return {
         f"{name}/sless.yaml": manifest(name, HTTP),
-        f"{name}/handler.py": "import gated\n\ndef main(event):\n    return 'built'\n",
-        f"{name}/requirements.txt": f"gated @ file://{package}\n",
+        f"{name}/handler.py": f"import {PKG}\n\ndef main(event):\n    return 'built'\n",
+        f"{name}/requirements.txt": f"{PKG} @ file://{package}\n",
     }
 
 
@@ -138,14 +95,14 @@ def message(server: SlessServer, name: str) -> str | None:
 
 def test_a_slow_build_and_a_slow_job_hold_back_no_other_function(setup, tmp_path):
     gate = Gate(tmp_path / "gate")
-    package = gated_package(tmp_path / "gated", gate)
+    package = Package(tmp_path / "gated", gate=gate.path)
     setup.push(http_function("quick", "v1"))
     server = setup.serve(env=OFFLINE)
     assert message(server, "quick") == "v1"
 
-    setup.push({**slow_build("heavy", package), **slow_job("chore", gate)})
+    setup.push({**slow_build("heavy", package.path), **slow_job("chore", gate)})
     ask_for_a_pass(server)
-    server.wait(lambda: gate.build_started.exists(), "the slow build to start")
+    server.wait(lambda: package.builds(), "the slow build to start")
     server.wait(lambda: gate.job_started.exists(), "the slow job to start")
 
     setup.push(http_function("quick", "v2"))
