@@ -11,24 +11,40 @@ function, revision and sync it concerns. :func:`configure` picks the format:
 Secret values (API token, webhook secret, git password, values read from the
 secrets folder) are registered with :func:`register_secret`; the handler
 replaces them with ``***`` in every line, whatever logged them.
+
+Neither format can be forged by what it prints: a job's result, a build's error
+or a PR title may hold a newline followed by something that looks like a log
+line. The text format escapes every control character (``\\n``, ``\\r``,
+``\\t``, ``\\xNN``, ``\\uNNNN`` for the Unicode line and paragraph separators)
+and the backslash itself (``\\\\``) in every value it prints, so one record is
+one line and the escaping can be undone; only a traceback continues a record,
+on lines indented by four spaces. The JSON format escapes them as JSON does,
+and also DEL, the C1 controls and U+2028/U+2029, which ``str.splitlines`` and
+some viewers take for line ends.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import threading
 import time
 from typing import Any, TextIO
 
-__all__ = ["FORMATS", "LEVELS", "configure", "event", "redact", "register_secret"]
+__all__ = ["FORMATS", "LEVELS", "configure", "escape", "event", "redact", "register_secret"]
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 # field order in text lines: where, then what
 _WHERE = ("env", "function", "revision", "syncId")
 _MIN_SECRET_LEN = 4  # shorter values would mask ordinary words
+# C0 and C1 controls, DEL, and the Unicode separators that some readers end a line at
+_UNSAFE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# what json.dumps(ensure_ascii=False) leaves raw that a reader may take for a line end
+_JSON_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029]")
 
 _secrets: frozenset[str] = frozenset()
 _secrets_lock = threading.Lock()
@@ -50,6 +66,23 @@ def redact(text: str) -> str:
     return text
 
 
+def _escaped(found: re.Match[str]) -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` on one line: control characters and the backslash escaped, reversibly."""
+    return _UNSAFE.sub(_escaped, text)
+
+
+def _clean(value: object) -> str:
+    """A value as the text format prints it: secrets masked first, then escaped."""
+    return escape(redact(str(value)))
+
+
 def event(
     logger: logging.Logger, name: str, message: str, *, level: int = logging.INFO, **fields: Any
 ) -> None:
@@ -65,14 +98,18 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 class TextFormatter(logging.Formatter):
+    """One record, one line: every value escaped (see the module's docstring)."""
+
     def format(self, record: logging.LogRecord) -> str:
-        name = getattr(record, "event", None) or record.name
+        name = _clean(getattr(record, "event", None) or record.name)
         fields: dict[str, Any] = getattr(record, "fields", {})
-        where = " ".join(str(fields[k]) for k in _WHERE if k in fields and k != "syncId")
+        where = " ".join(_clean(fields[k]) for k in _WHERE if k in fields and k != "syncId")
+        message = _clean(record.getMessage())
         line = f"{_timestamp(record)} {record.levelname:<7} {name:<18} "
-        line += f"{where}: {record.getMessage()}" if where else record.getMessage()
+        line += f"{where}: {message}" if where else message
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            trace = self.formatException(record.exc_info).splitlines()
+            line += "".join(f"\n    {_clean(part)}" for part in trace)
         return redact(line)
 
 
@@ -88,7 +125,9 @@ class JsonFormatter(logging.Formatter):
             out.setdefault(key, value)
         if record.exc_info:
             out["error"] = self.formatException(record.exc_info)
-        return redact(json.dumps(out, default=str, ensure_ascii=False))
+        text = redact(json.dumps(out, default=str, ensure_ascii=False))
+        # only inside strings (JSON's structure is ASCII), where \uNNNN means the same
+        return _JSON_UNSAFE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
 
 
 def configure(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> None:
