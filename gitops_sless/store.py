@@ -25,6 +25,8 @@ MAX_INVOCATIONS_PER_FUNCTION = 500  # per function: a flood on one never evicts 
 MAX_SYNCS = 1000
 LOG_TAIL_CHARS = 4000
 MAX_STORED_PATH = 256  # bytes of an invocation's path and query kept; the rest is cut
+MAX_DELIVERIES = 10_000  # webhook deliveries remembered, and for at most DELIVERY_MAX_AGE_SEC
+DELIVERY_MAX_AGE_SEC = 7 * 86400
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS syncs (
@@ -117,6 +119,18 @@ CREATE TABLE IF NOT EXISTS previews (
     head_since REAL,
     reported TEXT
 );
+-- webhook deliveries already acted on (see claim_delivery): an id the forge sent, and for
+-- pull-request events the body's digest (the signature covers the body, not the id)
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    forge TEXT NOT NULL,
+    delivery TEXT,
+    digest TEXT,
+    received REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_id ON webhook_deliveries (forge, delivery);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_digest ON webhook_deliveries (forge, digest);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (received);
 """
 
 
@@ -370,6 +384,61 @@ class Store:
             "SELECT env FROM functions UNION SELECT env FROM syncs UNION SELECT env FROM jobs"
         )
         return sorted(row["env"] for row in rows)
+
+    # --- webhook deliveries ----------------------------------------------------------------
+
+    def claim_delivery(
+        self,
+        forge: str,
+        delivery: str | None,
+        digest: str | None,
+        *,
+        now: float | None = None,
+        keep: int = MAX_DELIVERIES,
+        max_age: float = DELIVERY_MAX_AGE_SEC,
+    ) -> bool:
+        """Record a webhook delivery; False when its id or its digest was recorded already.
+
+        Check and record are one transaction, so of two identical deliveries at
+        once exactly one is claimed. What is remembered is bounded: the newest
+        ``keep`` deliveries of the last ``max_age`` seconds, pruned here.
+        """
+        if delivery is None and digest is None:
+            return True  # nothing to know it by
+        stamp = time.time() if now is None else now
+        with self._tx() as db:
+            seen = db.execute(
+                "SELECT 1 FROM webhook_deliveries WHERE forge = ? AND (delivery = ? OR digest = ?)"
+                " AND received >= ? LIMIT 1",
+                (forge, delivery, digest, stamp - max_age),
+            ).fetchall()
+            if seen:
+                return False
+            db.execute(
+                "INSERT INTO webhook_deliveries (forge, delivery, digest, received)"
+                " VALUES (?, ?, ?, ?)",
+                (forge, delivery, digest, stamp),
+            )
+            db.execute("DELETE FROM webhook_deliveries WHERE received < ?", (stamp - max_age,))
+            db.execute(
+                "DELETE FROM webhook_deliveries WHERE seq <= ("
+                "SELECT seq FROM webhook_deliveries ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                (keep,),
+            )
+            return True
+
+    def release_delivery(self, forge: str, delivery: str | None, digest: str | None) -> None:
+        """Forget a claimed delivery that could not be acted on: the forge may send it again."""
+        with self._tx() as db:
+            db.execute(
+                "DELETE FROM webhook_deliveries WHERE forge = ? AND delivery IS ? AND digest IS ?",
+                (forge, delivery, digest),
+            )
+
+    def deliveries(self) -> int:
+        """How many webhook deliveries are remembered."""
+        row = self._one("SELECT COUNT(*) AS count FROM webhook_deliveries")
+        return int(row["count"]) if row else 0
 
     # --- builds ------------------------------------------------------------------------
 

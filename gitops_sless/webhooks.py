@@ -2,6 +2,13 @@
 
 Pure functions over headers and body bytes, so the HTTP layer stays thin and
 every rule here is tested without a server. Comparisons are constant-time.
+
+Each forge has its own secret (:func:`secret_for`), falling back to one shared
+by all: GitLab sends its secret in clear (``X-Gitlab-Token``), so a shared one
+seen in a single GitLab delivery would sign GitHub and Gitea events too. A
+delivery is known again by its id (:func:`delivery_id`) and, for pull-request
+events, by its body (:func:`body_digest`): the signature covers the body only,
+so an id is what a replayer can change, never the body.
 A push body is parsed into a validated model by pydantic's JSON parser, which
 refuses nesting deeper than a couple of hundred levels, so a hostile body is a
 ``PayloadError`` naming the reason, never a crash.
@@ -17,17 +24,28 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 __all__ = [
+    "DELIVERY_HEADERS",
     "FORGES",
     "PayloadError",
     "Push",
     "PushPayload",
     "SignatureError",
+    "body_digest",
+    "delivery_id",
     "parse_payload",
     "parse_push",
+    "secret_for",
     "verify",
 ]
 
 FORGES = ("github", "gitea", "gitlab")
+# the id a forge gives each event; a redelivery of the event carries the same one
+DELIVERY_HEADERS = {
+    "github": "X-GitHub-Delivery",
+    "gitea": "X-Gitea-Delivery",
+    "gitlab": "X-Gitlab-Event-UUID",
+}
+MAX_DELIVERY_ID = 200  # forges send a UUID (36 characters)
 
 
 class SignatureError(Exception):
@@ -91,6 +109,24 @@ def verify(forge: str, headers: Mapping[str, str], body: bytes, secret: str) -> 
         raise SignatureError(f"unknown forge {forge!r}")
     if not hmac.compare_digest(given.encode(), expected.encode()):
         raise SignatureError("signature does not match")
+
+
+def secret_for(forge: str, secrets: Mapping[str, str | None], default: str | None) -> str | None:
+    """The secret that signs ``forge``'s webhooks: its own, else the shared ``default``."""
+    return secrets.get(forge) or default or None
+
+
+def delivery_id(forge: str, headers: Mapping[str, str]) -> str | None:
+    """The forge's id of this delivery, or None when it sent none (PayloadError if absurd)."""
+    given = headers.get(DELIVERY_HEADERS[forge].lower(), "").strip()
+    if len(given) > MAX_DELIVERY_ID:
+        raise PayloadError(f"{DELIVERY_HEADERS[forge]} is longer than {MAX_DELIVERY_ID} characters")
+    return given or None
+
+
+def body_digest(body: bytes) -> str:
+    """What knows a signed body again, whatever id its delivery claims."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def _event(forge: str, headers: Mapping[str, str]) -> str:
