@@ -1,4 +1,4 @@
-"""The forge's REST API: open pull requests, commit statuses, and one comment per PR.
+"""The forge's REST API: pull requests, commit statuses, and one comment per PR.
 
 GitHub, Gitea and GitLab behind one :class:`Forge` protocol; :func:`forge_for` picks
 the forge from the repository URL (or ``kind``) and its API base (or ``api_url``:
@@ -44,6 +44,10 @@ class Forge(Protocol):
         """Every open pull (merge) request, all pages."""
         ...
 
+    def pull(self, number: int) -> PullRequest | None:
+        """Pull (merge) request ``number`` as the forge has it now; None if it has none."""
+        ...
+
     def set_status(
         self, sha: str, state: str, context: str, description: str, url: str | None
     ) -> None:
@@ -64,6 +68,13 @@ def _pulls(kind: str, items: list[Any]) -> list[PullRequest]:
         return [pull_from_api(kind, item) for item in items]
     except PayloadError as exc:
         raise ForgeUnavailable(f"{kind} API: {exc}") from None
+
+
+def _one_pull(api: ForgeHttp, path: str) -> PullRequest | None:
+    resp = api.call("GET", path, accept=(404,))
+    if resp.status_code == 404:
+        return None
+    return _pulls(api.kind, [api.json(resp)])[0]
 
 
 def _status(sha: str, state: str, description: str, url: str | None) -> dict[str, str]:
@@ -111,6 +122,9 @@ class _HubForge:
         items = self._api.get_all(f"{self._repo}/pulls", {"state": "open", **self._page})
         return _pulls(self._api.kind, items)
 
+    def pull(self, number: int) -> PullRequest | None:
+        return _one_pull(self._api, f"{self._repo}/pulls/{int(number)}")
+
     def set_status(
         self, sha: str, state: str, context: str, description: str, url: str | None
     ) -> None:
@@ -143,6 +157,9 @@ class _GitLabForge:
     def open_pulls(self) -> list[PullRequest]:
         query = {"state": "opened", "per_page": 100}
         return _pulls(self._api.kind, self._api.get_all(f"{self._project}/merge_requests", query))
+
+    def pull(self, number: int) -> PullRequest | None:
+        return _one_pull(self._api, f"{self._project}/merge_requests/{int(number)}")
 
     def set_status(
         self, sha: str, state: str, context: str, description: str, url: str | None
