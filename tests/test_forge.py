@@ -154,6 +154,12 @@ class FakeForge:
             wanted = call.query.get("state")
             items = [p for p in self.pulls if p["state"] == wanted]
             return self.page(call, items)
+        if (
+            call.method == "GET"
+            and len(rest) == 2
+            and rest[0] == ("merge_requests" if gitlab else "pulls")
+        ):
+            return self.one_pull(rest[1:])
         if call.method == "POST" and rest[0] == "statuses" and len(rest) == 2:
             key = "name" if gitlab else "context"
             last = [s for sha, s in self.statuses if sha == rest[1] and s[key] == call.body[key]]
@@ -169,6 +175,12 @@ class FakeForge:
         if not gitlab and rest[:2] == ["issues", "comments"] and call.method == "PATCH":
             return self.comment_call(call, None, rest[2:])
         return 404, {}, {"message": "Not Found"}
+
+    def one_pull(self, rest: list[str]) -> tuple[int, dict[str, str], Any]:
+        """``GET pulls/N`` (``merge_requests/IID``): the last pull listed under that number."""
+        key = "iid" if self.kind == "gitlab" else "number"
+        found = [p for p in self.pulls if len(rest) == 1 and str(p[key]) == rest[0]]
+        return (200, {}, found[-1]) if found else (404, {}, {"message": "Not Found"})
 
     def comment_call(
         self, call: Call, number: int | None, rest: list[str]
@@ -305,6 +317,21 @@ def test_open_pulls_reads_every_page(served):
         }[fake.kind]
     )
     assert gets[1].query == {**first, "page": "2"}
+
+
+def test_pull_reads_one_pull_request_as_the_forge_has_it_now(served):
+    fake, client = served
+    fake.add_pull(5, labels=("preview",))
+    fake.add_pull(6, state="closed")
+    assert client.pull(5) == PullRequest(
+        5, "open", f"{5:040x}", "main", "change 5", "alice", "feature-5", ("preview",), False
+    )
+    assert client.pull(6).state == "closed"
+    assert client.pull(7) is None  # the forge answers 404: no such pull request
+    gets = [c.path for c in fake.calls if c.method == "GET"]
+    kind = "merge_requests" if fake.kind == "gitlab" else "pulls"
+    base = PREFIX[fake.kind] + REPO[fake.kind]
+    assert gets == [f"{base}/{kind}/5", f"{base}/{kind}/6", f"{base}/{kind}/7"]
 
 
 def test_auth_header_per_forge(served):
