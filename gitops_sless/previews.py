@@ -68,6 +68,8 @@ class Mirror(Protocol):
 class Forge(Protocol):
     def open_pulls(self) -> list[PullRequest]: ...
 
+    def pull(self, number: int) -> PullRequest | None: ...
+
 
 class Reporting(Protocol):
     def report(
@@ -208,6 +210,33 @@ class Previews:
         if pr.state != "open":
             self.begin_teardown(pr.number, "merged" if pr.merged else "closed")
         self.request()
+
+    def unconfirmed(self, pr: PullRequest) -> str | None:
+        """Why a webhook that would open or reopen ``pr``'s preview is to be ignored, or None.
+
+        With a forge token, the forge's API must agree (open, at the head the event
+        names) before anything is built: a replayed ``opened`` of a closed PR, or of an
+        older head, opens nothing. A forge that cannot answer now opens nothing either:
+        its list of open PRs, read later, does.
+        """
+        if self.forge is None or pr.state != "open":
+            return None
+        row = self.store.preview(pr.number)
+        if row is not None and row["state"] not in (CLOSED, "TearingDown"):
+            return None  # open already: this event opens nothing
+        try:
+            now = self.forge.pull(pr.number)
+        except SlessError as exc:
+            return f"pull request {pr.number} could not be confirmed with the forge: {exc}"
+        if now is None or now.state != "open":
+            state = "unknown" if now is None else now.state
+            return f"the forge says pull request {pr.number} is {state}"
+        if pr.head_sha and now.head_sha != pr.head_sha:
+            return (
+                f"the forge says pull request {pr.number} is at {(now.head_sha or '?')[:12]}, "
+                f"not {pr.head_sha[:12]}"
+            )
+        return None
 
     def delete(self, number: int) -> bool:
         """``DELETE /api/v1/environments/pr-N``: False when there is no such preview."""
