@@ -1,8 +1,10 @@
 """The status API, webhooks and health endpoints (FastAPI). The /fn/ proxy is not here.
 
-Reads come from the status store; the only writes are "sync now" requests,
-which need the bearer token, and webhooks, which need a valid signature.
-With no token or secret configured those calls are refused, never open.
+Reads come from the status store; the only writes are "sync now" and
+"delete a preview", which need the API token, and webhooks, which need a valid
+signature. With no token or secret configured those calls are refused, never
+open. Reads need the read or the API token (or a dashboard session) when one is
+configured: :mod:`access` decides, before any route runs.
 Every answer is a model from :mod:`api_models` (camelCase keys, RFC 3339
 times) and every error is ``{"error": "..."}``. ``/docs`` serves Swagger UI
 from assets installed with the package, so it works without the internet.
@@ -11,12 +13,11 @@ from assets installed with the package, so it works without the internet.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import os
 import re
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,6 +33,7 @@ from starlette.requests import ClientDisconnect
 
 from . import diff as diff_mod
 from . import logs, manifest, pulls, webhooks
+from .access import Access, ReadGate
 from .api_models import (
     DiffReply,
     DiffRequest,
@@ -49,6 +51,7 @@ from .api_models import (
     WebhookReply,
 )
 from .dashboard import router as dashboard_router
+from .dashboard import signin_page
 from .errors import SlessError
 from .metrics import METRICS
 from .reconciler import Reconciler
@@ -71,7 +74,7 @@ CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answe
 _ERROR_TEXT = {
     400: "the payload is malformed",
     401: "the token or signature is missing or wrong",
-    403: "refused: no token or secret is configured",
+    403: "refused: no token or secret is configured, or the read token was given for a change",
     404: "no such thing",
     413: "the body is too large",
     422: "a parameter is not valid",
@@ -208,7 +211,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 _WEBHOOK_BODY = {
     "requestBody": {
         "required": True,
-        "description": "The forge's push event, signed with the webhook secret: "
+        "description": "The forge's push or pull-request event, signed with the forge's "
+        "webhook secret (else the shared one): "
         "X-Hub-Signature-256 (GitHub), X-Gitea-Signature (Gitea), X-Gitlab-Token (GitLab).",
         "content": {"application/json": {"schema": webhooks.PushPayload.model_json_schema()}},
     }
@@ -230,7 +234,12 @@ _DIFF_BODY = {
 _OFFSET = Query(ge=0, description="byte offset to read from (nextOffset of the last read)")
 _LIMIT = Query(ge=1, le=MAX_LOG_CHUNK, description=f"bytes to read, at most {MAX_LOG_CHUNK}")
 
-_bearer = HTTPBearer(auto_error=False, description="the server's --api-token")
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="the server's API token (--api-token); for reads, its read token "
+    "(--read-token) as well",
+)
+_READ = [Security(_bearer)]  # documents the token reads need; access.ReadGate checks it
 
 
 def create_api(
@@ -244,8 +253,20 @@ def create_api(
     poll_interval: float | None = None,
     readiness: Callable[[], tuple[bool, str]] | None = None,
     previews: Any = None,
+    read_token: str | None = None,
+    anonymous_read: bool = False,
+    trusted_proxies: Sequence[str] = (),
+    webhook_secrets: Mapping[str, str | None] | None = None,
 ) -> FastAPI:
-    """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran)."""
+    """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
+
+    ``api_token`` reads and writes, ``read_token`` reads; with neither, or with
+    ``anonymous_read``, reads are open. ``trusted_proxies`` say whose X-Forwarded-Proto
+    is believed (a session cookie is ``Secure`` behind https).
+    """
+    access = Access(
+        api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -265,13 +286,12 @@ def create_api(
         lifespan=lifespan,
     )
     _install_error_handlers(app)
+    app.add_middleware(ReadGate, access=access, signin_page=signin_page)
 
     def authorize(credentials: HTTPAuthorizationCredentials | None) -> None:
-        if not api_token:
-            raise HTTPException(403, "mutating API calls are disabled: no API token is configured")
-        given = credentials.credentials if credentials else ""
-        if not hmac.compare_digest(given.encode(), api_token.encode()):
-            raise HTTPException(401, "a valid 'Authorization: Bearer <token>' header is required")
+        refusal = access.write_refusal(credentials.credentials if credentials else None)
+        if refusal is not None:
+            raise HTTPException(*refusal)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> Health:
@@ -292,11 +312,22 @@ def create_api(
             response.status_code = 503
         return Readiness(status="ready" if ready else "not ready", reason=reason)
 
-    @app.get("/metrics", tags=["health"], response_class=PlainTextResponse)
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        response_class=PlainTextResponse,
+        dependencies=_READ,
+        responses={
+            401: {
+                "description": _ERROR_TEXT[401],
+                "content": {"application/json": {"schema": ErrorReply.model_json_schema()}},
+            }
+        },
+    )
     def metrics() -> str:
         return METRICS.render()
 
-    @app.get("/api/v1/status", tags=["status"])
+    @app.get("/api/v1/status", tags=["status"], dependencies=_READ, responses=_errors(401))
     def status() -> Status:
         env = reconciler.env
         return Status.from_rows(
@@ -307,7 +338,7 @@ def create_api(
             syncs=store.syncs(MAX_SYNCS, env),
         )
 
-    @app.get("/api/v1/environments", tags=["status"])
+    @app.get("/api/v1/environments", tags=["status"], dependencies=_READ, responses=_errors(401))
     def environments() -> list[Environment]:
         """Every environment: the tracked branch's and one per pull-request preview."""
         rows = {f"pr-{row['number']}": row for row in (previews.listing() if previews else [])}
@@ -334,12 +365,20 @@ def create_api(
             raise HTTPException(404, f"no preview environment {env!r}")
         return WebhookReply(accepted=True)
 
-    @app.get("/api/v1/environments/{env}/functions", tags=["status"], responses=_errors(422))
+    @app.get(
+        "/api/v1/environments/{env}/functions",
+        tags=["status"],
+        dependencies=_READ,
+        responses=_errors(401, 422),
+    )
     def functions(env: str) -> list[Function]:
         return [Function.from_row(row) for row in store.functions(env)]
 
     @app.get(
-        "/api/v1/environments/{env}/functions/{name}", tags=["status"], responses=_errors(404, 422)
+        "/api/v1/environments/{env}/functions/{name}",
+        tags=["status"],
+        dependencies=_READ,
+        responses=_errors(401, 404, 422),
     )
     def function(env: str, name: str) -> FunctionDetail:
         row = store.function(env, name)
@@ -349,11 +388,16 @@ def create_api(
         jobs = [job for job in store.jobs(env) if job["function"] == name]
         return FunctionDetail.from_rows(row, build, jobs, store.invocations(env, name))
 
-    @app.get("/api/v1/environments/{env}/jobs", tags=["status"], responses=_errors(422))
+    @app.get(
+        "/api/v1/environments/{env}/jobs",
+        tags=["status"],
+        dependencies=_READ,
+        responses=_errors(401, 422),
+    )
     def jobs(env: str) -> list[JobRun]:
         return [JobRun.from_row(row) for row in store.jobs(env)]
 
-    @app.get("/api/v1/syncs", tags=["status"], responses=_errors(422))
+    @app.get("/api/v1/syncs", tags=["status"], dependencies=_READ, responses=_errors(401, 422))
     def syncs(
         limit: Annotated[int, Query(description=f"how many, newest first (1-{MAX_SYNCS})")] = 50,
     ) -> list[Sync]:
@@ -382,7 +426,11 @@ def create_api(
         tags=["webhooks"],
         status_code=202,
         responses={
-            200: {"model": WebhookReply, "description": "another branch or event: ignored"},
+            200: {
+                "model": WebhookReply,
+                "description": "ignored: another branch or event, a delivery received before "
+                "(`duplicate delivery`), or a PR the forge says is not open at that head",
+            },
             **_errors(400, 401, 403, 404, 413, 422),
         },
         openapi_extra=_WEBHOOK_BODY,
@@ -392,8 +440,13 @@ def create_api(
             raise HTTPException(
                 404, f"no webhook for {forge!r}; use one of {', '.join(webhooks.FORGES)}"
             )
-        if not webhook_secret:
-            raise HTTPException(403, "webhooks are disabled: no webhook secret is configured")
+        secret = webhooks.secret_for(forge, webhook_secrets or {}, webhook_secret)
+        if not secret:
+            raise HTTPException(
+                403,
+                f"webhooks from {forge} are disabled: no webhook secret is configured for it "
+                f"(SLESS_WEBHOOK_SECRET_{forge.upper()} or SLESS_WEBHOOK_SECRET)",
+            )
         try:
             body = await _read_capped(request, MAX_WEBHOOK_BYTES)
         except ClientDisconnect:
@@ -408,22 +461,61 @@ def create_api(
             raise HTTPException(413, f"webhook body is larger than {MAX_WEBHOOK_BYTES} bytes")
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
-            webhooks.verify(forge, headers, body, webhook_secret)
+            webhooks.verify(forge, headers, body, secret)
             push = webhooks.parse_push(forge, headers, body)
             pull = pulls.pull_request_event(forge, push.event, body) if previews else None
+            delivery = webhooks.delivery_id(forge, headers)
         except webhooks.SignatureError as exc:
             raise HTTPException(401, f"webhook refused: {exc}") from None
         except webhooks.PayloadError as exc:
             raise HTTPException(400, str(exc)) from None
-        if pull is not None:
-            previews.on_event(pull)
-            # the PR's commits come with the next fetch; the previews pass follows it
-            reconciler.request_sync(f"webhook:{forge}:pull")
-            return WebhookReply(accepted=True)
-        if push.event != "push" or push.branch != branch:
+        if pull is None and (push.event != "push" or push.branch != branch):
             response.status_code = 200
             return WebhookReply(accepted=False, ignored=_ignored(push))
-        reconciler.request_sync(f"webhook:{forge}")
+        # only now, signed: an unsigned request never marks a delivery as seen
+        digest = webhooks.body_digest(body) if pull is not None else None
+        reply = await run_in_threadpool(deliver, forge, push, pull, delivery, digest)
+        if not reply.accepted:
+            response.status_code = 200
+        return reply
+
+    def deliver(
+        forge: str,
+        push: webhooks.Push,
+        pull: pulls.PullRequest | None,
+        delivery: str | None,
+        digest: str | None,
+    ) -> WebhookReply:
+        """Act on a signed delivery once: its replay, by id or (a PR event) by body, is 200."""
+        if not store.claim_delivery(forge, delivery, digest):
+            seen = delivery or f"with body sha256 {(digest or '')[:12]}"
+            logs.event(
+                log,
+                "webhook.duplicate",
+                f"{forge} webhook: delivery {seen} was received before: ignored",
+            )
+            return WebhookReply(accepted=False, ignored="duplicate delivery")
+        try:
+            if pull is None:
+                reconciler.request_sync(f"webhook:{forge}")
+                return WebhookReply(accepted=True)
+            refused = previews.unconfirmed(pull)
+            if refused:
+                env = f"pr-{pull.number}"
+                logs.event(
+                    log,
+                    "webhook.unconfirmed",
+                    f"{env}: {refused}: ignored",
+                    level=logging.WARNING,
+                    env=env,
+                )
+                return WebhookReply(accepted=False, ignored=refused)
+            previews.on_event(pull)
+        except BaseException:
+            store.release_delivery(forge, delivery, digest)  # not acted on: may come again
+            raise
+        # the PR's commits come with the next fetch; the previews pass follows it
+        reconciler.request_sync(f"webhook:{forge}:pull")
         return WebhookReply(accepted=True)
 
     # --- the command line's reads: diff and logs ------------------------------------------
@@ -473,11 +565,12 @@ def create_api(
     @app.post(
         "/api/v1/environments/{env}/diff",
         tags=["status"],
-        responses=_errors(413, 422),
+        dependencies=_READ,
+        responses=_errors(401, 413, 422),
         openapi_extra=_DIFF_BODY,
     )
     async def diff(env: str, request: Request) -> DiffReply:
-        """What a sync of the posted desired state would change in ``env``. Read-only: no token."""
+        """What a sync of the posted desired state would change in ``env`` (a read)."""
         try:
             body = await _read_capped(request, MAX_DIFF_BYTES)
         except ClientDisconnect:
@@ -493,43 +586,36 @@ def create_api(
             raise HTTPException(422, str(exc)) from None
         return await run_in_threadpool(compare, env, desired, wanted.revision)
 
-    def authorize_read(credentials: HTTPAuthorizationCredentials | None) -> None:
-        """Logs hold what functions print: with a token configured, reading them needs it."""
-        if api_token:
-            given = credentials.credentials if credentials else ""
-            if not hmac.compare_digest(given.encode(), api_token.encode()):
-                raise HTTPException(
-                    401, "reading logs needs a valid 'Authorization: Bearer <token>' header"
-                )
-
     @app.get(
         "/api/v1/environments/{env}/functions/{name}/logs",
         tags=["logs"],
+        dependencies=_READ,
         responses=_errors(401, 404, 422),
     )
     def function_logs(
         env: str,
         name: str,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         offset: Annotated[int, _OFFSET] = 0,
         limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
     ) -> LogChunk:
         """What the function's replicas printed (one file for all of them), page by page."""
-        authorize_read(credentials)
         known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
         if not known:
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
         return _read_log(state_dir / "logs" / env / f"{name}.log", offset, limit, finished=False)
 
-    @app.get("/api/v1/builds/{tag}/log", tags=["logs"], responses=_errors(401, 404, 422))
+    @app.get(
+        "/api/v1/builds/{tag}/log",
+        tags=["logs"],
+        dependencies=_READ,
+        responses=_errors(401, 404, 422),
+    )
     def build_log(
         tag: str,
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         offset: Annotated[int, _OFFSET] = 0,
         limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
     ) -> LogChunk:
         """The log of the last build of ``tag``; ``finished`` once that build has ended."""
-        authorize_read(credentials)
         build = store.build(tag) if _TAG.fullmatch(tag) else None
         if build is None:
             raise HTTPException(404, f"no build {tag!r}")
@@ -539,5 +625,5 @@ def create_api(
             return _read_log(path, offset, limit, finished)
         return _text_log(build["log"] or "", offset, limit, finished)
 
-    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval))
+    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval, access))
     return app

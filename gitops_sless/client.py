@@ -5,8 +5,9 @@ means for a person at a terminal: a server that cannot be reached, a token
 that is missing or wrong, an answer that is not the API's. Every failure is a
 ``ClientError`` with one line to print; nothing here prints.
 
-The token (``SLESS_API_TOKEN``) goes to ``/api/v1/...`` only, never through
-the ``/fn/`` proxy to a function.
+Reads send ``SLESS_READ_TOKEN`` when it is set, else ``SLESS_API_TOKEN``;
+writes send ``SLESS_API_TOKEN``. Neither ever goes through the ``/fn/`` proxy
+to a function.
 """
 
 from __future__ import annotations
@@ -57,12 +58,24 @@ def _error_text(response: httpx.Response) -> str:
     return response.reason_phrase or f"HTTP {response.status_code}"
 
 
-class Client:
-    """Calls to one server. ``token``: the bearer token for the API (not for /fn/)."""
+def _is_read(method: str, path: str) -> bool:
+    """A call that only reads: a GET, or a diff (posted, but it changes nothing)."""
+    return method in ("GET", "HEAD") or path.split("?")[0].endswith("/diff")
 
-    def __init__(self, server: str, token: str | None = None, timeout: float = TIMEOUT_SEC):
+
+class Client:
+    """Calls to one server. ``token``: the API token; ``read_token``: for reads (not /fn/)."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str | None = None,
+        timeout: float = TIMEOUT_SEC,
+        read_token: str | None = None,
+    ):
         self.server = server.rstrip("/")
         self.token = token or None
+        self.read_token = read_token or None
         self._http = httpx.Client(
             base_url=self.server,
             timeout=timeout,
@@ -90,12 +103,14 @@ class Client:
         timeout: float | None = None,
     ) -> Any:
         """One API call; the answer's JSON. Raises ClientError (NotFound for a 404)."""
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        reads = _is_read(method, path)
+        token = (self.read_token or self.token) if reads else self.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         extra = {} if timeout is None else {"timeout": timeout}
         response = self._send(
             method, path, params=params, json=json, headers=headers, what="the API", **extra
         )
-        self._check(response)
+        self._check(response, reads)
         try:
             return response.json()
         except ValueError:
@@ -106,17 +121,12 @@ class Client:
     def get(self, path: str, **params: Any) -> Any:
         return self.api("GET", path, params=params or None)
 
-    def _check(self, response: httpx.Response) -> None:
+    def _check(self, response: httpx.Response, reads: bool = False) -> None:
         if response.is_success:
             return
         status, message = response.status_code, _error_text(response)
         if status == 401:
-            if self.token:
-                raise ClientError(
-                    f"the server refused the API token ({message}): set SLESS_API_TOKEN to "
-                    "the token the server was started with (--api-token)"
-                )
-            raise ClientError(f"this needs the server's API token ({message}): set SLESS_API_TOKEN")
+            raise ClientError(self._refused_token(message, reads))
         if status == 403:
             raise ClientError(
                 f"refused: {message} (start the server with --api-token or SLESS_API_TOKEN, "
@@ -125,6 +135,27 @@ class Client:
         if status == 404:
             raise NotFound(message)
         raise ClientError(f"the server answered {status}: {message}")
+
+    def _refused_token(self, message: str, reads: bool) -> str:
+        """What to set after a 401, for a read (either token) or a write (the API token)."""
+        sent = (self.read_token or self.token) if reads else self.token
+        if reads:
+            if sent:
+                return (
+                    f"the server refused the token ({message}): set SLESS_READ_TOKEN or "
+                    "SLESS_API_TOKEN to a token the server was started with (--read-token, "
+                    "--api-token)"
+                )
+            return (
+                f"this server needs a token to read ({message}): set SLESS_READ_TOKEN or "
+                "SLESS_API_TOKEN"
+            )
+        if sent:
+            return (
+                f"the server refused the API token ({message}): set SLESS_API_TOKEN to "
+                "the token the server was started with (--api-token)"
+            )
+        return f"this needs the server's API token ({message}): set SLESS_API_TOKEN"
 
     # --- the proxy -------------------------------------------------------------------------
 

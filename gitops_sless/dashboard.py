@@ -9,6 +9,11 @@ is already ``Html``. A page loads one stylesheet and one script from
 source and no inline script, so a missed escape still could not run one. The
 script fetches the page again every few seconds and patches what changed in
 place: a push shows up on an open page, and focus stays where it was.
+
+When the server has a token, a signed-out visitor of any page is shown the
+sign-in form instead (by :class:`access.ReadGate`, with a 401); posting a token
+to ``/signin`` sets the session cookie and goes back to the page, and the
+header's "Sign out" button ends the session.
 """
 
 from __future__ import annotations
@@ -25,26 +30,29 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pygit2
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, Response
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pygit2.enums import RepositoryOpenFlag
+from starlette.requests import ClientDisconnect
 
+from .access import COOKIE, Access, Level
 from .api_models import Environment, FunctionDetail, Invocation, JobRun, Status, Sync
 from .store import LOG_TAIL_CHARS, MAX_SYNCS, Store
 
-__all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "router"]
+__all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "router", "signin_page"]
 
 ASSETS = "/dashboard/assets"
 REFRESH_MS = 2500  # how often an open page fetches itself again
 RECENT_SYNCS = 20
 RECENT_CALLS = 20
 CHART_CALLS = 60
+MAX_FORM_BYTES = 8 << 10  # the sign-in form: a token and the page to go back to
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; "
     "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -90,6 +98,7 @@ def _join(parts: Iterable[Html], sep: str = "") -> Html:
 
 
 DASH = Html("—")
+NO_HTML = Html("")
 Cell = Html | str
 
 
@@ -341,7 +350,7 @@ class Pages:
 
     # the header, on every page ----------------------------------------------------------
 
-    def header(self, status: Status, now: float) -> Html:
+    def header(self, status: Status, now: float, signout: Html = NO_HTML) -> Html:
         facts: list[tuple[str, Cell]] = [
             ("Repository", _code(status.repository)),
             ("Branch", _code(status.branch)),
@@ -354,7 +363,8 @@ class Pages:
         error = _h('<pre class="sync-error">{e}</pre>', e=sync.error) if sync and sync.error else ""
         return _h(
             '<header id="top" class="top" data-live><p class="brand"><a href="/">gitops-sless'
-            "</a></p>{facts}{error}</header>",
+            "</a></p>{signout}{facts}{error}</header>",
+            signout=signout,
             facts=_facts(facts),
             error=Html(error),
         )
@@ -395,7 +405,7 @@ class Pages:
 
     # the index ----------------------------------------------------------------------------
 
-    def index(self) -> HTMLResponse:
+    def index(self, signout: Html = NO_HTML) -> HTMLResponse:
         now = time.time()
         status = self._status()
         envs = sorted(self.store.environments(), key=lambda e: _env_order(e, status.environment))
@@ -405,7 +415,7 @@ class Pages:
         phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
         title = f"gitops-sless: {phases}" if phases else "gitops-sless"
         main = _join([*sections, self._syncs(now)], "\n")
-        return _page(title, self.header(status, now), main)
+        return _page(title, self.header(status, now, signout), main)
 
     def _environment(self, env: str, now: float) -> Html:
         rows = self.store.functions(env)
@@ -481,9 +491,9 @@ class Pages:
 
     # one function ---------------------------------------------------------------------------
 
-    def function(self, env: str, name: str) -> HTMLResponse:
+    def function(self, env: str, name: str, signout: Html = NO_HTML) -> HTMLResponse:
         now = time.time()
-        header = self.header(self._status(), now)
+        header = self.header(self._status(), now, signout)
         row = self.store.function(env, name)
         if row is None:
             main = _h(
@@ -651,21 +661,155 @@ def _chart(calls: list[Invocation]) -> Html:
     )
 
 
+# --- signing in -----------------------------------------------------------------------
+
+_SIGNIN_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<title>Sign in · gitops-sless</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="{css}">
+</head>
+<body class="signin">
+<main id="main" tabindex="-1">
+<h1>gitops-sless</h1>
+<form class="signin" method="post" action="/signin">
+<p>This server shows its functions, builds, job results and logs to people with a token.</p>
+{notice}
+<label for="token">Token</label>
+<input id="token" name="token" type="password" autocomplete="current-password" required \
+autofocus>
+<input type="hidden" name="next" value="{next}">
+<button type="submit">Sign in</button>
+<p class="muted">The read token (<code>SLESS_READ_TOKEN</code>) or the API token \
+(<code>SLESS_API_TOKEN</code>) the server was started with. The browser keeps a session \
+for 12 hours, never the token.</p>
+</form>
+</main>
+</body>
+</html>
+"""
+_SIGNOUT = Html(
+    '<form class="signout" method="post" action="/signout">'
+    '<button type="submit">Sign out</button></form>'
+)
+
+
+_CROSS_SITE = "Refused: the form was sent by another site."
+
+
+def _next_path(value: str | None) -> str:
+    """A path on this server to go back to; anything else (another site) is ``/``."""
+    if (
+        not value
+        or len(value) > 2000
+        or not value.startswith("/")
+        or value.startswith(("//", "/\\"))
+        or any(ord(c) < 0x20 or c == "\\" for c in value)
+        or value.startswith(("/signin", "/signout"))
+    ):
+        return "/"
+    return value
+
+
+def _signin_response(next_path: str, notice: Html, status: int) -> HTMLResponse:
+    body = _h(_SIGNIN_PAGE, css=_CSS_URL, notice=notice, next=_next_path(next_path))
+    return HTMLResponse(body, status_code=status, headers=_HEADERS)
+
+
+def signin_page(request: Request) -> HTMLResponse:
+    """What a signed-out browser is shown at a page that needs a token: the form, 401."""
+    path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return _signin_response(path, Html(""), 401)
+
+
+def _notice(text: str, kind: str = "error") -> Html:
+    role = "alert" if kind == "error" else "status"
+    return _h('<p class="{k}" role="{r}" id="signin-{k}">{t}</p>', k=kind, r=role, t=text)
+
+
+async def _form(request: Request) -> dict[str, str] | None:
+    """The fields of a urlencoded form of at most MAX_FORM_BYTES; None past that."""
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_FORM_BYTES:
+                return None
+    except ClientDisconnect:
+        return None
+    fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
+    return {key: values[0] for key, values in fields.items()}
+
+
+def _signin_routes(routes: APIRouter, access: Access) -> None:
+    """``/signin`` (the form, and the post that exchanges a token for a session), ``/signout``."""
+
+    @routes.get("/signin")
+    def signin_form(request: Request) -> Response:
+        if access.open_reads:
+            return RedirectResponse("/", status_code=303)
+        out = "signed-out" in request.query_params
+        notice = _notice("You are signed out.", "notice") if out else Html("")
+        return _signin_response(request.query_params.get("next", "/"), notice, 200)
+
+    @routes.post("/signin")
+    async def signin(request: Request) -> Response:
+        if not access.same_origin(request):
+            return _signin_response("/", _notice(_CROSS_SITE), 403)
+        form = await _form(request)
+        if form is None:
+            return _signin_response("/", _notice("Refused: the form is too large."), 413)
+        next_path = _next_path(form.get("next"))
+        if access.open_reads:
+            return RedirectResponse(next_path, status_code=303)
+        if access.token_level(form.get("token", "")) < Level.READ:
+            return _signin_response(next_path, _notice("That token is not valid."), 401)
+        response = RedirectResponse(next_path, status_code=303)
+        access.set_session(response, request)
+        return response
+
+    @routes.post("/signout")
+    def signout(request: Request) -> Response:
+        if not access.same_origin(request):
+            return _signin_response("/", _notice(_CROSS_SITE), 403)
+        response = RedirectResponse("/signin?signed-out", status_code=303)
+        access.clear_session(response, request)
+        return response
+
+
 def router(
     reconciler: Any,
     store: Store,
     repository: str,
     branch: str,
     poll_interval: float | None = None,
+    access: Access | None = None,
 ) -> APIRouter:
-    """The dashboard's routes: ``/``, ``/functions/{env}/{name}`` and its two assets.
+    """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
-    ``poll_interval`` (seconds) lets the header say when the next poll is due.
+    ``poll_interval`` (seconds) lets the header say when the next poll is due. ``access``
+    (default: open reads, nothing to sign in to) decides who may see the pages.
     """
+    access = access or Access(None)
     pages = Pages(reconciler, store, repository, branch, poll_interval)
     routes = APIRouter(include_in_schema=False)
-    routes.add_api_route("/", pages.index, response_class=HTMLResponse)
-    routes.add_api_route("/functions/{env}/{name}", pages.function, response_class=HTMLResponse)
+
+    def signout(request: Request) -> Html:
+        """The sign-out button, for a browser signed in with a session."""
+        session = not access.open_reads and access.session_valid(request.cookies.get(COOKIE))
+        return _SIGNOUT if session else Html("")
+
+    @routes.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        return pages.index(signout(request))
+
+    @routes.get("/functions/{env}/{name}", response_class=HTMLResponse)
+    def function(env: str, name: str, request: Request) -> HTMLResponse:
+        return pages.function(env, name, signout(request))
 
     @routes.get(f"{ASSETS}/dashboard.css")
     def css() -> Response:
@@ -675,4 +819,5 @@ def router(
     def js() -> Response:
         return _asset_response(_JS, "text/javascript; charset=utf-8")
 
+    _signin_routes(routes, access)
     return routes

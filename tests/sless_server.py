@@ -15,7 +15,26 @@ import httpx
 from .gitserver import free_port
 
 TOKEN = "test-api-token"
+READ_TOKEN = "test-read-token"
 WEBHOOK_SECRET = "test-webhook-secret"
+
+
+class ReadAuth(httpx.Auth):
+    """The read token on every read that carries no Authorization of its own.
+
+    A test reads the way a dashboard or a CI check would; a write, or a call through
+    ``/fn/`` (a function must never see the server's token), gets only what the test gives.
+    """
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    def auth_flow(self, request: httpx.Request) -> Any:
+        path = request.url.path
+        reads = request.method in ("GET", "HEAD") or path.endswith("/diff")
+        if self.token and reads and not path.startswith("/fn/"):
+            request.headers.setdefault("Authorization", f"Bearer {self.token}")
+        yield request
 
 
 class SlessServer:
@@ -29,8 +48,11 @@ class SlessServer:
         fetch_timeout: float = 10,
         env: dict[str, str] | None = None,
         token: str | None = TOKEN,
+        read_token: str | None = None,
         args: list[str] | None = None,
     ) -> None:
+        """``read_token``: default READ_TOKEN when the server has an API token, else none
+        (a server with no token at all, reads open on loopback); "" for none."""
         self.repo = repo
         self.state_dir = state_dir
         self.secrets_dir = secrets_dir
@@ -38,12 +60,13 @@ class SlessServer:
         self.fetch_timeout = fetch_timeout
         self.extra_env = env or {}
         self.token = token
+        self.read_token = (READ_TOKEN if token else None) if read_token is None else read_token
         self.extra_args = list(args or [])
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = state_dir.parent / f"serve-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self.client = httpx.Client(base_url=self.base, timeout=30)
+        self.client = httpx.Client(base_url=self.base, timeout=30, auth=ReadAuth(self.read_token))
 
     def command(self) -> list[str]:
         args = [
@@ -66,6 +89,8 @@ class SlessServer:
         ]
         if self.token:
             args += ["--api-token", self.token]
+        if self.read_token:
+            args += ["--read-token", self.read_token]
         if self.secrets_dir:
             args += ["--secrets-dir", str(self.secrets_dir)]
         return args + self.extra_args
@@ -73,6 +98,7 @@ class SlessServer:
     def start(self, wait_for_sync: bool = True) -> SlessServer:
         env = {**os.environ, **self.extra_env}
         env.pop("SLESS_API_TOKEN", None)
+        env.pop("SLESS_READ_TOKEN", None)
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 self.command(), stdout=out, stderr=subprocess.STDOUT, env=env

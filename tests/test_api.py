@@ -18,6 +18,8 @@ from gitops_sless.backend import deployment_for
 from gitops_sless.source import DirectorySnapshot
 from gitops_sless.store import BUILD_PHASES, FUNCTION_PHASES, JOB_PHASES, LOG_TAIL_CHARS, Store
 
+from .sless_server import ReadAuth
+
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 CAMEL = re.compile(r"[a-z][a-zA-Z0-9]*")
 DEC_1_2025 = 1764583200.0  # 2025-12-01T10:00:00Z
@@ -44,15 +46,23 @@ class RecordingReconciler:
 
 
 class Client:
-    """Calls the ASGI app in process, over httpx's ASGI transport."""
+    """Calls the ASGI app in process, over httpx's ASGI transport.
 
-    def __init__(self, app: Any) -> None:
+    With a ``read_token``, reads that carry no Authorization of their own send it.
+    """
+
+    def __init__(self, app: Any, read_token: str | None = None) -> None:
         self.app = app
+        self.read_token = read_token
 
     def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        auth = ReadAuth(self.read_token)
+
         async def call() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://api", auth=auth
+            ) as http:
                 return await http.request(method, url, **kwargs)
 
         return asyncio.run(call())
@@ -71,11 +81,20 @@ class Api:
     store: Store
 
 
-def make_api(tmp_path, token="t", secret="s", finishes=False) -> Api:
+def make_api(tmp_path, token="t", secret="s", finishes=False, read_token="r") -> Api:
+    """An API with the tokens given; its client reads with the read token ("r")."""
     reconciler = RecordingReconciler(finishes)
     store = Store(tmp_path / "status.db")
-    app = create_api(reconciler, store, "main", "repo", api_token=token, webhook_secret=secret)
-    return Api(Client(app), reconciler, store)
+    app = create_api(
+        reconciler,
+        store,
+        "main",
+        "repo",
+        api_token=token,
+        webhook_secret=secret,
+        read_token=read_token,
+    )
+    return Api(Client(app, read_token), reconciler, store)
 
 
 @pytest.fixture
@@ -364,7 +383,7 @@ def test_sync_does_not_wait_longer_than_ten_minutes(api):
     ],
 )
 def test_sync_refusals(tmp_path, token, headers, status, message):
-    api = make_api(tmp_path, token=token)
+    api = make_api(tmp_path, token=token, read_token="r" if token else None)
     response = api.http.post("/api/v1/sync", headers=headers)
     assert response.status_code == status
     assert message in response.json()["error"]
@@ -495,7 +514,7 @@ def _deployed_api(tmp_path, write_repo) -> tuple[Api, Any]:
             manifest=fn.manifest,
             spec={"hash": spec_hash, "replicas": fn.replicas, "http": fn.http},
         )
-    return Api(Client(app), reconciler, store), state
+    return Api(Client(app, "t"), reconciler, store), state
 
 
 def _diff_of(api: Api, tmp_path, write_repo, files: dict[str, str], name: str = "local"):
@@ -644,12 +663,13 @@ def test_function_logs_need_the_token_when_one_is_configured(tmp_path):
     api.store.set_function("prod", "greet", phase="Ready")
     _log(tmp_path, b"printed\n")
     url = "/api/v1/environments/prod/functions/greet/logs"
-    refused = api.http.get(url)
+    refused = Client(api.http.app).get(url)  # signed out
     assert refused.status_code == 401
     assert "Authorization: Bearer" in refused.json()["error"]
     assert api.http.get(url, headers={"Authorization": "Bearer t"}).json()["text"] == "printed\n"
+    assert api.http.get(url, headers={"Authorization": "Bearer r"}).json()["text"] == "printed\n"
 
-    open_api = make_api(tmp_path / "open", token=None)
+    open_api = make_api(tmp_path / "open", token=None, read_token=None)
     open_api.store.set_function("prod", "greet", phase="Ready")
     _log(tmp_path / "open", b"open\n")
     assert open_api.http.get(url).json()["text"] == "open\n"

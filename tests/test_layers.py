@@ -85,6 +85,7 @@ RANKS = {
     "api": 8,
     "api_models": 8,
     "dashboard": 8,
+    "access": 8,
     "serve": 9,
     "cli": 9,
     "client": 9,

@@ -94,6 +94,12 @@
           headers: { Accept: "text/html" },
           cache: "no-store",
         });
+        // signed out meanwhile (the session expired, or signed out in another tab): the
+        // page itself now answers with the sign-in form
+        if (response.status === 401) {
+          location.reload();
+          return;
+        }
         const type = response.headers.get("content-type") || "";
         if (!type.startsWith("text/html")) throw new Error("status " + response.status);
         apply(new DOMParser().parseFromString(await response.text(), "text/html"));

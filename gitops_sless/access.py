@@ -1,0 +1,284 @@
+"""Who may read and who may write: the server's tokens, and browsers signed in with one.
+
+Three levels. *Public*: ``/healthz``, ``/readyz``, the webhooks (each checks its
+forge's signature), the dashboard's stylesheet and script, and the sign-in page
+(``/fn/`` never reaches this app). *Read*: every other request, the dashboard's
+pages, ``/metrics``, ``/docs`` and ``/openapi.json`` included, because job
+results, build logs and messages hold whatever functions print. *Write*: the
+calls that change something (``POST /api/v1/sync``, ``DELETE``), checked by
+their routes with :meth:`Access.write_refusal`.
+
+``api_token`` grants read and write, ``read_token`` read only. With neither (or
+``anonymous_read``) reads are open; the command line allows that only on a
+loopback address unless asked (:func:`open_reads_refusal`).
+
+A browser signs in by posting a token to ``/signin`` and gets a session cookie,
+``<expiry>.<nonce>.<HMAC-SHA256>``: it never holds the token, it expires after
+:data:`SESSION_SEC`, and its key is derived from the tokens, so every replica
+that has them accepts it and changing a token ends every session. A session
+reads only: writes need the bearer header, which a browser never adds on its
+own, so a cross-site request could not write even if the cookie went with it.
+Signing out clears the cookie and remembers its nonce until it expires (in this
+process: another replica would still take a copy of the cookie).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+
+from .proxy.http import parse_networks, peer_of
+
+__all__ = [
+    "COOKIE",
+    "SESSION_SEC",
+    "Access",
+    "Level",
+    "ReadGate",
+    "is_loopback",
+    "is_public",
+    "open_reads_refusal",
+]
+
+COOKIE = "sless_session"
+SESSION_SEC = 12 * 3600
+MAX_SIGNED_OUT = 10_000  # nonces of sessions signed out before they expire
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
+# webhooks verify their own signatures; the assets are the dashboard's CSS and JS, no data
+PUBLIC_PREFIXES = ("/api/v1/webhooks/", "/dashboard/assets/")
+BEARER_NEEDED = "a valid 'Authorization: Bearer <token>' header is required"
+READ_REFUSED = f"{BEARER_NEEDED} to read (the read token or the API token), or sign in at /signin"
+
+
+class Level(enum.IntEnum):
+    NONE = 0
+    READ = 1
+    WRITE = 2
+
+
+def is_public(path: str) -> bool:
+    """Whether ``path`` is answered to anyone, token or not."""
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or an address in 127.0.0.0/8 or ::1 (an IPv4-mapped one too)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def open_reads_refusal(
+    listen: str, host: str, api_token: str | None, read_token: str | None, anonymous_read: bool
+) -> str | None:
+    """Why serving on ``host`` (``--listen`` ``listen``) is refused, or None when it is not."""
+    if api_token or read_token or anonymous_read or is_loopback(host):
+        return None
+    return (
+        f"--listen {listen}: not a loopback address and no token is set, so anyone who can "
+        "reach it could read every job result and log; set SLESS_READ_TOKEN or "
+        "SLESS_API_TOKEN (--read-token, --api-token), or pass --anonymous-read to serve "
+        "reads to anyone"
+    )
+
+
+def bearer(request: HTTPConnection) -> str | None:
+    """The token of an ``Authorization: Bearer`` header; None without one."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _same(given: str, token: str | None) -> bool:
+    return bool(token) and hmac.compare_digest(given.encode(), (token or "").encode())
+
+
+class Access:
+    """The tokens of one server and the sessions of browsers signed in to it."""
+
+    def __init__(
+        self,
+        api_token: str | None,
+        read_token: str | None = None,
+        *,
+        anonymous_read: bool = False,
+        trusted_proxies: Iterable[str] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api_token = api_token or None
+        self.read_token = read_token or None
+        self.open_reads = anonymous_read or not (self.api_token or self.read_token)
+        self.trusted = parse_networks(trusted_proxies)
+        self._clock = clock
+        tokens = f"{self.api_token or ''}\0{self.read_token or ''}".encode()
+        self._key = hashlib.sha256(b"gitops-sless session key\0" + tokens).digest()
+        self._signed_out: dict[str, int] = {}
+
+    # --- tokens ------------------------------------------------------------------------
+
+    def token_level(self, given: str) -> Level:
+        if _same(given, self.api_token):
+            return Level.WRITE
+        return Level.READ if _same(given, self.read_token) else Level.NONE
+
+    def read_refusal(self, request: HTTPConnection) -> str | None:
+        """Why ``request`` may not read, or None when it may."""
+        if self.open_reads:
+            return None
+        token = bearer(request)
+        if token is not None and self.token_level(token) >= Level.READ:
+            return None
+        if self.session_valid(request.cookies.get(COOKIE)):
+            return None
+        # a write is checked again by its route: this one says what either needs
+        return READ_REFUSED if request.scope.get("method") in ("GET", "HEAD") else BEARER_NEEDED
+
+    def write_refusal(self, token: str | None) -> tuple[int, str] | None:
+        """(status, reason) when the bearer ``token`` may not change anything; None when it may.
+
+        401 says who are you (no token, or a wrong one), 403 you may not (no API token is
+        configured, or the token given is the read token). A session cookie never writes.
+        """
+        if not self.api_token:
+            return 403, "mutating API calls are disabled: no API token is configured"
+        level = self.token_level(token or "")
+        if level == Level.WRITE:
+            return None
+        if level == Level.READ:
+            return 403, "the read token cannot change anything: this call needs the API token"
+        return 401, BEARER_NEEDED
+
+    # --- sessions ----------------------------------------------------------------------
+
+    def new_session(self) -> str:
+        payload = f"{int(self._clock()) + SESSION_SEC}.{secrets.token_urlsafe(18)}"
+        return f"{payload}.{self._sign(payload)}"
+
+    def session_valid(self, cookie: str | None) -> bool:
+        found = self._session(cookie)
+        return found is not None and found[1] not in self._signed_out
+
+    def end_session(self, cookie: str | None) -> None:
+        found = self._session(cookie)
+        if found is None:
+            return
+        now = self._clock()
+        for nonce, expiry in list(self._signed_out.items()):
+            if expiry <= now:
+                del self._signed_out[nonce]
+        while len(self._signed_out) >= MAX_SIGNED_OUT:
+            self._signed_out.pop(next(iter(self._signed_out)))
+        self._signed_out[found[1]] = found[0]
+
+    def _session(self, cookie: str | None) -> tuple[int, str] | None:
+        """(expiry, nonce) of a cookie this server signed that has not expired."""
+        payload, _, signature = (cookie or "").rpartition(".")
+        expiry, _, nonce = payload.partition(".")
+        if not (nonce and expiry.isdigit()):
+            return None
+        if not hmac.compare_digest(signature.encode(), self._sign(payload).encode()):
+            return None
+        return (int(expiry), nonce) if int(expiry) > self._clock() else None
+
+    def _sign(self, payload: str) -> str:
+        digest = hmac.new(self._key, payload.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+    # --- where a request came from -------------------------------------------------------
+
+    def _from_trusted_proxy(self, request: HTTPConnection) -> bool:
+        client = request.client
+        return bool(client and self.trusted and peer_of(client.host, self.trusted).trusted)
+
+    def is_https(self, request: HTTPConnection) -> bool:
+        """Over TLS here, or at a trusted proxy in front that says so (X-Forwarded-Proto)."""
+        if request.url.scheme == "https":
+            return True
+        proto = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+        return proto == "https" and self._from_trusted_proxy(request)
+
+    def same_origin(self, request: HTTPConnection) -> bool:
+        """Whether a form post came from one of this server's own pages.
+
+        Browsers send Origin with every POST (Referer where an old one does not); a
+        client that sends neither is not a browser, so no other site can have sent it.
+        """
+        source = request.headers.get("origin") or request.headers.get("referer")
+        if source is None:
+            return True
+        hosts = {request.headers.get("host", "")}
+        if self._from_trusted_proxy(request):
+            hosts.add(request.headers.get("x-forwarded-host", "").split(",")[0].strip())
+        netloc = urlsplit(source).netloc if source != "null" else ""
+        return bool(netloc) and netloc.lower() in {h.lower() for h in hosts if h}
+
+    def set_session(self, response: Response, request: HTTPConnection) -> None:
+        response.set_cookie(
+            COOKIE,
+            self.new_session(),
+            max_age=SESSION_SEC,
+            path="/",
+            secure=self.is_https(request),
+            httponly=True,
+            samesite="strict",
+        )
+
+    def clear_session(self, response: Response, request: HTTPConnection) -> None:
+        self.end_session(request.cookies.get(COOKIE))
+        response.delete_cookie(
+            COOKIE, path="/", secure=self.is_https(request), httponly=True, samesite="strict"
+        )
+
+
+Scope = MutableMapping[str, Any]
+
+
+class ReadGate:
+    """ASGI middleware: a request that is not public needs the read level, whatever route.
+
+    Closed by default, so a route added later is never readable anonymously by mistake.
+    A browser (a GET that accepts HTML) is shown ``signin_page`` instead of the JSON 401.
+    """
+
+    def __init__(
+        self, app: Any, access: Access, signin_page: Callable[[Request], Response]
+    ) -> None:
+        self.app = app
+        self.access = access
+        self.signin_page = signin_page
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.access.open_reads or is_public(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.access.read_refusal(request)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        browser = scope["method"] in ("GET", "HEAD") and "text/html" in request.headers.get(
+            "accept", ""
+        )
+        response = (
+            self.signin_page(request)
+            if browser
+            else JSONResponse(
+                {"error": refusal}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+        )
+        await response(scope, receive, send)
