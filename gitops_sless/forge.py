@@ -32,6 +32,9 @@ _GITLAB_STATES = {
     "failure": "failed",
     "error": "failed",
 }
+# who may approve a preview of a fork: those who could push the commit themselves
+_WRITE_PERMISSIONS = {"write", "maintain", "admin", "owner"}
+_GITLAB_DEVELOPER = 30  # access level: Developer (push to unprotected branches) and above
 _SHA = re.compile(r"^[0-9a-fA-F]{7,64}$")
 _MARKER = re.compile(r"^[A-Za-z0-9_.:/ -]{1,100}$")
 _DESCRIPTION_MAX = 140  # GitHub refuses longer status descriptions
@@ -56,6 +59,11 @@ class Forge(Protocol):
 
     def upsert_comment(self, number: int, marker: str, body: str) -> None:
         """Edit our comment (found by ``<!-- marker -->``) on PR ``number``, or create it."""
+        ...
+
+    def can_write(self, user: str, user_id: int | None = None) -> bool:
+        """Whether ``user`` may push to the repository (write, maintain or admin; GitLab:
+        Developer or above). ForgeUnavailable when the forge cannot say now."""
         ...
 
     def close(self) -> None:
@@ -142,6 +150,18 @@ class _HubForge:
             path = f"{self._repo}/issues/comments/{found['id']}"
             self._api.call("PATCH", path, body={"body": text})
 
+    def can_write(self, user: str, user_id: int | None = None) -> bool:
+        path = f"{self._repo}/collaborators/{quote(user, safe='')}/permission"
+        resp = self._api.call("GET", path, accept=(404,))
+        if resp.status_code == 404:  # no such user, or not a collaborator (Gitea)
+            return False
+        found = self._api.json(resp)
+        if not isinstance(found, dict):
+            return False
+        # GitHub's "permission" folds maintain into write; Gitea says owner for the owner
+        names = {found.get("permission"), found.get("role_name")}
+        return bool(names & _WRITE_PERMISSIONS)
+
 
 class _GitLabForge:
     def __init__(self, api: ForgeHttp, project: str) -> None:
@@ -181,6 +201,28 @@ class _GitLabForge:
             self._api.call("POST", notes, body={"body": text}, repeatable=False)
         elif found.get("body") != text:
             self._api.call("PUT", f"{notes}/{found['id']}", body={"body": text})
+
+    def can_write(self, user: str, user_id: int | None = None) -> bool:
+        if user_id is None:
+            users = self._api.json(self._api.call("GET", "/users", params={"username": user}))
+            ids = (
+                [u.get("id") for u in users if isinstance(u, dict)]
+                if isinstance(users, list)
+                else []
+            )
+            if not ids or not isinstance(ids[0], int):
+                return False
+            user_id = ids[0]
+        # members/all: inherited from groups too
+        path = f"{self._project}/members/all/{int(user_id)}"
+        resp = self._api.call("GET", path, accept=(404,))
+        if resp.status_code == 404:  # not a member
+            return False
+        found = self._api.json(resp)
+        level = found.get("access_level") if isinstance(found, dict) else None
+        named = found.get("username") if isinstance(found, dict) else None
+        # an id from a webhook names the user who acted: the member must be that user
+        return isinstance(level, int) and level >= _GITLAB_DEVELOPER and named in (None, user)
 
 
 def _location(repo_url: str) -> tuple[str, str, list[str]]:

@@ -6,12 +6,19 @@ same shape as their REST API's; GitLab sends ``Merge Request Hook`` events whose
 pydantic model; all of them become one :class:`PullRequest`. A body that is not
 what its event promises is a :class:`~gitops_sless.webhooks.PayloadError` naming
 the field, never a crash.
+
+Where the PR comes from matters to previews (see previews.py): ``same_repo`` is
+True when its head is in the repository it targets (GitHub and Gitea
+``head.repo.full_name == base.repo.full_name``, GitLab ``source_project_id ==
+target_project_id``), False for a fork (or a fork since deleted), None when the
+object does not say. An event also says who acted (``sender``) and which labels
+it added, so that a maintainer's label can approve one commit.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -58,6 +65,11 @@ class PullRequest:
     head_branch: str | None = None
     labels: tuple[str, ...] = ()
     merged: bool = False
+    same_repo: bool | None = None  # head in the base repository; None: not said
+    sender: str | None = None  # who acted (events only)
+    sender_id: int | None = None
+    # labels this event added; None: the event does not say which (Gitea's label_updated)
+    labels_added: tuple[str, ...] | None = ()
 
 
 class _Model(BaseModel):
@@ -69,11 +81,17 @@ _M = TypeVar("_M", bound=_Model)
 
 class _Login(_Model):
     login: str | None = None
+    id: int | None = None
+
+
+class _Repo(_Model):
+    full_name: str | None = None
 
 
 class _Ref(_Model):
     ref: str | None = None
     sha: str | None = None
+    repo: _Repo | None = None
 
 
 class _Label(_Model):
@@ -93,6 +111,13 @@ class _Pull(_Model):
     merged: bool | None = None
     merged_at: str | None = None
 
+    def same_repo(self) -> bool | None:
+        """A head repository that is null (a deleted fork) is not the base's."""
+        base = self.base.repo.full_name if self.base and self.base.repo else None
+        if base is None or self.head is None or "repo" not in self.head.model_fields_set:
+            return None
+        return self.head.repo is not None and self.head.repo.full_name == base
+
     def pull(self) -> PullRequest:
         merged = bool(self.merged or self.merged_at)
         return PullRequest(
@@ -105,16 +130,31 @@ class _Pull(_Model):
             head_branch=self.head.ref if self.head else None,
             labels=tuple(label.name for label in self.labels or ()),
             merged=merged,
+            same_repo=self.same_repo(),
         )
 
 
 class _PullEvent(_Model):
     action: str
     pull_request: _Pull
+    label: _Label | None = None  # GitHub's labeled/unlabeled: the label
+    sender: _Login | None = None
+
+    def pull(self) -> PullRequest:
+        pull = self.pull_request.pull()
+        if self.action == "labeled":
+            added: tuple[str, ...] | None = (self.label.name,) if self.label else None
+        elif self.action == "label_updated":  # Gitea sends the labels after, not the change
+            added = None
+        else:
+            added = ()
+        sender = self.sender or _Login()
+        return replace(pull, sender=sender.login, sender_id=sender.id, labels_added=added)
 
 
 class _Username(_Model):
     username: str | None = None
+    id: int | None = None
 
 
 class _Commit(_Model):
@@ -134,12 +174,31 @@ class _MergeAttributes(_Model):
     source_branch: str | None = None
     target_branch: str | None = None
     labels: list[_GitLabLabel] | None = None
+    source_project_id: int | None = None
+    target_project_id: int | None = None
+
+
+class _LabelChange(_Model):
+    previous: list[_GitLabLabel] | None = None
+    current: list[_GitLabLabel] | None = None
+
+
+class _Changes(_Model):
+    labels: _LabelChange | None = None
 
 
 class _MergeEvent(_Model):
     user: _Username | None = None
     object_attributes: _MergeAttributes
     labels: list[_GitLabLabel] | None = None
+    changes: _Changes | None = None
+
+    def labels_added(self) -> tuple[str, ...]:
+        change = self.changes.labels if self.changes else None
+        if change is None:
+            return ()
+        before = {label.title for label in change.previous or ()}
+        return tuple(label.title for label in change.current or () if label.title not in before)
 
 
 class _MergeRequest(_Model):
@@ -153,6 +212,12 @@ class _MergeRequest(_Model):
     source_branch: str | None = None
     target_branch: str | None = None
     labels: list[str] | None = None
+    source_project_id: int | None = None
+    target_project_id: int | None = None
+
+
+def _same_project(source: int | None, target: int | None) -> bool | None:
+    return None if source is None or target is None else source == target
 
 
 def _gitlab_state(state: str) -> str:
@@ -198,7 +263,7 @@ def pull_request_event(forge: str, event: str, payload: bytes) -> PullRequest | 
             return None
         found = _parse(_PullEvent, payload, "pull request payload")
         actions = _GITHUB_ACTIONS if forge == "github" else _GITEA_ACTIONS
-        return found.pull_request.pull() if found.action in actions else None
+        return found.pull() if found.action in actions else None
     if event not in _MERGE_EVENTS:
         return None
     hook = _parse(_MergeEvent, payload, "merge request payload")
@@ -216,6 +281,10 @@ def pull_request_event(forge: str, event: str, payload: bytes) -> PullRequest | 
         head_branch=attrs.source_branch,
         labels=tuple(label.title for label in labels or ()),
         merged=attrs.state == "merged" or attrs.action == "merge",
+        same_repo=_same_project(attrs.source_project_id, attrs.target_project_id),
+        sender=hook.user.username if hook.user else None,
+        sender_id=hook.user.id if hook.user else None,
+        labels_added=hook.labels_added(),
     )
 
 
@@ -234,6 +303,7 @@ def pull_from_api(forge: str, data: object) -> PullRequest:
                 head_branch=mr.source_branch,
                 labels=tuple(mr.labels or ()),
                 merged=mr.state == "merged",
+                same_repo=_same_project(mr.source_project_id, mr.target_project_id),
             )
         if forge in ("github", "gitea"):
             return _Pull.model_validate(data).pull()

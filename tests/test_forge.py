@@ -64,13 +64,23 @@ class FakeForge:
     gate: threading.Event | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_id: int = 1000
+    # user -> role (admin, maintain, write, triage, read); absent: not a collaborator
+    roles: dict[str, str] = field(default_factory=dict)
 
     def fail(
         self, method: str, path_part: str, status: int, headers: dict[str, str] | None = None
     ) -> None:
         self.failures.append(Failure(method, path_part, status, headers or {}, 1))
 
-    def add_pull(self, number: int, state: str = "open", labels: tuple[str, ...] = ()) -> None:
+    def add_pull(
+        self,
+        number: int,
+        state: str = "open",
+        labels: tuple[str, ...] = (),
+        origin: str | None = None,
+    ) -> None:
+        """A pull request; ``origin`` "same" or "fork" adds where its head lives (the
+        repository objects, or GitLab's project ids), None leaves them out."""
         sha = f"{number:040x}"
         if self.kind == "gitlab":
             self.pulls.append(
@@ -84,9 +94,26 @@ class FakeForge:
                     "source_branch": f"feature-{number}",
                     "target_branch": "main",
                     "labels": list(labels),
+                    **(
+                        {
+                            "source_project_id": 99 if origin == "fork" else 15,
+                            "target_project_id": 15,
+                        }
+                        if origin
+                        else {}
+                    ),
                 }
             )
         else:
+            head: dict[str, Any] = {"ref": f"feature-{number}", "sha": sha}
+            base: dict[str, Any] = {"ref": "main", "sha": "0" * 40}
+            if origin:
+                owner = "mallory" if origin == "fork" else "acme"
+                head["repo"] = {
+                    "id": 2 if origin == "fork" else 1,
+                    "full_name": f"{owner}/functions",
+                }
+                base["repo"] = {"id": 1, "full_name": "acme/functions"}
             self.pulls.append(
                 {
                     "id": 9000 + number,
@@ -94,12 +121,16 @@ class FakeForge:
                     "state": state,
                     "title": f"change {number}",
                     "user": {"login": "alice", "id": 4},
-                    "head": {"ref": f"feature-{number}", "sha": sha},
-                    "base": {"ref": "main", "sha": "0" * 40},
+                    "head": head,
+                    "base": base,
                     "labels": [{"id": 1, "name": name} for name in labels],
                     "merged_at": None,
                 }
             )
+
+    def user_id(self, user: str) -> int:
+        """The id the imitation gives ``user`` (stable, one per name)."""
+        return 100 + sorted({*self.roles, user}).index(user) if user in self.roles else 99_999
 
     def add_comment(self, number: int, user: str, body: str, system: bool = False) -> int:
         self.next_id += 1
@@ -141,6 +172,10 @@ class FakeForge:
             # a careless server echoing what it got: the client must not repeat it anywhere
             given = call.headers.get("authorization") or call.headers.get("private-token")
             return 401, {}, {"message": f"Bad credentials: {given}"}
+        if self.kind == "gitlab" and call.path == "/api/v4/users":
+            name = call.query.get("username", "")
+            found = [{"id": self.user_id(name), "username": name}] if name in self.roles else []
+            return 200, {}, found
         prefix = PREFIX[self.kind] + REPO[self.kind]
         if not call.path.startswith(prefix):
             return 404, {}, {"message": "Not Found"}
@@ -174,7 +209,34 @@ class FakeForge:
             return self.comment_call(call, int(rest[1]), [])
         if not gitlab and rest[:2] == ["issues", "comments"] and call.method == "PATCH":
             return self.comment_call(call, None, rest[2:])
+        if call.method == "GET" and not gitlab and rest[0] == "collaborators" and len(rest) == 3:
+            return self.permission(rest[1])
+        if call.method == "GET" and gitlab and rest[:2] == ["members", "all"] and len(rest) == 3:
+            return self.member(int(rest[2]))
         return 404, {}, {"message": "Not Found"}
+
+    def permission(self, user: str) -> tuple[int, dict[str, str], Any]:
+        """GitHub's and Gitea's ``collaborators/{user}/permission``."""
+        role = self.roles.get(user)
+        if role is None:  # GitHub: anyone may read a public repository; Gitea: not found
+            return (
+                (200, {}, {"permission": "read", "role_name": "read"})
+                if (self.kind == "github")
+                else (404, {}, {"message": "Not Found"})
+            )
+        # GitHub's legacy "permission" knows admin, write and read; role_name says more
+        legacy = {"maintain": "write", "triage": "read"}.get(role, role)
+        if self.kind == "gitea":
+            legacy = {"admin": "owner"}.get(role, legacy)
+        return 200, {}, {"permission": legacy, "role_name": role, "user": {"login": user}}
+
+    def member(self, user_id: int) -> tuple[int, dict[str, str], Any]:
+        """GitLab's ``members/all/{id}``: access levels 10 (guest) to 50 (owner)."""
+        levels = {"read": 10, "triage": 20, "write": 30, "maintain": 40, "admin": 50}
+        for user, role in self.roles.items():
+            if self.user_id(user) == user_id:
+                return 200, {}, {"id": user_id, "username": user, "access_level": levels[role]}
+        return 404, {}, {"message": "404 Not found"}
 
     def one_pull(self, rest: list[str]) -> tuple[int, dict[str, str], Any]:
         """``GET pulls/N`` (``merge_requests/IID``): the last pull listed under that number."""
@@ -332,6 +394,44 @@ def test_pull_reads_one_pull_request_as_the_forge_has_it_now(served):
     kind = "merge_requests" if fake.kind == "gitlab" else "pulls"
     base = PREFIX[fake.kind] + REPO[fake.kind]
     assert gets == [f"{base}/{kind}/5", f"{base}/{kind}/6", f"{base}/{kind}/7"]
+
+
+@pytest.mark.parametrize(
+    ("role", "may"),
+    [
+        ("admin", True),
+        ("maintain", True),
+        ("write", True),
+        ("triage", False),
+        ("read", False),
+        (None, False),  # not a collaborator at all
+    ],
+)
+def test_can_write_only_for_write_maintain_and_admin(served, role, may):
+    fake, client = served
+    if role is not None:
+        fake.roles["carol"] = role
+    fake.roles["someone-else"] = "admin"
+    assert client.can_write("carol") is may
+    # the id a webhook gives (GitLab asks for members by id, no lookup then)
+    assert client.can_write("carol", fake.user_id("carol")) is may
+
+
+def test_can_write_names_the_user_in_the_path_escaped(served):
+    fake, client = served
+    fake.roles["carol"] = "write"
+    assert client.can_write("../../carol") is False
+    paths = [c.path for c in fake.calls]
+    assert all("/../" not in path for path in paths), paths
+
+
+def test_can_write_when_the_forge_is_down_is_unavailable(served):
+    fake, client = served
+    fake.roles["carol"] = "write"
+    for _ in range(10):
+        fake.fail("GET", "/", 503)
+    with pytest.raises(ForgeUnavailable):
+        client.can_write("carol", fake.user_id("carol"))
 
 
 def test_auth_header_per_forge(served):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +25,12 @@ GREET = {"title": "greet: say hello v2", "head_branch": "greet-v2", "base": "mai
 
 
 def _pr(number: int, state: str, sha: str, *, merged: bool = False, **fields: object):
-    defaults: dict[str, object] = {**GREET, "author": "alice", "labels": ("preview",)}
+    defaults: dict[str, object] = {
+        **GREET,
+        "author": "alice",
+        "labels": ("preview",),
+        "same_repo": True,
+    }
     return PullRequest(number, state, sha, merged=merged, **{**defaults, **fields})  # type: ignore[arg-type]
 
 
@@ -91,7 +99,9 @@ def _pr(number: int, state: str, sha: str, *, merged: bool = False, **fields: ob
 )
 def test_each_fixture_parses(forge, event, fixture, expected):
     body = (PAYLOADS / f"{fixture}.json").read_bytes()
-    assert pull_request_event(forge, event, body) == expected
+    found = pull_request_event(forge, event, body)
+    assert found is not None and found.sender  # who acted: see the tests below
+    assert replace(found, sender=None, sender_id=None) == expected
 
 
 def _payload(fixture: str, **changes: object) -> bytes:
@@ -174,6 +184,121 @@ def test_unknown_forge_is_a_value_error():
         pull_request_event("bitbucket", "pull_request", b"{}")
 
 
+def _event(fixture: str, change: Callable[[dict[str, Any]], None] = lambda d: None) -> bytes:
+    data = json.loads((PAYLOADS / f"{fixture}.json").read_text())
+    change(data)
+    return json.dumps(data).encode()
+
+
+def _set(path: str, value: object) -> Callable[[dict[str, Any]], None]:
+    """A change to a payload: ``a.b.c`` set to ``value``, or removed when value is ...."""
+
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            data = data[key]
+        if value is ...:
+            del data[last]
+        else:
+            data[last] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("forge", "event", "body", "same_repo"),
+    [
+        ("github", "pull_request", _event("github-pull-request-opened"), True),
+        ("github", "pull_request", _event("github-pull-request-labeled-fork"), False),
+        # a fork deleted since: GitHub sends head.repo null
+        (
+            "github",
+            "pull_request",
+            _event("github-pull-request-opened", _set("pull_request.head.repo", None)),
+            False,
+        ),
+        # a body that does not say: unknown, never taken as the same repository
+        (
+            "github",
+            "pull_request",
+            _event("github-pull-request-opened", _set("pull_request.head.repo", ...)),
+            None,
+        ),
+        (
+            "github",
+            "pull_request",
+            _event("github-pull-request-opened", _set("pull_request.base.repo", ...)),
+            None,
+        ),
+        ("gitea", "pull_request", _event("gitea-pull-request-opened"), True),
+        (
+            "gitea",
+            "pull_request",
+            _event(
+                "gitea-pull-request-opened",
+                _set("pull_request.head.repo", {"id": 141, "full_name": "mallory/functions"}),
+            ),
+            False,
+        ),
+        ("gitlab", "Merge Request Hook", _event("gitlab-merge-request-open"), True),
+        ("gitlab", "Merge Request Hook", _event("gitlab-merge-request-labeled-fork"), False),
+        (
+            "gitlab",
+            "Merge Request Hook",
+            _event("gitlab-merge-request-open", _set("object_attributes.source_project_id", ...)),
+            None,
+        ),
+    ],
+)
+def test_where_the_head_comes_from(forge, event, body, same_repo):
+    found = pull_request_event(forge, event, body)
+    assert found is not None and found.same_repo is same_repo
+
+
+@pytest.mark.parametrize(
+    ("forge", "event", "body", "sender", "added"),
+    [
+        (
+            "github",
+            "pull_request",
+            _event("github-pull-request-labeled-fork"),
+            ("carol", 6660002),
+            ("preview",),
+        ),
+        (
+            "github",
+            "pull_request",
+            _event("github-pull-request-labeled-fork", _set("action", "unlabeled")),
+            ("carol", 6660002),
+            (),
+        ),
+        # an opened PR that carries a label adds none: GitHub sends a labeled event for it
+        ("github", "pull_request", _event("github-pull-request-opened"), ("alice", 21031067), ()),
+        # Gitea sends the labels after the change, not the change: the previews compare
+        (
+            "gitea",
+            "pull_request_label",
+            _event("gitea-pull-request-opened", _set("action", "label_updated")),
+            ("alice", 2),
+            None,
+        ),
+        (
+            "gitlab",
+            "Merge Request Hook",
+            _event("gitlab-merge-request-labeled-fork"),
+            ("carol", 7),
+            ("preview",),
+        ),
+        ("gitlab", "Merge Request Hook", _event("gitlab-merge-request-update"), ("alice", 4), ()),
+    ],
+)
+def test_an_event_says_who_acted_and_which_labels_it_added(forge, event, body, sender, added):
+    found = pull_request_event(forge, event, body)
+    assert found is not None
+    assert (found.sender, found.sender_id) == sender
+    assert found.labels_added == added
+
+
 def test_api_objects():
     github = json.loads((PAYLOADS / "github-pull-request-opened.json").read_text())
     assert pull_from_api("github", github["pull_request"]) == _pr(42, "open", SHA_OPENED)
@@ -186,9 +311,14 @@ def test_api_objects():
         "source_branch": "greet-v2",
         "target_branch": "main",
         "labels": ["preview"],
+        "source_project_id": 15,
+        "target_project_id": 15,
     }
     expected = _pr(5, "open", "da1560886d4f094c3e6c9ef40349f7d38b5d27d7")
     assert pull_from_api("gitlab", gitlab) == expected
+    fork = pull_from_api("gitlab", {**gitlab, "source_project_id": 99})
+    assert fork.same_repo is False
+    assert pull_from_api("gitlab", {**gitlab, "target_project_id": None}).same_repo is None
     with pytest.raises(PayloadError, match="'iid'"):
         pull_from_api("gitlab", {"state": "opened"})
 
