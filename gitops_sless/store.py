@@ -149,6 +149,14 @@ _ADDED_COLUMNS = (
     ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
     ("functions", "next_retry", "REAL"),
     ("functions", "wanted_tag", "TEXT"),
+    # who may run a preview (trust.py): the PR's origin (1 same repository, 0 fork, NULL
+    # unknown), the commit the filter's label was added at, the approved commit and by whom,
+    # and a label awaiting the forge's word on its author ({"user", "id", "sha"} as JSON)
+    ("previews", "same_repo", "INTEGER"),
+    ("previews", "label_sha", "TEXT"),
+    ("previews", "approved", "TEXT"),
+    ("previews", "approved_by", "TEXT"),
+    ("previews", "approval_request", "TEXT"),
 )
 
 _FUNCTION_FIELDS = (
@@ -407,10 +415,13 @@ class Store:
             return True  # nothing to know it by
         stamp = time.time() if now is None else now
         with self._tx() as db:
-            seen = db.execute(
-                "SELECT 1 FROM webhook_deliveries WHERE forge = ? AND (delivery = ? OR digest = ?)"
+            oldest = stamp - max_age
+            seen = db.execute(  # two lookups, one per index (an OR would scan the forge's rows)
+                "SELECT 1 FROM webhook_deliveries WHERE forge = ? AND delivery = ?"
+                " AND received >= ? UNION ALL"
+                " SELECT 1 FROM webhook_deliveries WHERE forge = ? AND digest = ?"
                 " AND received >= ? LIMIT 1",
-                (forge, delivery, digest, stamp - max_age),
+                (forge, delivery, oldest, forge, digest, oldest),
             ).fetchall()
             if seen:
                 return False
@@ -419,10 +430,11 @@ class Store:
                 " VALUES (?, ?, ?, ?)",
                 (forge, delivery, digest, stamp),
             )
-            db.execute("DELETE FROM webhook_deliveries WHERE received < ?", (stamp - max_age,))
+            db.execute("DELETE FROM webhook_deliveries WHERE received < ?", (oldest,))
+            # seq only grows: the newest ``keep`` are above this (fewer when some were released)
             db.execute(
-                "DELETE FROM webhook_deliveries WHERE seq <= ("
-                "SELECT seq FROM webhook_deliveries ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+                "DELETE FROM webhook_deliveries"
+                " WHERE seq <= (SELECT MAX(seq) FROM webhook_deliveries) - ?",
                 (keep,),
             )
             return True
