@@ -5,6 +5,9 @@ driven by Playwright; no browser is ever downloaded. One server holds a
 repository with a function of every kind (ready, failed build, invalid
 manifest, a job that fails) for the tests that only look; a test that pushes
 gets a server of its own. Screenshots go to ``test-artifacts/screenshots/``.
+
+The servers have a token, so every tab signs in first (with the read token,
+through the sign-in form's endpoint) unless a test opens it signed out.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from gitops_sless.store import Store
 
 from . import gitserver
 from .gitserver import GitDaemon
+from .sless_server import READ_TOKEN
 from .test_api import Client, RecordingReconciler
 from .test_serve import HTTP, Setup, handler, http_function, manifest, setup
 
@@ -37,6 +41,7 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "scree
 SUBJECT = "Show <script>alert(1)</script> as text, never run it"
 JOB_ERROR = "<img src=x onerror=alert(2)>"
 MISSING = "sless-no-such-package"
+RESULT = "stamp-result-4c1d8e"  # what a job returned: for signed-in eyes only
 # pip finds nothing: no index, and no machine-wide config pointing at local wheels
 expect.set_options(timeout=15_000)  # a loaded machine; the page refreshes every 2.5 s
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
@@ -56,6 +61,10 @@ FLEET = {
     "broken/handler.py": handler("never served"),
     "worker/sless.yaml": manifest("worker", "    jobs: [{name: boom, runId: 1, event: {boom: 1}}]"),
     "worker/handler.py": WORKER,
+    "stamp/sless.yaml": manifest(
+        "stamp", f"    jobs: [{{name: stamp-it, runId: 1, event: {{mark: {RESULT}}}}}]"
+    ),
+    "stamp/handler.py": "def main(event, context=None):\n    return {'mark': event['mark']}\n",
 }
 
 
@@ -80,7 +89,9 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 class Tab:
     """One page in its own browser context, recording what a person would be shown by mistake."""
 
-    def __init__(self, browser: Browser, base: str, width: int, scheme: str) -> None:
+    def __init__(
+        self, browser: Browser, base: str, width: int, scheme: str, token: str | None
+    ) -> None:
         self.context = browser.new_context(
             base_url=base,
             viewport={"width": width, "height": 800},
@@ -95,6 +106,18 @@ class Tab:
         self.page.on("request", lambda request: self.requests.append(request.url))
         self.fetches: list[str] = []
         self.page.on("requestfinished", self._finished)
+        if token:
+            self.sign_in(base, token)
+
+    def sign_in(self, base: str, token: str) -> None:
+        """What posting the sign-in form does, without a page: the context gets the cookie."""
+        response = self.context.request.post(
+            f"{base}/signin",
+            form={"token": token, "next": "/"},
+            headers={"Origin": base},
+            max_redirects=0,
+        )
+        assert response.status == 303, response.text()
 
     def _console(self, message: Any) -> None:
         if message.type in ("error", "warning"):
@@ -120,8 +143,15 @@ class Tabs:
         self.browser = browser
         self.opened: list[Tab] = []
 
-    def open(self, base: str, width: int = 1280, scheme: str = "light") -> Page:
-        tab = Tab(self.browser, base, width, scheme)
+    def open(
+        self,
+        base: str,
+        width: int = 1280,
+        scheme: str = "light",
+        token: str | None = READ_TOKEN,
+    ) -> Page:
+        """A new tab, signed in with ``token`` (None: signed out)."""
+        tab = Tab(self.browser, base, width, scheme, token)
         self.opened.append(tab)
         return tab.page
 
@@ -164,7 +194,13 @@ def test_the_page_lists_every_function_with_its_phase(fleet, tabs):
     page.on("response", lambda response: sizes.append(len(response.body())))
     page.goto("/")
 
-    expected = {"greet": "Ready", "bad": "Failed", "broken": "Invalid", "worker": "Ready"}
+    expected = {
+        "greet": "Ready",
+        "bad": "Failed",
+        "broken": "Invalid",
+        "worker": "Ready",
+        "stamp": "Ready",
+    }
     for name, phase in expected.items():
         expect(page.locator(f"#fn-prod-{name} .badge")).to_have_text(re.compile(rf"\b{phase}$"))
     expect(page.locator("#fn-prod-broken")).to_contain_text(
@@ -176,7 +212,9 @@ def test_the_page_lists_every_function_with_its_phase(fleet, tabs):
     expect(page.locator("#fn-prod-greet")).to_contain_text("python3.11")
     expect(page.locator("#fn-prod-greet a.url")).to_have_text(f"{fleet}/fn/prod/greet/")
     expect(page.locator("#top")).to_contain_text(SUBJECT)
-    expect(page.locator("#syncs tbody tr").first).to_contain_text("Degraded")  # a build and a job failed
+    expect(page.locator("#syncs tbody tr").first).to_contain_text(
+        "Degraded"
+    )  # a build and a job failed
 
     assert all(url.startswith(fleet) for url in tabs.tab(page).requests), "only its own server"
     assert sum(sizes) < 100_000, f"the page weighs {sum(sizes)} bytes"
@@ -294,6 +332,79 @@ def test_html_in_a_commit_subject_or_a_job_error_is_shown_as_text_never_run(flee
     assert page.locator("img").count() == 0
     assert page.locator("script").count() == 1  # the dashboard's own
     assert tabs.tab(page).problems == []  # no alert() dialog, no error
+
+
+# --- signing in ------------------------------------------------------------------------------
+
+
+def _session_cookies(page: Page) -> list[dict[str, Any]]:
+    return [c for c in page.context.cookies() if c["name"] == "sless_session"]
+
+
+def _shows_the_sign_in_form(page: Page) -> None:
+    expect(page.get_by_label("Token")).to_be_visible()
+    expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+
+
+def test_signing_in_with_the_read_token_and_out_again(fleet, tabs):
+    page = tabs.open(fleet, token=None)
+    assert page.goto("/functions/prod/stamp").status == 401
+    _shows_the_sign_in_form(page)
+    expect(page.get_by_label("Token")).to_be_focused()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "signin-1280-light.png")
+
+    page.get_by_label("Token").fill("not-the-token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator("#signin-error")).to_have_text("That token is not valid.")
+    assert _session_cookies(page) == []
+
+    page.get_by_label("Token").fill(READ_TOKEN)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{fleet}/functions/prod/stamp")  # back where it was going
+    expect(page.locator("#jobs")).to_contain_text(RESULT)
+    (cookie,) = _session_cookies(page)
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["secure"]) == (True, "Strict", False)
+    assert READ_TOKEN not in cookie["value"]
+    assert page.evaluate("document.cookie") == ""  # no script on the page can read it
+
+    page.get_by_role("button", name="Sign out").click()
+    expect(page).to_have_url(f"{fleet}/signin?signed-out")
+    expect(page.locator("#signin-notice")).to_have_text("You are signed out.")
+    assert _session_cookies(page) == []
+    assert page.goto("/").status == 401
+    _shows_the_sign_in_form(page)
+
+
+def test_a_signed_out_visitor_never_sees_a_job_result_or_a_log_line(fleet, tabs):
+    held = (RESULT, "Could not find a version that satisfies", "ValueError", "never run it")
+    reader = tabs.open(fleet)  # first, that there is something to hide
+    reader.goto("/functions/prod/stamp")
+    expect(reader.locator("#jobs")).to_contain_text(RESULT)
+    reader.goto("/functions/prod/bad")
+    expect(reader.locator("#build-log")).to_contain_text(held[1])
+
+    page = tabs.open(fleet, token=None)
+    paths = ("/", "/functions/prod/stamp", "/functions/prod/bad", "/functions/prod/worker")
+    for path in (*paths, "/api/v1/environments/prod/jobs", "/docs", "/metrics"):
+        assert page.goto(path).status == 401, path
+        _shows_the_sign_in_form(page)
+        html = page.content()
+        assert [text for text in held if text in html] == [], path
+
+
+def test_an_open_page_shows_the_sign_in_form_once_its_session_ends(fleet, tabs):
+    page = tabs.open(fleet)
+    page.goto("/functions/prod/stamp")
+    expect(page.locator("#jobs")).to_contain_text(RESULT)
+
+    other = page.context.new_page()  # the same browser: signing out there ends this session
+    other.goto("/")
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(f"{fleet}/signin?signed-out")
+
+    _shows_the_sign_in_form(page)  # its next refresh was refused
+    assert RESULT not in page.content()
 
 
 # --- how it looks ------------------------------------------------------------------------------
