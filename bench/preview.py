@@ -225,6 +225,7 @@ class Bench:
                 SECRET,
                 "--api-token",
                 TOKEN,
+                "--anonymous-read",  # the bench reads the API without a token, on loopback
                 "--previews",
                 "--max-previews",
                 str(max(rounds, 1)),

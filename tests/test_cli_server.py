@@ -369,10 +369,13 @@ def test_logs_of_a_build_and_of_a_job(stack, capsys, monkeypatch):
 def test_logs_need_the_token_the_server_has(stack):
     result = run("logs", "prod/greet", server=stack.server, token=None)
     assert result.returncode == 2
-    assert one_line_error(result).endswith(": set SLESS_API_TOKEN")
+    assert one_line_error(result).endswith(": set SLESS_READ_TOKEN or SLESS_API_TOKEN")
     wrong = run("logs", "prod/greet", server=stack.server, token="wrong")
     assert wrong.returncode == 2
-    assert "set SLESS_API_TOKEN to the token the server was started with" in one_line_error(wrong)
+    assert (
+        "set SLESS_READ_TOKEN or SLESS_API_TOKEN to a token the server was started with"
+        in one_line_error(wrong)
+    )
 
 
 def test_logs_follow_picks_up_new_lines(stack):
@@ -556,7 +559,9 @@ def test_a_broken_push_fails_sync_and_status_and_shows_in_diff(setup, tmp_path):
 # --- shell completion ----------------------------------------------------------------------------
 
 
-def bash_complete(line: str, server: SlessServer | None = None) -> list[str]:
+def bash_complete(
+    line: str, server: SlessServer | None = None, read_token: str | None = None
+) -> list[str]:
     """What the bash completion offers for ``line`` (completing its last word)."""
     script = cli._bash_script(cli._parser())  # what `gitops-sless completion bash` prints
     words = line.split(" ")
@@ -569,6 +574,8 @@ def bash_complete(line: str, server: SlessServer | None = None) -> list[str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     if server is not None:
         env.update(SLESS_SERVER=server.base, SLESS_API_TOKEN=TOKEN)
+    if read_token is not None:
+        env["SLESS_READ_TOKEN"] = read_token
     result = subprocess.run(
         ["bash", "-c", program], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60
     )
@@ -589,9 +596,8 @@ def test_bash_completes_commands_options_choices_and_names_from_the_server(stack
     assert bash_complete("gitops-sless status -o ") == ["json", "table"]
     assert bash_complete("gitops-sless completion ") == ["bash", "zsh"]
     assert bash_complete("gitops-sless logs prod/g", server=stack.server) == ["prod/greet"]
-    assert bash_complete(f"gitops-sless invoke --server {stack.server.base} prod/s") == [
-        "prod/shower"
-    ]
+    line = f"gitops-sless invoke --server {stack.server.base} prod/s"
+    assert bash_complete(line, read_token=stack.server.read_token) == ["prod/shower"]
     assert bash_complete("gitops-sless status --env ", server=stack.server) == ["prod"]
     assert bash_complete("gitops-sless diff sample-repo/gr") == ["sample-repo/greeting"]
 

@@ -260,6 +260,7 @@ def status_exit_code(server: SlessServer) -> int:
         [sys.executable, "-m", "gitops_sless", "status", "--server", server.base],
         capture_output=True,
         text=True,
+        env={**os.environ, "SLESS_READ_TOKEN": server.read_token or ""},
     ).returncode
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tests.gitserver import WorkRepo, init_bare
-from tests.sless_server import WEBHOOK_SECRET, SlessServer
+from tests.sless_server import WEBHOOK_SECRET, ReadAuth, SlessServer
 
 from .common import ENV, GREET, Report, pct, sless_yaml, wait_until
 
@@ -150,7 +150,9 @@ class Served:
         self.work.push(self.bare)
         # PIP_NO_INDEX: the installers find everything in the repository, never online
         self.server = SlessServer(self.bare, tmp / "state", env={"PIP_NO_INDEX": "1"})
-        self.client = httpx.Client(base_url=self.server.base, timeout=30)
+        self.client = httpx.Client(
+            base_url=self.server.base, timeout=30, auth=ReadAuth(self.server.read_token)
+        )
 
     def start(self) -> float:
         """Start serve; the seconds until greet and heavy (one install) answer."""
