@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from starlette.routing import Mount
 
 from gitops_sless.access import SESSION_SEC, Access, is_loopback, open_reads_refusal
@@ -454,3 +455,22 @@ def test_the_command_line_reads_with_the_read_token_and_cannot_sync_with_it(tmp_
         assert cli("sync", "--wait", "0", SLESS_API_TOKEN=server.token or "").returncode == 0
     finally:
         server.stop()
+
+
+def test_the_shipped_deployment_listens_off_loopback_with_a_token_from_its_secret():
+    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    (container,) = yaml.safe_load((deploy / "deployment.yaml").read_text())["spec"]["template"][
+        "spec"
+    ]["containers"]
+    secret = yaml.safe_load((deploy / "secret.example.yaml").read_text())
+    assert {"secretRef": {"name": secret["metadata"]["name"]}} in container["envFrom"]
+    args = container["args"]
+    listen = args[args.index("--listen") + 1]
+    host = listen.rpartition(":")[0]
+    tokens = secret["stringData"]
+    assert "--anonymous-read" not in args
+    assert open_reads_refusal(listen, host, None, None, False) is not None  # without the Secret
+    refusal = open_reads_refusal(
+        listen, host, tokens.get("SLESS_API_TOKEN"), tokens.get("SLESS_READ_TOKEN"), False
+    )
+    assert refusal is None
