@@ -299,6 +299,8 @@ class Previews:
         """Record what is known of ``number``; its head, or None when it is no preview now."""
         row = self.store.preview(number)
         pr = forge_open.get(number) if forge_open is not None else None
+        if pr is not None and self._hooked.get(number, (0.0, None))[0] >= self._forge_read_at:
+            pr = None  # read before the last webhook about it: older news (a close stays closed)
         if row is None and ref_head is None and pr is None:
             return None
         fields: dict[str, Any] = {}
