@@ -48,6 +48,8 @@ GOOD_PHASES = ("Ready", "Disabled")
 NOT_CONVERGED = ("Failed", "Degraded", "Progressing")
 MAX_SYNC_WAIT = 600  # the server waits at most this long
 _ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+# webhooks.FORGES, named here so that a command other than serve loads no pydantic
+WEBHOOK_FORGES = ("github", "gitea", "gitlab")
 
 
 def _add_source_args(parser: argparse.ArgumentParser) -> None:
@@ -121,8 +123,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--webhook-secret",
         default=os.environ.get("SLESS_WEBHOOK_SECRET"),
-        help="webhook signing secret (default: $SLESS_WEBHOOK_SECRET)",
+        help="webhook secret of every forge that has none of its own; weaker, as GitLab sends "
+        "its secret in clear (default: $SLESS_WEBHOOK_SECRET)",
     )
+    for forge in WEBHOOK_FORGES:
+        variable = f"SLESS_WEBHOOK_SECRET_{forge.upper()}"
+        serve.add_argument(
+            f"--webhook-secret-{forge}",
+            default=os.environ.get(variable),
+            help=f"webhook secret of {forge} alone (default: ${variable})",
+        )
     serve.add_argument(
         "--secrets-dir", help="secrets for {secret: NAME, key: KEY}: one file per key, DIR/NAME/KEY"
     )
@@ -354,11 +364,18 @@ def _trusted_proxies(value: str) -> tuple[str, ...]:
     return tuple(networks)
 
 
+def _webhook_secrets(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """(forge, secret) for each forge given a secret of its own."""
+    pairs = ((forge, getattr(args, f"webhook_secret_{forge}")) for forge in WEBHOOK_FORGES)
+    return tuple((forge, secret) for forge, secret in pairs if secret)
+
+
 def _register_secrets(args: argparse.Namespace) -> None:
     """Every secret this process knows of, redacted from log lines before any is written."""
     for value in (
         args.api_token,
         args.webhook_secret,
+        *dict(_webhook_secrets(args)).values(),
         os.environ.get("SLESS_GIT_PASSWORD"),
         os.environ.get("SLESS_GIT_SSH_PASSPHRASE"),
         os.environ.get("SLESS_FORGE_TOKEN"),
@@ -500,6 +517,7 @@ def _serve(args: argparse.Namespace) -> int:
         poll_interval=_positive("--poll-interval", args.poll_interval),
         api_token=args.api_token or None,
         webhook_secret=args.webhook_secret or None,
+        webhook_secrets=_webhook_secrets(args),
         secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
         max_builds=int(_positive("--max-builds", args.max_builds)),
         build_timeout=_positive("--build-timeout", args.build_timeout),

@@ -62,7 +62,8 @@ class ServeConfig:
     port: int = 8080
     poll_interval: float = 30.0
     api_token: str | None = None
-    webhook_secret: str | None = None
+    webhook_secret: str | None = None  # every forge's that has none of its own (weaker)
+    webhook_secrets: tuple[tuple[str, str], ...] = ()  # (forge, secret): a forge's own
     secrets_dir: Path | None = None
     max_builds: int = 2
     build_timeout: float = 600.0
@@ -203,6 +204,7 @@ class Server:
             repo=mirror_mod.redact(self.url),
             api_token=config.api_token,
             webhook_secret=config.webhook_secret,
+            webhook_secrets=dict(config.webhook_secrets),
             on_shutdown=self._shutdown,
             poll_interval=config.poll_interval,
             readiness=self._readiness,
