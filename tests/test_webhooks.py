@@ -17,9 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gitops_sless import proxy, webhooks
+from gitops_sless.api import create_api
 from gitops_sless.routes import RouteTable
+from gitops_sless.store import Store
 
-from .test_api import Api, make_api
+from .test_api import Api, Client, RecordingReconciler, make_api
 
 SECRET = "s3cret"
 BODY = json.dumps({"ref": "refs/heads/main", "after": "abc"}).encode()
@@ -245,3 +247,122 @@ def test_a_client_that_disconnects_mid_body_leaves_no_traceback(tmp_path, caplog
         )
     ]
     assert api.reconciler.requests == []
+
+
+# --- one secret per forge, seen from the attacker's side ---------------------------------------
+
+
+def separate_secrets_api(tmp_path: Path, shared: str | None = None) -> Api:
+    """GitHub and GitLab each with a secret of their own; Gitea with ``shared`` alone."""
+    reconciler = RecordingReconciler()
+    store = Store(tmp_path / "status.db")
+    own = {"github": "github-only", "gitlab": "gitlab-only"}
+    app = create_api(
+        reconciler, store, "main", "repo", "t", webhook_secret=shared, webhook_secrets=own
+    )
+    return Api(Client(app), reconciler, store)
+
+
+def post(api: Api, forge: str, headers: dict[str, str], body: bytes = BODY):
+    return api.http.post(f"/api/v1/webhooks/{forge}", content=body, headers=headers)
+
+
+def test_a_forge_with_no_secret_at_all_is_403_and_the_others_use_their_own(tmp_path):
+    api = separate_secrets_api(tmp_path)
+    refused = post(api, "gitea", signed("gitea", secret="gitlab-only"))
+    assert refused.status_code == 403
+    assert "SLESS_WEBHOOK_SECRET_GITEA" in refused.json()["error"]
+    assert post(api, "github", signed("github", secret="github-only")).status_code == 202
+    assert post(api, "gitlab", signed("gitlab", secret="gitlab-only")).status_code == 202
+    assert api.reconciler.requests == ["webhook:github", "webhook:gitlab"]
+
+
+def test_the_gitlab_token_seen_in_clear_does_not_sign_github_events(tmp_path):
+    """One GitLab delivery shows its secret (X-Gitlab-Token): with a secret per forge it
+    signs nothing else; the shared default still serves Gitea, which has none of its own."""
+    api = separate_secrets_api(tmp_path, shared="shared-default")
+    seen = signed("gitlab", secret="gitlab-only")["x-gitlab-token"]
+    forged = post(api, "github", signed("github", secret=seen))
+    assert forged.status_code == 401
+    assert post(api, "github", signed("github", secret="shared-default")).status_code == 401
+    assert post(api, "gitea", signed("gitea", secret="shared-default")).status_code == 202
+    assert api.reconciler.requests == ["webhook:gitea"]
+
+
+def test_with_one_shared_secret_a_seen_gitlab_token_signs_github_events(tmp_path):
+    """Why the secrets are separate: the same forgery succeeds against a shared secret."""
+    api = app_with_secret(tmp_path)
+    seen = signed("gitlab")["x-gitlab-token"]
+    forged = post(api, "github", signed("github", secret=seen))
+    assert forged.status_code == 202
+    assert api.reconciler.requests == ["webhook:github"]
+
+
+# --- deliveries acted on once -------------------------------------------------------------------
+
+
+def with_id(forge: str, delivery: str, secret: str = SECRET, body: bytes = BODY) -> dict[str, str]:
+    return {**signed(forge, body, secret), webhooks.DELIVERY_HEADERS[forge]: delivery}
+
+
+@pytest.mark.parametrize("forge", webhooks.FORGES)
+def test_a_delivery_received_before_is_200_and_requests_no_sync(tmp_path, forge):
+    api = app_with_secret(tmp_path)
+    first = post(api, forge, with_id(forge, "d-1"))
+    assert first.status_code == 202
+    again = post(api, forge, with_id(forge, "d-1"))
+    assert (again.status_code, again.json()) == (
+        200,
+        {"accepted": False, "ignored": "duplicate delivery"},
+    )
+    assert api.reconciler.requests == [f"webhook:{forge}"]
+    # another delivery of the same push is acted on: only the id makes it a repeat
+    assert post(api, forge, with_id(forge, "d-2")).status_code == 202
+    assert len(api.reconciler.requests) == 2
+
+
+def test_an_unsigned_request_does_not_mark_its_delivery_id_as_seen(tmp_path):
+    api = app_with_secret(tmp_path)
+    assert post(api, "github", with_id("github", "d-1", secret="guess")).status_code == 401
+    assert (
+        post(api, "github", {"x-github-event": "push", "x-github-delivery": "d-1"}).status_code
+        == 401
+    )
+    assert post(api, "github", with_id("github", "d-1")).status_code == 202
+    assert api.store.deliveries() == 1
+
+
+def test_a_push_without_a_delivery_id_is_acted_on_every_time(tmp_path):
+    """Nothing to know it by: documented; a push only asks for a pass, which reads git."""
+    api = app_with_secret(tmp_path)
+    for _ in range(3):
+        assert post(api, "gitea", signed("gitea")).status_code == 202
+    assert api.reconciler.requests == ["webhook:gitea"] * 3
+    assert api.store.deliveries() == 0
+
+
+def test_an_absurd_delivery_id_is_400(tmp_path):
+    api = app_with_secret(tmp_path)
+    response = post(api, "gitlab", with_id("gitlab", "x" * 201))
+    assert response.status_code == 400
+    assert "X-Gitlab-Event-UUID is longer than 200" in response.json()["error"]
+    assert api.reconciler.requests == []
+
+
+class FailingOnce(RecordingReconciler):
+    def request_sync(self, trigger: str) -> int:
+        if not self.requests:
+            self.requests.append("failed")
+            raise RuntimeError("the store is gone for a moment")
+        return super().request_sync(trigger)
+
+
+def test_a_delivery_that_could_not_be_acted_on_is_acted_on_when_sent_again(tmp_path):
+    reconciler = FailingOnce()
+    store = Store(tmp_path / "status.db")
+    http = Client(create_api(reconciler, store, "main", "repo", "t", webhook_secret=SECRET))
+    api = Api(http, reconciler, store)
+    with pytest.raises(RuntimeError):
+        post(api, "github", with_id("github", "d-1"))
+    assert post(api, "github", with_id("github", "d-1")).status_code == 202
+    assert reconciler.requests == ["failed", "webhook:github"]
