@@ -263,14 +263,18 @@ class ReadGate:
         self.signin_page = signin_page
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.access.open_reads or is_public(scope["path"]):
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or self.access.open_reads or is_public(scope["path"]):
             await self.app(scope, receive, send)
             return
-        request = Request(scope)
-        refusal = self.access.read_refusal(request)
+        refusal = self.access.read_refusal(HTTPConnection(scope))
         if refusal is None:
             await self.app(scope, receive, send)
             return
+        if kind == "websocket":  # none today; one added later is closed like the rest
+            await send({"type": "websocket.close", "code": 1008, "reason": refusal})
+            return
+        request = Request(scope)
         browser = scope["method"] in ("GET", "HEAD") and "text/html" in request.headers.get(
             "accept", ""
         )

@@ -474,3 +474,13 @@ def test_the_shipped_deployment_listens_off_loopback_with_a_token_from_its_secre
         listen, host, tokens.get("SLESS_API_TOKEN"), tokens.get("SLESS_READ_TOKEN"), False
     )
     assert refusal is None
+
+
+@pytest.mark.parametrize(("trusted", "status"), [(("127.0.0.0/8",), 303), ((), 403)])
+def test_behind_a_proxy_that_rewrites_host_only_a_trusted_one_names_the_public_host(
+    tmp_path, trusted, status
+):
+    client = make_client(tmp_path, trusted_proxies=trusted)
+    headers = {"Origin": "https://sless.example", "X-Forwarded-Host": "sless.example"}
+    response = client.post("/signin", data={"token": READ, "next": "/"}, headers=headers)
+    assert response.status_code == status
