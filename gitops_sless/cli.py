@@ -2,7 +2,8 @@
 
 ``validate``, ``render`` and ``serve`` work on a repository; ``status``, ``diff``,
 ``logs``, ``invoke`` and ``sync`` talk to a running server (``--server URL``,
-default ``$SLESS_SERVER`` or http://127.0.0.1:8080, token from ``$SLESS_API_TOKEN``).
+default ``$SLESS_SERVER`` or http://127.0.0.1:8080; reads send ``$SLESS_READ_TOKEN``,
+else ``$SLESS_API_TOKEN``, and ``sync`` sends ``$SLESS_API_TOKEN``).
 
 Exit codes: 0 success (everything Ready, no difference, a 2xx answer, a sync
 that succeeded); 1 the answer is not (invalid manifests, a function not Ready,
@@ -118,7 +119,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--api-token",
         default=os.environ.get("SLESS_API_TOKEN"),
-        help="bearer token for POST /api/v1/sync (default: $SLESS_API_TOKEN)",
+        help="bearer token that reads and writes (POST /api/v1/sync, DELETE) "
+        "(default: $SLESS_API_TOKEN)",
+    )
+    serve.add_argument(
+        "--read-token",
+        default=os.environ.get("SLESS_READ_TOKEN"),
+        help="bearer token that only reads: the dashboard, the status API, logs, /metrics "
+        "(default: $SLESS_READ_TOKEN)",
+    )
+    serve.add_argument(
+        "--anonymous-read",
+        action="store_true",
+        help="serve reads (job results, logs, the dashboard) to anyone, even with a token set "
+        "or off a loopback address",
     )
     serve.add_argument(
         "--webhook-secret",
@@ -203,7 +217,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
         "--server",
         metavar="URL",
         help="the gitops-sless serve to talk to (default: $SLESS_SERVER or "
-        "http://127.0.0.1:8080); the API token comes from $SLESS_API_TOKEN",
+        "http://127.0.0.1:8080); reads send $SLESS_READ_TOKEN or $SLESS_API_TOKEN, "
+        "sync sends $SLESS_API_TOKEN",
     )
 
 
@@ -374,6 +389,7 @@ def _register_secrets(args: argparse.Namespace) -> None:
     """Every secret this process knows of, redacted from log lines before any is written."""
     for value in (
         args.api_token,
+        args.read_token,
         args.webhook_secret,
         *dict(_webhook_secrets(args)).values(),
         os.environ.get("SLESS_GIT_PASSWORD"),
@@ -496,6 +512,7 @@ def _kube_settings(args: argparse.Namespace) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .access import open_reads_refusal
     from .serve import ServeConfig, Server  # the server stack loads only for this command
 
     _register_secrets(args)
@@ -504,6 +521,15 @@ def _serve(args: argparse.Namespace) -> int:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise _UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
+    refusal = open_reads_refusal(
+        args.listen,
+        host.strip("[]") or "127.0.0.1",
+        args.api_token,
+        args.read_token,
+        args.anonymous_read,
+    )
+    if refusal:
+        raise _UsageError(refusal)
     if not _ENV_NAME.fullmatch(args.env):
         raise _UsageError(f"--env {args.env!r}: must be a DNS-1123 label of at most 40 characters")
     preview_filter = _preview_filter(args.preview_filter)
@@ -516,6 +542,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=int(port),
         poll_interval=_positive("--poll-interval", args.poll_interval),
         api_token=args.api_token or None,
+        read_token=args.read_token or None,
+        anonymous_read=args.anonymous_read,
         webhook_secret=args.webhook_secret or None,
         webhook_secrets=_webhook_secrets(args),
         secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
@@ -624,7 +652,12 @@ def _client(args: argparse.Namespace, timeout: float = 30.0) -> Client:
         url = server_url(args.server)
     except ValueError as exc:
         raise _UsageError(f"--server {exc}") from None
-    return Client(url, os.environ.get("SLESS_API_TOKEN"), timeout=timeout)
+    return Client(
+        url,
+        os.environ.get("SLESS_API_TOKEN"),
+        timeout=timeout,
+        read_token=os.environ.get("SLESS_READ_TOKEN"),
+    )
 
 
 def _colour(stream: TextIO) -> Callable[[str, str], str]:
@@ -1071,7 +1104,8 @@ def _complete(argv: Sequence[str]) -> int:
     if "--server" in argv[:-1]:
         server = argv[list(argv).index("--server") + 1]
     try:
-        with Client(server_url(server), os.environ.get("SLESS_API_TOKEN"), timeout=2) as client:
+        tokens = os.environ.get("SLESS_API_TOKEN"), os.environ.get("SLESS_READ_TOKEN")
+        with Client(server_url(server), tokens[0], timeout=2, read_token=tokens[1]) as client:
             envs = [e["name"] for e in client.get("/api/v1/environments")]
             if argv[:1] == ["envs"]:
                 print("\n".join(envs))

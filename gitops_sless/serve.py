@@ -62,6 +62,8 @@ class ServeConfig:
     port: int = 8080
     poll_interval: float = 30.0
     api_token: str | None = None
+    read_token: str | None = None  # reads only: the dashboard, /metrics, the status API
+    anonymous_read: bool = False  # reads need no token, even off loopback
     webhook_secret: str | None = None  # every forge's that has none of its own (weaker)
     webhook_secrets: tuple[tuple[str, str], ...] = ()  # (forge, secret): a forge's own
     secrets_dir: Path | None = None
@@ -203,6 +205,9 @@ class Server:
             branch=config.branch,
             repo=mirror_mod.redact(self.url),
             api_token=config.api_token,
+            read_token=config.read_token,
+            anonymous_read=config.anonymous_read,
+            trusted_proxies=config.trusted_proxies,
             webhook_secret=config.webhook_secret,
             webhook_secrets=dict(config.webhook_secrets),
             on_shutdown=self._shutdown,
@@ -417,8 +422,12 @@ class Server:
             why = "" if fn["phase"] == "Ready" else why
             why = why if len(why) <= 90 else why[:89] + "…"
             lines.append(f"  {fn['phase']:<9} {target}" + (f"  ({why})" if why else ""))
+        reader = "SLESS_READ_TOKEN" if self.config.read_token else "SLESS_API_TOKEN"
+        tokens = self.config.api_token or self.config.read_token
+        needs = tokens and not self.config.anonymous_read
+        auth = f' -H "Authorization: Bearer ${reader}"' if needs else ""
         lines += [
-            f"status:   curl {base}/api/v1/status",
+            f"status:   curl{auth} {base}/api/v1/status",
             f"API docs: {base}/docs",
         ]
         if self.seeded:
