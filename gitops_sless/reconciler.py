@@ -146,6 +146,7 @@ class Reconciler:
         self._published = -1  # the records version the proxy and /metrics last saw
         self._derived_from: tuple[Any, ...] | None = None  # the phases' inputs last pass
         self._derived_for: dict[str, tuple[Any, ...]] = {}  # and each function's
+        self._steady: tuple[tuple[Any, ...], Plan] | None = None  # the last idle plan
         self._outcomes: dict[str, Outcome] = {}  # deploys that did not start, by function
         self._serving: set[str] = {row["name"] for row in store.serving(env)}
         self._restored = False
@@ -394,8 +395,19 @@ class Reconciler:
                 return planned
 
     def _plan(self, desired: DesiredState) -> Plan:
-        observed = self._observe(desired)
-        planned = plan(desired, self.env, observed, self._deployment_for)
+        self.backend.refresh(self.env)
+        self._adopt_job_runs()
+        # first: a build that finishes after this is seen as under way, never as not started
+        under_way = self._work.under_way()
+        runs = self.store.jobs(self.env)
+        key = self._steady_key(desired, under_way, runs)
+        if key is not None and self._steady is not None and self._steady[0] == key:
+            return self._steady[1]  # nothing the last (idle) plan came from changed
+        planned = plan(
+            desired, self.env, self._observe(desired, under_way, runs), self._deployment_for
+        )
+        idle = planned.is_empty and not planned.failed and not planned.building
+        self._steady = (key, planned) if key is not None and idle else None
         emptying = planned.prunes and not desired.functions and not desired.invalid_names
         if emptying and not self.allow_empty:
             # a wrong path or a bad fetch must not empty an environment (Argo CD: allowEmpty)
@@ -406,6 +418,25 @@ class Reconciler:
             )
             planned.prunes = []
         return planned
+
+    def _steady_key(
+        self, desired: DesiredState, under_way: frozenset[Hashable], runs: list[dict[str, Any]]
+    ) -> tuple[Any, ...] | None:
+        """What a plan comes from, cheap to compare at 10,000 functions; None when the backend
+        cannot say whether what runs changed (then every pass plans)."""
+        running = self.backend.health_version(self.env)
+        if running is None:
+            return None
+        return (
+            desired.revision,
+            running,
+            under_way,
+            self._work.mark(),
+            len(self._built),
+            len(self._serving),
+            tuple(sorted(self._outcomes.items())),
+            tuple((r["name"], r["run_id"], r["phase"], r["error"]) for r in runs),
+        )
 
     def _deployment_for(self, env: str, fn: Function, results: Mapping[str, str]) -> Deployment:
         """deployment_for, remembered while the function and the results it takes stay."""
@@ -424,12 +455,10 @@ class Reconciler:
 
     # --- observing --------------------------------------------------------------------------
 
-    def _observe(self, desired: DesiredState) -> Observed:
-        self.backend.refresh(self.env)
-        self._adopt_job_runs()
+    def _observe(
+        self, desired: DesiredState, under_way: frozenset[Hashable], runs: list[dict[str, Any]]
+    ) -> Observed:
         now = self.clock()
-        # first: a build that finishes after this is seen as under way, never as not started
-        under_way = self._work.under_way()
         failed = {}
         for fn in desired.functions.values():
             tag = fn.build_tag
@@ -442,7 +471,6 @@ class Reconciler:
             recent = record and now - (record["finished"] or 0) < self.build_retry_sec
             if recent and record["phase"] == "Failed":
                 failed[tag] = record["error"] or "build failed"
-        runs = self.store.jobs(self.env)
         finished = frozenset((r["name"], r["run_id"]) for r in runs if r["phase"] in FINISHED)
         return Observed(
             built=frozenset(self._built),
