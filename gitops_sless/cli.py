@@ -446,6 +446,28 @@ def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
         help="base=BRANCH (default: --branch), label=NAME, branch=PATTERN (head branch)",
     )
     group.add_argument(
+        "--preview-trust",
+        choices=_TRUST_LEVELS,
+        default=_env_choice("SLESS_PREVIEW_TRUST", "same-repo"),
+        help="whose pull requests run: same-repo (heads in this repository), approved (also "
+        "forks, each commit approved by a user with write access), all (every PR: private "
+        "repositories only) (default: $SLESS_PREVIEW_TRUST or same-repo)",
+    )
+    group.add_argument(
+        "--preview-approve-label",
+        default=os.environ.get("SLESS_PREVIEW_APPROVE_LABEL") or "preview",
+        metavar="LABEL",
+        help="with --preview-trust approved: the label a user with write access adds to "
+        "approve a fork's current commit (default: $SLESS_PREVIEW_APPROVE_LABEL or preview)",
+    )
+    group.add_argument(
+        "--preview-secrets-dir",
+        default=os.environ.get("SLESS_PREVIEW_SECRETS_DIR") or None,
+        metavar="DIR",
+        help="the previews' secrets, DIR/NAME/KEY; production's are never given to a "
+        "preview (default: $SLESS_PREVIEW_SECRETS_DIR; none: previews get no secret)",
+    )
+    group.add_argument(
         "--max-previews", type=int, default=10, help="previews at once; more wait (default: 10)"
     )
     group.add_argument(
@@ -472,6 +494,9 @@ def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
+# trust.TRUST_LEVELS, written again here: the server stack loads only for serve
+_TRUST_LEVELS = ("same-repo", "approved", "all")
+
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
 
 
@@ -493,6 +518,25 @@ def _preview_filter(text: str) -> dict[str, str]:
             )
         found[key] = value
     return found
+
+
+def _approve_label(label: str) -> str:
+    if not label.strip():
+        raise _UsageError("--preview-approve-label: must not be empty")
+    return label.strip()
+
+
+def _preview_secrets_dir(value: str | None, secrets_dir: str | None) -> Path | None:
+    """The previews' secrets folder; production's own would hand its secrets to any PR."""
+    if not value:
+        return None
+    path = Path(value).resolve()
+    if secrets_dir and Path(secrets_dir).resolve() in (path, *path.parents):
+        raise _UsageError(
+            f"--preview-secrets-dir {value!r} is in --secrets-dir: previews run code from pull "
+            "requests, give them a folder of their own"
+        )
+    return path
 
 
 def _kube_settings(args: argparse.Namespace) -> Any:
@@ -564,6 +608,9 @@ def _serve(args: argparse.Namespace) -> int:
         preview_branch=preview_filter.get("branch"),
         max_previews=int(_positive("--max-previews", args.max_previews)),
         preview_ttl=_duration("--preview-ttl", args.preview_ttl),
+        preview_trust=_choice("SLESS_PREVIEW_TRUST", args.preview_trust, _TRUST_LEVELS),
+        preview_approve_label=_approve_label(args.preview_approve_label),
+        preview_secrets_dir=_preview_secrets_dir(args.preview_secrets_dir, args.secrets_dir),
         instance_name=args.instance_name,
         forge_token=os.environ.get("SLESS_FORGE_TOKEN") or None,
         forge_kind=args.forge,

@@ -17,12 +17,21 @@ has nothing but the ref to say it is open: when the ref leaves the remote, it
 is closed, and it opens again if the ref comes back. Teardown is recorded before
 it starts (``TearingDown``), so a reconciler killed in the middle finishes it
 when it starts again.
+
+Which PRs run, and at which commit, is :mod:`gitops_sless.trust`'s to decide
+(``--preview-trust``, approvals, the label filter): a PR it holds back is listed
+``Waiting`` with the reason and runs nothing; one that ran before is taken down
+(its environment removed, the row kept). Approval is a label added by a user with
+write access: the event says who added it at which head; the forge says, in this
+thread, whether that user may write. What the forge hears of a preview is
+:class:`~gitops_sless.reporter.PreviewReport`'s: states, names and links only.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -32,12 +41,14 @@ from typing import Any, Protocol
 
 from . import logs
 from .backend import Backend
-from .errors import SlessError
+from .errors import ForgeUnavailable, SlessError
 from .pulls import PullRequest
 from .reconciler import Reconciler
+from .reporter import PreviewReport
 from .routes import RouteTable
 from .source import Snapshot
 from .store import Store
+from .trust import Decision, Gate, adds_label, decide, label_commit
 
 __all__ = ["PREVIEW_STATES", "PreviewConfig", "Previews", "env_name"]
 
@@ -70,27 +81,24 @@ class Forge(Protocol):
 
     def pull(self, number: int) -> PullRequest | None: ...
 
+    def can_write(self, user: str, user_id: int | None = None) -> bool: ...
+
 
 class Reporting(Protocol):
-    def report(
-        self,
-        number: int,
-        sha: str,
-        state: str,
-        description: str,
-        url: str | None = None,
-        comment_body: str | None = None,
-    ) -> None: ...
+    def report_preview(self, number: int, preview: PreviewReport) -> None: ...
 
 
 @dataclass(frozen=True)
 class PreviewConfig:
     base: str = "main"  # only PRs into this branch (the tracked branch by default)
-    label: str | None = None  # only PRs with this label
+    base_from_filter: bool = False  # base named by --preview-filter: an unknown base fails
+    label: str | None = None  # only commits this label was added at
     branch: str | None = None  # only PRs whose head branch matches this pattern
     max_previews: int = 10
     ttl_sec: float = 7 * 86400
     public_url: str = "http://127.0.0.1:8080"
+    trust: str = "same-repo"  # trust.TRUST_LEVELS
+    approve_label: str = "preview"
 
 
 class PinnedSource:
@@ -138,6 +146,9 @@ class Previews:
         self._hooked: dict[int, tuple[float, str | None]] = {}
         self._forge_read_at = 0.0  # when the last open list was asked for
         self._forge_open: dict[int, PullRequest] | None = None  # the API's last answer
+        self.gate = Gate(config.trust, config.approve_label, config.label, forge is not None)
+        # why the last label did not approve: number -> (the head it was added at, why)
+        self._refused: dict[int, tuple[str, str]] = {}
         self._wanted = threading.Event()
         self._stop = threading.Event()
         self._pass_lock = threading.Lock()
@@ -147,6 +158,14 @@ class Previews:
     # --- the loop ------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.config.trust == "approved" and self.forge is None:
+            logs.event(
+                log,
+                "preview.trust",
+                "--preview-trust approved without SLESS_FORGE_TOKEN: who adds a label cannot "
+                "be checked, so no fork is approved (forks wait as with same-repo)",
+                level=logging.WARNING,
+            )
         threading.Thread(target=self._loop, name="sless-previews", daemon=True).start()
         if self.forge is not None:
             threading.Thread(target=self._poll_forge, name="sless-forge", daemon=True).start()
@@ -201,12 +220,18 @@ class Previews:
             "base": pr.base,
             "head_branch": pr.head_branch,
             "labels": pr.labels,
+            "same_repo": _flag(pr.same_repo),
         }
         if pr.state == "open" and row is not None and row["state"] == CLOSED:
             fields["state"] = "Waiting"  # reopened
         if pr.state == "open" and pr.head_sha:
             fields["head"] = pr.head_sha
-        self.store.set_preview(pr.number, **{k: v for k, v in fields.items() if v is not None})
+        if pr.state == "open" and self._approves(row, pr):
+            request = {"user": pr.sender, "id": pr.sender_id, "sha": pr.head_sha}
+            fields["approval_request"] = json.dumps(request)
+        fields = {k: v for k, v in fields.items() if v is not None}
+        fields.update(self._labelled(row, pr.labels, pr.labels_added, pr.head_sha))
+        self.store.set_preview(pr.number, **fields)
         if pr.state != "open":
             self.begin_teardown(pr.number, "merged" if pr.merged else "closed")
         self.request()
@@ -238,6 +263,29 @@ class Previews:
             )
         return None
 
+    def _approves(self, row: dict[str, Any] | None, pr: PullRequest) -> bool:
+        """An event that adds the approval label, by someone, at a known head."""
+        before = (row or {}).get("labels") or ()
+        return (
+            self.config.trust == "approved"
+            and bool(pr.sender and pr.head_sha)
+            and adds_label(self.config.approve_label, before, pr.labels, pr.labels_added)
+        )
+
+    def _labelled(
+        self,
+        row: dict[str, Any] | None,
+        labels: tuple[str, ...],
+        added: tuple[str, ...] | None,
+        head: str | None,
+    ) -> dict[str, Any]:
+        """The commit the filter's label selects after this observation (a field to set)."""
+        if self.config.label is None:
+            return {}
+        before = (row or {}).get("labels") or ()
+        previous = (row or {}).get("label_sha")
+        return {"label_sha": label_commit(self.config.label, before, labels, added, head, previous)}
+
     def delete(self, number: int) -> bool:
         """``DELETE /api/v1/environments/pr-N``: False when there is no such preview."""
         row = self.store.preview(number)
@@ -262,13 +310,14 @@ class Previews:
         if not self.leading():  # another replica runs the previews
             return
         self._finish_teardowns()
+        self._check_approvals()
         tracked = self.mirror.head()
         refs = self.mirror.preview_heads()
         forge_open = self._forge_open
         numbers = set(refs) | {r["number"] for r in self.store.previews()}
         if forge_open is not None:
             numbers |= set(forge_open)
-        candidates: list[tuple[int, str]] = []
+        candidates: list[tuple[int, str, Decision]] = []
         for number in sorted(numbers):
             head = self._observe(number, refs.get(number), forge_open)
             if head is None:
@@ -278,12 +327,16 @@ class Previews:
                 self.begin_teardown(number, "merged")
             elif time.time() - (row.get("head_since") or time.time()) > self.config.ttl_sec:
                 self.begin_teardown(number, "expired")
-            elif self._wanted_preview(row):
-                candidates.append((number, head))
+            elif (unwanted := self._unwanted(row)) is not None:
+                self._hold(number, head, unwanted)
+            elif (decision := decide(row, head, self.gate)).commit is None:
+                self._hold(number, head, self._why(number, head, decision))
+            else:
+                candidates.append((number, head, decision))
         self._finish_teardowns()
         running = set(self._reconcilers)
         candidates.sort(key=lambda c: (c[0] not in running, c[0]))
-        for index, (number, head) in enumerate(candidates):
+        for index, (number, head, decision) in enumerate(candidates):
             if index >= self.config.max_previews:
                 reason = (
                     f"over --max-previews {self.config.max_previews}: waits for another "
@@ -291,7 +344,7 @@ class Previews:
                 )
                 self._set_state(number, "Waiting", reason)
                 continue
-            self._converge(number, head)
+            self._converge(number, head, decision)
 
     def _observe(
         self, number: int, ref_head: str | None, forge_open: dict[int, PullRequest] | None
@@ -311,8 +364,12 @@ class Previews:
                 author=pr.author,
                 base=pr.base,
                 head_branch=pr.head_branch,
-                labels=pr.labels,
+                same_repo=_flag(pr.same_repo),
             )
+            # a webhook newer than the list knows the labels better
+            if self._hooked.get(number, (0.0, None))[0] < self._forge_read_at:
+                fields["labels"] = pr.labels
+                fields.update(self._labelled(row, pr.labels, None, pr.head_sha))
         elif (
             forge_open is not None
             and row is not None
@@ -376,62 +433,138 @@ class Previews:
         changed = {
             k: v
             for k, v in fields.items()
-            if v is not None and (row is None or row.get(k) != (list(v) if k == "labels" else v))
+            if (v is not None or k == "label_sha")
+            and (row is None or row.get(k) != (list(v) if k == "labels" else v))
         }
         if changed or row is None:
             self.store.set_preview(number, **changed)
 
-    def _wanted_preview(self, row: dict[str, Any]) -> bool:
-        """The filter: base branch, label, head-branch pattern (unknown passes)."""
-        if row.get("base") and row["base"] != self.config.base:
-            return False
-        if self.config.label and self.config.label not in (row.get("labels") or []):
-            return False
-        branch = row.get("head_branch")
-        return not (
-            self.config.branch and branch and not fnmatch.fnmatch(branch, self.config.branch)
-        )
+    def _unwanted(self, row: dict[str, Any]) -> str | None:
+        """Why the filter's base or head-branch pattern leaves the PR out. What the sources
+        cannot tell fails, except a base left to its default (the tracked branch)."""
+        base, branch, config = row.get("base"), row.get("head_branch"), self.config
+        if (base is None and config.base_from_filter) or (base not in (None, config.base)):
+            return f"--preview-filter base={config.base}: the base is {base or 'unknown'}"
+        if config.branch and (branch is None or not fnmatch.fnmatch(branch, config.branch)):
+            return (
+                f"--preview-filter branch={config.branch}: the head branch is {branch or 'unknown'}"
+            )
+        return None
 
-    def _converge(self, number: int, head: str) -> None:
+    # --- trust -----------------------------------------------------------------------------
+
+    def _check_approvals(self) -> None:
+        """Ask the forge whether each user who added the approval label may write."""
+        for row in self.store.previews():
+            if row.get("approval_request") and row["state"] != CLOSED:
+                self._check_approval(row["number"], json.loads(row["approval_request"]))
+
+    def _check_approval(self, number: int, request: dict[str, Any]) -> None:
+        user, sha, env = request["user"], request["sha"], env_name(number)
+        if self.forge is None or self.config.trust != "approved":
+            self.store.set_preview(number, approval_request=None)
+            return
+        try:
+            allowed = self.forge.can_write(user, request.get("id"))
+        except ForgeUnavailable as exc:  # asked again next pass
+            logs.event(log, "forge.unavailable", str(exc), level=logging.WARNING, env=env)
+            return
+        except SlessError as exc:
+            allowed, why = False, f"the forge would not say whether {user} may write: {exc}"
+        else:
+            why = (
+                f'the label "{self.config.approve_label}" added by {user} approves nothing: '
+                f"{user} has no write access"
+            )
+        self.store.set_preview(number, approval_request=None)
+        if allowed:
+            self._refused.pop(number, None)
+            self.store.set_preview(number, approved=sha, approved_by=user)
+            logs.event(log, "preview.approved", f"commit {sha[:12]} by {user}", env=env)
+            return
+        self._refused[number] = (sha, why)
+        logs.event(log, "preview.not_approved", why, level=logging.WARNING, env=env)
+
+    def _why(self, number: int, head: str, decision: Decision) -> str:
+        """The decision's reason, and why the last label at ``head`` approved nothing."""
+        sha, refused = self._refused.get(number, ("", ""))
+        return f"{decision.reason} ({refused})" if sha == head else str(decision.reason)
+
+    def _hold(self, number: int, head: str, reason: str) -> None:
+        """``number`` may run nothing now: it waits, and what it ran before goes."""
+        self._withdraw(number)
+        self._set_state(number, "Waiting", reason)
+        if self._awaits_approval(number):
+            self._report(number, head, "Waiting", reason)
+
+    def _awaits_approval(self, number: int) -> bool:
+        """A fork a maintainer can approve: its PR hears that it waits (no other PR does)."""
+        row = self.store.preview(number) or {}
+        return self.gate.trust == "approved" and self.gate.can_approve and row.get("same_repo") == 0
+
+    def _withdraw(self, number: int) -> None:
+        """Take down what ``number`` ran (a stricter setting, a base that changed)."""
         env = env_name(number)
+        if number not in self._reconcilers and not self.store.functions(env):
+            return
+        self._remove_environment(number)
+        logs.event(log, "preview.withdrawn", "no longer allowed to run: taken down", env=env)
+
+    # --- converging ------------------------------------------------------------------------
+
+    def _converge(self, number: int, head: str, decision: Decision) -> None:
+        """Bring ``pr-<number>`` to the commit ``decision`` allows (the head, or an older
+        approved one while the head waits)."""
+        env, commit = env_name(number), decision.commit or head
         reconciler = self._reconcilers.get(number)
         if reconciler is None:
-            reconciler = self.make_reconciler(env, PinnedSource(self.mirror, head))
+            reconciler = self.make_reconciler(env, PinnedSource(self.mirror, commit))
             self._reconcilers[number] = reconciler
         source = reconciler.source
         assert isinstance(source, PinnedSource)
         try:
-            self.mirror.snapshot(head)
+            self.mirror.snapshot(commit)
         except SlessError:  # a webhook named a commit the next fetch brings
-            self._set_state(number, "Waiting", f"waiting for commit {head[:12]} to be fetched")
+            self._set_state(number, "Waiting", f"waiting for commit {commit[:12]} to be fetched")
             return
-        if self._reported_heads.get(number) != head:
-            self._report(number, head, "Building", None)  # pending first, for a new head
-        source.commit = head
+        if self._reported_heads.get(number) != commit:
+            self._report(number, commit, "Building", None)  # pending first, for a new head
+        source.commit = commit
         self.routes.reopen(env)
         result = reconciler.sync("preview")
         if (self.store.preview(number) or {}).get("state") in ("TearingDown", CLOSED):
             return  # closed or deleted while the pass ran: the teardown wins
-        failed = result.result in ("Failed", "Degraded", "Invalid")
-        state, reason = self._state_of(env, result.error if failed else None)
-        self._set_state(number, state, reason)
-        self._report(number, head, state, reason)
+        state, failures = self._state_of(env, result.result in ("Failed", "Degraded", "Invalid"))
+        notes = [self._why(number, head, decision)] if decision.reason else []
+        self._set_state(number, state, "; ".join(notes + failures) or None)
+        if decision.pinned:  # the head hears that it waits; the approved commit said its part
+            self._report(number, head, "Waiting", decision.reason)
+        else:
+            self._report(number, commit, state, None)
 
-    def _state_of(self, env: str, error: str | None) -> tuple[str, str | None]:
+    def _state_of(self, env: str, failed: bool) -> tuple[str, list[str]]:
+        """The preview's state, and what failed by name (never a message: see _report)."""
+        failures = self._failures(env)
+        if failures or failed:
+            return "Failed", failures or ["sync failed"]
         phases = [r["phase"] for r in self.store.functions(env)]
-        if error or any(p in ("Failed", "Invalid") for p in phases):
-            failed = next(
-                (
-                    f"{r['name']}: {(r['message'] or r['phase']).splitlines()[0]}"
-                    for r in self.store.functions(env)
-                    if r["phase"] in ("Failed", "Invalid")
-                ),
-                error,
-            )
-            return "Failed", failed
         if any(p in ("Pending", "Building") for p in phases):
-            return "Building", None
-        return "Ready", None
+            return "Building", []
+        return "Ready", []
+
+    def _failures(self, env: str) -> list[str]:
+        """What failed in ``env``, by name: ``greet: build failed``, ``job x failed``."""
+        found = []
+        for record in self.store.functions(env):
+            name, phase = record["name"], record["phase"]
+            if phase == "Invalid":
+                found.append(f"{name}: invalid manifest")
+            elif phase == "Failed":
+                build = self.store.build_of(record)
+                built = build is None or build["phase"] != "Failed"
+                found.append(f"{name} failed" if built else f"{name}: build failed")
+        jobs = self.store.jobs(env)
+        return found + [f"job {job['name']} failed" for job in jobs if job["phase"] == "Failed"]
 
     def _set_state(self, number: int, state: str, reason: str | None) -> None:
         row = self.store.preview(number)
@@ -440,29 +573,29 @@ class Previews:
 
     # --- reporting back ------------------------------------------------------------------
 
-    def _report(self, number: int, head: str, state: str, reason: str | None) -> None:
+    def _report(self, number: int, sha: str, state: str, note: str | None) -> None:
+        """Tell the forge: states, names and links only. A public PR's statuses and comments
+        are read by anyone, so no message, log line or result goes there."""
         if self.reporter is None:
             return
         env = env_name(number)
-        records = self.store.functions(env)
-        lines = [f"**Preview `{env}`** at `{head[:12]}`: {state}", ""]
-        lines += [
-            f"- `{r['name']}`: {r['phase']}" + (f" — {r['url']}" if r["url"] else "")
-            for r in records
-        ]
-        body = "\n".join(lines)
-        forge_state = {"Ready": "success", "Failed": "failure"}.get(state, "pending")
-        description = {"Ready": "preview ready", "Failed": f"preview failed: {reason or ''}"}.get(
-            state, "preview building"
-        )[:140]
-        url = f"{self.config.public_url}/fn/{env}/"
-        digest = hashlib.sha256(f"{head}|{forge_state}|{description}|{body}".encode()).hexdigest()
+        preview = PreviewReport(
+            env=env,
+            sha=sha,
+            state=state,
+            url=f"{self.config.public_url}/fn/{env}/",
+            functions=tuple((r["name"], r["phase"], r["url"]) for r in self.store.functions(env)),
+            failures=tuple(self._failures(env)) if state == "Failed" else (),
+            note=note,
+        )
+        said = f"{sha}|{preview.forge_state}|{preview.description}|{preview.comment}"
+        digest = hashlib.sha256(said.encode()).hexdigest()
         row = self.store.preview(number) or {}
         if row.get("reported") == digest:
             return  # said already: the forge hears each change once
-        self.reporter.report(number, head, forge_state, description, url, body)
+        self.reporter.report_preview(number, preview)
         self.store.set_preview(number, reported=digest)
-        self._reported_heads[number] = head
+        self._reported_heads[number] = sha
 
     # --- teardown ------------------------------------------------------------------------
 
@@ -483,19 +616,29 @@ class Previews:
 
     def _teardown(self, number: int, reason: str) -> None:
         env = env_name(number)
+        self._remove_environment(number)
+        self.store.set_preview(number, state=CLOSED, reason=reason)
+        logs.event(log, "preview.removed", f"{env} removed ({reason})", env=env)
+
+    def _remove_environment(self, number: int) -> None:
+        """Routes, processes or namespace, and status rows of ``pr-<number>``."""
+        env = env_name(number)
         reconciler = self._reconcilers.pop(number, None)
         if reconciler is not None:
             reconciler.stop()
+        self._reported_heads.pop(number, None)
         self.routes.close(env)
         for record in self.store.functions(env):
             self.backend.remove(env, record["name"])
         self.backend.remove_environment(env)
         self.store.delete_environment(env)
-        self.store.set_preview(number, state=CLOSED, reason=reason)
-        logs.event(log, "preview.removed", f"{env} removed ({reason})", env=env)
 
     # --- status --------------------------------------------------------------------------
 
     def listing(self) -> Iterable[dict[str, Any]]:
         """Previews that exist or wait, for ``GET /api/v1/environments``."""
         return [row for row in self.store.previews() if row["state"] != CLOSED]
+
+
+def _flag(value: bool | None) -> int | None:
+    return None if value is None else int(value)

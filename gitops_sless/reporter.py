@@ -10,6 +10,12 @@ again. When the forge is down or rate limited (``ForgeUnavailable``) the report
 waits and the worker backs off (the forge's limits are per token, so every PR
 waits); a report the forge refuses (``ForgeRefused``, a bad sha) is logged and
 dropped.
+
+What a report says is :class:`PreviewReport`'s to write: the preview's state, the
+names and phases of its functions, what failed by name (``build failed: greet``,
+``job notes-create-table failed``) and links. Statuses and comments on a public
+pull request are read by anyone, so they never carry a message, a log line or a
+result: whatever a function prints could hold a secret.
 """
 
 from __future__ import annotations
@@ -25,9 +31,56 @@ from . import logs
 from .errors import ForgeUnavailable
 from .forge import Forge
 
-__all__ = ["Reporter"]
+__all__ = ["PreviewReport", "Reporter"]
 
 log = logging.getLogger(__name__)
+
+
+_FORGE_STATES = {"Ready": "success", "Failed": "failure"}  # others are pending
+
+
+@dataclass(frozen=True)
+class PreviewReport:
+    """One preview as its pull request shows it: states, names and links, never output.
+
+    ``functions`` are (name, phase, url or None); ``failures`` say what failed, by name;
+    ``note`` is the previews' own word on why the head waits (trust, approval, filter).
+    """
+
+    env: str
+    sha: str
+    state: str  # Building | Ready | Failed | Waiting
+    url: str
+    functions: tuple[tuple[str, str, str | None], ...] = ()
+    failures: tuple[str, ...] = ()
+    note: str | None = None
+
+    @property
+    def forge_state(self) -> str:
+        return _FORGE_STATES.get(self.state, "pending")
+
+    @property
+    def description(self) -> str:
+        if self.state == "Ready":
+            return "preview ready"
+        if self.state == "Failed":
+            return "preview failed: " + ("; ".join(self.failures) or "see the preview")
+        if self.state == "Waiting":
+            return "preview waiting: " + (self.note or "not started yet")
+        return "preview building"
+
+    @property
+    def comment(self) -> str:
+        lines = [f"**Preview `{self.env}`** at `{self.sha[:12]}`: {self.state}"]
+        if self.note:
+            lines.append(f"\n{self.note}")
+        lines += [f"- {failure}" for failure in self.failures]
+        lines.append("")
+        lines += [
+            f"- `{name}`: {phase}" + (f" — {url}" if url else "")
+            for name, phase, url in self.functions
+        ]
+        return "\n".join(lines)
 
 
 @dataclass
@@ -102,6 +155,17 @@ class Reporter:
                 self._cond.notify_all()
         except Exception:  # never let reporting break a reconcile
             log.exception("report.failed: PR #%s: could not queue the report", number)
+
+    def report_preview(self, number: int, preview: PreviewReport) -> None:
+        """Queue what ``preview`` says: its status on its commit and the PR's comment."""
+        self.report(
+            number,
+            preview.sha,
+            preview.forge_state,
+            preview.description,
+            preview.url,
+            preview.comment,
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued report was sent or dropped; False on timeout."""

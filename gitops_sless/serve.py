@@ -85,6 +85,9 @@ class ServeConfig:
     preview_branch: str | None = None  # fnmatch pattern of head branches
     max_previews: int = 10
     preview_ttl: float = 7 * 86400
+    preview_trust: str = "same-repo"  # same-repo | approved | all (trust.TRUST_LEVELS)
+    preview_approve_label: str = "preview"
+    preview_secrets_dir: Path | None = None  # the previews' secrets; none: no secret
     instance_name: str = "gitops-sless"  # names this reconciler in commit statuses
     forge_token: str | None = None
     forge_kind: str | None = None
@@ -248,6 +251,7 @@ class Server:
             on_cron=self.invocations.record_cron,
             # the reconciler is made below; replicas exist only once it has run a pass
             on_replica_event=self._replica_event,
+            preview_secrets=SecretsDir(config.preview_secrets_dir, previews=True),
         )
 
     def _previews(self) -> Previews:
@@ -259,6 +263,9 @@ class Server:
             reporter = Reporter(forge, context=config.instance_name, marker=marker)
         settings = PreviewConfig(
             base=config.preview_base or config.branch,
+            base_from_filter=config.preview_base is not None,
+            trust=config.preview_trust,
+            approve_label=config.preview_approve_label,
             label=config.preview_label,
             branch=config.preview_branch,
             max_previews=config.max_previews,

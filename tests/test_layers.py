@@ -25,6 +25,7 @@ RANKS = {
     "store": 1,
     "webhooks": 1,
     "pulls": 1,
+    "trust": 1,
     "forgehttp": 1,
     "identity": 2,
     "runtimes": 2,

@@ -9,6 +9,10 @@ their own thread after each pass of ``main``: every check polls
 ``GET /api/v1/environments`` (or the proxy, ``/proc``, the forge imitation)
 until the expected state, with a timeout.
 
+Most of these tests are about what happens to a preview, not about whom it
+trusts: they run with ``--preview-trust all``, so that a PR known from its ref
+alone is previewed. Trust has its own tests (tests/test_preview_trust.py).
+
 Then :class:`gitops_sless.previews.Previews` in process: with doubles, to pin
 down faults the end-to-end tests show, and on the Kubernetes backend (the test
 API server and a real S3 server).
@@ -20,6 +24,7 @@ import hashlib
 import hmac
 import json
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -148,6 +153,8 @@ class Setup:
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         poll_interval: float = 3600,
+        trust: str = "all",
+        secrets_dir: Path | None = None,
     ) -> SlessServer:
         """A server with --previews; passes come from ``sync()`` and webhooks unless a
         ``poll_interval`` is given (a pass in flight when a preview is closed may put its
@@ -156,8 +163,9 @@ class Setup:
             self.url,
             self.state,
             poll_interval=poll_interval,
-            args=["--previews", *(args or [])],
+            args=["--previews", "--preview-trust", trust, *(args or [])],
             env=env,
+            secrets_dir=secrets_dir,
         )
         self.servers.append(server)
         return server.start()
@@ -280,10 +288,23 @@ def send(
     server: SlessServer, forge: str, body: bytes, event: str, secret: str = WEBHOOK_SECRET
 ) -> httpx.Response:
     digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    delivery = str(uuid.uuid4())  # each send is a new delivery, as the forge makes it
     headers = {
-        "github": {"X-Hub-Signature-256": f"sha256={digest}", "X-GitHub-Event": event},
-        "gitea": {"X-Gitea-Signature": digest, "X-Gitea-Event": event},
-        "gitlab": {"X-Gitlab-Token": secret, "X-Gitlab-Event": event},
+        "github": {
+            "X-Hub-Signature-256": f"sha256={digest}",
+            "X-GitHub-Event": event,
+            "X-GitHub-Delivery": delivery,
+        },
+        "gitea": {
+            "X-Gitea-Signature": digest,
+            "X-Gitea-Event": event,
+            "X-Gitea-Delivery": delivery,
+        },
+        "gitlab": {
+            "X-Gitlab-Token": secret,
+            "X-Gitlab-Event": event,
+            "X-Gitlab-Event-UUID": delivery,
+        },
     }[forge]
     return server.client.post(
         f"/api/v1/webhooks/{forge}",
@@ -601,7 +622,7 @@ def github_listing(fake: FakeForge, number: int, sha: str) -> None:
     """The PR as GitHub's API lists it: open, at ``sha`` (what a push to it does there)."""
     with fake.lock:
         fake.pulls = [p for p in fake.pulls if p["number"] != number]
-    fake.add_pull(number)
+    fake.add_pull(number, origin="same")
     with fake.lock:
         fake.pulls[-1]["head"]["sha"] = sha
         fake.pulls[-1]["head"]["ref"] = f"change-{number}"
@@ -864,19 +885,28 @@ class BackendDouble:
 
 
 class ForgeDouble:
-    def __init__(self, pulls: list[PullRequest]) -> None:
+    def __init__(self, pulls: list[PullRequest], writers: tuple[str, ...] = ()) -> None:
         self.pulls = pulls
+        self.writers = writers
 
     def open_pulls(self) -> list[PullRequest]:
         return list(self.pulls)
+
+    def pull(self, number: int) -> PullRequest | None:
+        return next((p for p in self.pulls if p.number == number), None)
+
+    def can_write(self, user: str, user_id: int | None = None) -> bool:
+        return user in self.writers
 
 
 class ReporterDouble:
     def __init__(self) -> None:
         self.reports: list[tuple[int, str, str]] = []
+        self.said: list[Any] = []  # the PreviewReports
 
-    def report(self, number: int, sha: str, state: str, *rest: Any) -> None:
-        self.reports.append((number, sha, state))
+    def report_preview(self, number: int, preview: Any) -> None:
+        self.reports.append((number, preview.sha, preview.forge_state))
+        self.said.append(preview)
 
 
 @pytest.fixture
@@ -892,10 +922,9 @@ def doubles(tmp_path: Path) -> Iterator[SimpleNamespace]:
         mirror=MirrorDouble(), backend=BackendDouble(), store=store, routes=RouteTable(), made=made
     )
 
-    def previews(**options: Any) -> Previews:
-        kit.previews = Previews(
-            kit.mirror, kit.backend, store, kit.routes, PreviewConfig(), make, **options
-        )
+    def previews(config: PreviewConfig | None = None, **options: Any) -> Previews:
+        config = config or PreviewConfig(trust="all")  # refs alone open previews here
+        kit.previews = Previews(kit.mirror, kit.backend, store, kit.routes, config, make, **options)
         return kit.previews
 
     kit.make = previews
@@ -1053,7 +1082,7 @@ def test_kubernetes_preview_namespace_is_made_and_deleted_on_close(
     mirror = Mirror(str(bare), "main", tmp_path / "state" / "mirror.git", preview_refs=True)
     mirror.fetch()
     made = _Recorded(backend, store, routes)
-    previews = Previews(mirror, backend, store, routes, PreviewConfig(), made)
+    previews = Previews(mirror, backend, store, routes, PreviewConfig(trust="all"), made)
     try:
         previews.run_pass()
         row = store.preview(21)

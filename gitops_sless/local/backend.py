@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import runtimes
 from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobFailed, SecretUnavailable
-from ..manifest import Function, Job, SecretRef
+from ..manifest import Function, Job, SecretRef, is_preview
 from ..routes import Route, RouteTable
 from ..source import Snapshot
 from . import builder as local_builder
@@ -36,12 +36,17 @@ class LocalBackend(Backend):
         build_timeout_sec: float = 600,
         on_cron: Callable[[CronRun], None] | None = None,
         on_replica_event: ReplicaEvent | None = None,
+        preview_secrets: SecretsDir | None = None,
     ) -> None:
         """``on_replica_event(env, function, kind, reason)``: kind "exited" when a replica
         ended on its own (reason "OOMKilled: ..." or "exited with code N"), "recovered"
-        when restarts brought the function back to its replicas (reason None)."""
+        when restarts brought the function back to its replicas (reason None).
+
+        ``secrets`` serve the tracked branch's environment, ``preview_secrets`` the
+        previews (``pr-*``); without them a preview resolves no secret at all."""
         self.routes = routes
         self.secrets = secrets
+        self.preview_secrets = preview_secrets or SecretsDir(None, previews=True)
         self.builder = local_builder.LocalBuilder(
             state_dir / "artifacts", max_concurrent=max_builds, timeout_sec=build_timeout_sec
         )
@@ -66,8 +71,9 @@ class LocalBackend(Backend):
     def _process_spec(
         self, env: str, fn: Function, env_vars: Mapping[str, EnvValue]
     ) -> ProcessSpec:
+        secrets = self.secrets_for(env)
         resolved = {
-            name: self.secrets.resolve(value) if isinstance(value, SecretRef) else value
+            name: secrets.resolve(value) if isinstance(value, SecretRef) else value
             for name, value in env_vars.items()
         }
         return ProcessSpec(
@@ -112,11 +118,16 @@ class LocalBackend(Backend):
     def health_version(self, env: str) -> object:
         return self.supervisor.version
 
+    def secrets_for(self, env: str) -> SecretsDir:
+        """The scope ``env`` resolves from: a preview never reads production's secrets."""
+        return self.preview_secrets if is_preview(env) else self.secrets
+
     def unavailable(self, env: str, env_vars: Mapping[str, EnvValue]) -> str | None:
+        secrets = self.secrets_for(env)
         try:
             for value in env_vars.values():
                 if isinstance(value, SecretRef):
-                    self.secrets.resolve(value)
+                    secrets.resolve(value)
         except SecretUnavailable as exc:
             return str(exc)
         return None
