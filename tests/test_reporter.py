@@ -11,7 +11,7 @@ import pytest
 
 from gitops_sless.errors import ForgeRefused, ForgeUnavailable
 from gitops_sless.pulls import PullRequest
-from gitops_sless.reporter import Reporter
+from gitops_sless.reporter import PreviewReport, Reporter
 
 from .test_forge import SHA, make_client, serve
 
@@ -227,3 +227,28 @@ def test_a_bad_argument_never_raises_from_report(caplog):
         client.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_preview_report_goes_out_as_a_status_and_the_comment(forge, reporter):
+    """What previews hand the reporter: its state, names and links, nothing a function said."""
+    report = PreviewReport(
+        env="pr-5",
+        sha=_sha(5),
+        state="Failed",
+        url="https://sless.example/fn/pr-5/",
+        functions=(("greet", "Ready", "https://sless.example/fn/pr-5/greet/"),),
+        failures=("job notes-create-table failed",),
+    )
+    reporter.report_preview(5, report)
+    assert reporter.flush(5)
+    assert forge.calls == [
+        (
+            "status",
+            _sha(5),
+            "failure",
+            CONTEXT,
+            "preview failed: job notes-create-table failed",
+            "https://sless.example/fn/pr-5/",
+        ),
+        ("comment", 5, MARKER, report.comment),
+    ]
