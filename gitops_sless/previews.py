@@ -365,11 +365,10 @@ class Previews:
                 base=pr.base,
                 head_branch=pr.head_branch,
                 same_repo=_flag(pr.same_repo),
+                labels=pr.labels,
             )
-            # a webhook newer than the list knows the labels better
-            if self._hooked.get(number, (0.0, None))[0] < self._forge_read_at:
-                fields["labels"] = pr.labels
-                fields.update(self._labelled(row, pr.labels, None, pr.head_sha))
+            # a list says which labels are on, not which were added: compared with the row
+            fields.update(self._labelled(row, pr.labels, None, pr.head_sha))
         elif (
             forge_open is not None
             and row is not None

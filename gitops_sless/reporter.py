@@ -6,10 +6,10 @@ our comment on the pull request. Only the latest report of a pull request
 matters: a newer one replaces an older one still waiting (keeping its place in
 line), so a PR's statuses go out in the order they were reported and a stale one
 never follows a newer one. A report identical to the last one sent is not sent
-again. When the forge is down or rate limited (``ForgeUnavailable``) the report
-waits and the worker backs off (the forge's limits are per token, so every PR
-waits); a report the forge refuses (``ForgeRefused``, a bad sha) is logged and
-dropped.
+again, and one that changes only the comment leaves the status alone. When the
+forge is down or rate limited (``ForgeUnavailable``) the report waits and the
+worker backs off (the forge's limits are per token, so every PR waits); a report
+the forge refuses (``ForgeRefused``, a bad sha) is logged and dropped.
 
 What a report says is :class:`PreviewReport`'s to write: the preview's state, the
 names and phases of its functions, what failed by name (``build failed: greet``,
@@ -94,6 +94,7 @@ class _Report:
     status_sent: bool = False  # a retry sends only what is left
 
     def key(self) -> tuple[object, ...]:
+        """What the forge shows once it is sent: the status first, then the comment."""
         return (self.sha, self.state, self.description, self.url, self.comment)
 
 
@@ -211,6 +212,10 @@ class Reporter:
 
     def _send(self, item: _Report) -> bool:
         """Send one report; True when it must be tried again later."""
+        with self._cond:
+            said = self._sent.get(item.number)
+        if said is not None and said[:4] == item.key()[:4]:
+            item.status_sent = True  # only the comment changed: the status stays as it is
         try:
             if not item.status_sent:
                 self._forge.set_status(
