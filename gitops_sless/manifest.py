@@ -150,6 +150,8 @@ class _Manifest:
         self.problems: list[ManifestProblem] = []
         self.doc: Located | None = None
         self.data: dict[str, Any] = {}
+        self._declared: tuple[tuple[yamldoc.Path, str, str], ...] | None = None
+        self._job_refs: tuple[tuple[yamldoc.Path, str], ...] | None = None
 
     def problem(self, at: yamldoc.Path, reason: str, line: int | None = None) -> None:
         if line is None:
@@ -241,8 +243,27 @@ class _Manifest:
                 except cron.CronError as exc:
                     self.problem((*at, "triggers", j, "schedule"), str(exc))
 
-    def declared(self) -> Iterable[tuple[yamldoc.Path, str, str]]:
+    def declared(self) -> tuple[tuple[yamldoc.Path, str, str], ...]:
         """(path, name, what) of every function and job name, read as far as possible."""
+        if self._declared is None:
+            self._declared = tuple(self._read_declared())
+        return self._declared
+
+    def job_refs(self) -> tuple[tuple[yamldoc.Path, str], ...]:
+        """(path, job) of every ``{job: NAME}`` in an env of a valid manifest."""
+        if self._job_refs is None:
+            self._job_refs = tuple(self._read_job_refs())
+        return self._job_refs
+
+    def _read_job_refs(self) -> Iterable[tuple[yamldoc.Path, str]]:
+        for i, fn in enumerate(self.data.get("functions", [])):
+            envs = [(("env",), fn["env"]), (("preview", "env"), fn["preview"].get("env", {}))]
+            for where, env in envs:
+                for var, value in env.items():
+                    if isinstance(value, dict) and "job" in value:
+                        yield ("functions", i, *where, var, "job"), value["job"]
+
+    def _read_declared(self) -> Iterable[tuple[yamldoc.Path, str, str]]:
         data = self.doc.data if self.doc else None
         functions = data.get("functions") if isinstance(data, dict) else None
         for i, fn in enumerate(functions if isinstance(functions, list) else []):
@@ -355,7 +376,7 @@ def _find_manifests(
     again: a commit that changes one folder reads the trees on the way to it."""
     found = _below(snapshot, "", snapshot.tree_id(""), memo, live)
     for path, folder_id in found:
-        snapshot.know(posixpath.dirname(path), folder_id)
+        snapshot.know(path.rpartition("/")[0], folder_id)
     return sorted(path for path, _ in found)
 
 
@@ -404,19 +425,9 @@ def _check_unique_names(manifests: list[_Manifest]) -> None:
 def _check_job_references(manifests: list[_Manifest]) -> None:
     declared_jobs = {name for m in manifests for _, name, what in m.declared() if what == "job"}
     for m in manifests:
-        for i, fn in enumerate(m.data.get("functions", [])):
-            envs = [(("env",), fn["env"]), (("preview", "env"), fn["preview"].get("env", {}))]
-            for where, env in envs:
-                for var, value in env.items():
-                    if (
-                        isinstance(value, dict)
-                        and "job" in value
-                        and value["job"] not in declared_jobs
-                    ):
-                        m.problem(
-                            ("functions", i, *where, var, "job"),
-                            f"job {value['job']!r} is not defined in this repository",
-                        )
+        for at, job in m.job_refs():
+            if job not in declared_jobs:
+                m.problem(at, f"job {job!r} is not defined in this repository")
 
 
 class ManifestCache:
@@ -428,7 +439,8 @@ class ManifestCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], tuple[Located | None, dict[str, Any], list]] = {}
+        # (doc, data, problems, declared names, job references) by (path, folder tree id)
+        self._entries: dict[tuple[str, str], tuple[Any, ...]] = {}
         # the same folder gives the same Function objects: whoever remembers work per
         # function (a deployment's hash, its job dependencies) finds it again
         self._functions: dict[tuple[str, str], list[Function]] = {}
@@ -450,13 +462,13 @@ class ManifestCache:
         m = _Manifest(snapshot, path)
         key = (path, snapshot.tree_id(m.folder))
         if key in self._entries:
-            m.doc, m.data, problems = self._entries[key]
+            m.doc, m.data, problems, m._declared, m._job_refs = self._entries[key]
             m.problems = list(problems)
             return m
         m.parse()
         if not m.problems:
             m.check_functions()
-        self._entries[key] = (m.doc, m.data, list(m.problems))
+        self._entries[key] = (m.doc, m.data, list(m.problems), m.declared(), m.job_refs())
         return m
 
     def keep_only(self, manifests: list[_Manifest]) -> None:
