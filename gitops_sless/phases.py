@@ -32,10 +32,16 @@ class Outcome:
     retry_at: float | None = None
 
 
-def _deployed(fn: Function, health: Health | None) -> dict[str, Any]:
+STARTING = "starting: not seen running yet"
+
+
+def _deployed(fn: Function, health: Health | None, observed: bool) -> dict[str, Any]:
+    """``observed``: the backend reports what runs, so no report yet means not running yet."""
     if not fn.enabled:
         return {"phase": "Disabled", "message": None, "next_retry": None}
     if health is None:
+        if observed:
+            return {"phase": "Pending", "message": STARTING, "next_retry": None}
         return {"phase": "Ready", "message": None, "next_retry": None}
     fields: dict[str, Any] = {
         "phase": health.phase,
@@ -57,6 +63,7 @@ def _one(
     outcome: Outcome | None,
     health: Health | None,
     hashes: Mapping[str, str],
+    observed: bool,
 ) -> dict[str, Any]:
     name = fn.name
     if name in plan.failed:
@@ -73,7 +80,7 @@ def _one(
         if outcome.phase == "Failed":
             fields["restarts"] = outcome.attempts
         return {**fields, "next_retry": outcome.retry_at}
-    return _deployed(fn, health)
+    return _deployed(fn, health, observed)
 
 
 def inputs(
@@ -94,6 +101,7 @@ def inputs(
         outcomes.get(name),
         hashes.get(name),
         health.get(name),
+        bool(health),
     )
 
 
@@ -125,7 +133,7 @@ def derive(
     for name in names:
         fn = desired.functions[name]
         out[name] = {
-            **_one(fn, plan, outcomes.get(name), health.get(name), hashes),
+            **_one(fn, plan, outcomes.get(name), health.get(name), hashes, bool(health)),
             "manifest": fn.manifest,
             "url": urls.get(name),
             "wanted_tag": fn.build_tag,  # what the repository asks for; build_tag is what runs

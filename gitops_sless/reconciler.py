@@ -32,7 +32,7 @@ from .errors import SlessError, TransientError
 from .inflight import InFlight
 from .manifest import DesiredState, Function, Job
 from .metrics import METRICS
-from .phases import Outcome, derive, summarize
+from .phases import STARTING, Outcome, derive, summarize
 from .planner import Held, Observed, Plan, plan
 from .records import Records
 from .routes import Declared, RouteTable
@@ -879,8 +879,9 @@ class Reconciler:
 
     def _settle_later(self) -> None:
         """Look again soon while the backend reports a rollout in progress."""
-        if self._stopping.is_set() or not any(
-            h.settling for h in self.backend.health(self.env).values()
+        starting = any(r["message"] == STARTING for r in self._records.unsettled().values())
+        if self._stopping.is_set() or not (
+            starting or any(h.settling for h in self.backend.health(self.env).values())
         ):
             return
         if self._settle is None or not self._settle.is_alive():

@@ -74,8 +74,11 @@ def test_serve_converges_the_sample_repository_and_proxies_through_the_api_serve
         # the API server took the kubeconfig's token (else 401) and, like the real one, did
         # not pass credentials on; the caller's own Authorization never got that far
         assert "authorization" not in {name.lower() for name in echoed["headers"]}
-        notes = server.function("notes-py")
-        assert notes["phase"] == "Pending" and "notes-db" in notes["message"]
+        notes = wait_for(  # its pod is seen waiting once the view is read again
+            lambda: (n := server.function("notes-py")) and "notes-db" in (n["message"] or "") and n,
+            "notes-py waiting for its secret",
+        )
+        assert notes["phase"] == "Pending"
         assert server.call("notes-py", "/list").status_code == 503
         assert server.call("nobody", "/").status_code == 404
     finally:
