@@ -297,6 +297,8 @@ class Reconciler:
         except SlessError as exc:
             return self._failed(current, str(exc))
         except Exception as exc:  # a bug must not stop the loop or what is running
+            if self._stopping.is_set():  # stopped under it (its pools are gone): not a failure
+                return PassResult(current.revision, None, "the reconciler stopped", "Failed")
             log.exception("sync pass crashed")
             return self._failed(current, f"internal error: {type(exc).__name__}: {exc}")
         finally:

@@ -120,9 +120,9 @@ class GitSnapshot(Snapshot):
     def _walk_tree(self, tree: pygit2.Tree, folder: str) -> Iterator[tuple[str, Entry]]:
         for obj in tree:
             path = f"{folder}/{obj.name}" if folder else obj.name
-            kind = _MODE_KIND.get(obj.filemode, "blob")
-            yield path, Entry(obj.name, kind, obj.filemode, str(obj.id))
-            if kind == "tree":
+            entry = _entry(obj)
+            yield path, entry
+            if entry.kind == "tree":
                 self._objects[path] = obj
                 yield from self._walk_tree(obj, path)
 
@@ -130,10 +130,7 @@ class GitSnapshot(Snapshot):
         tree = self._object(folder)
         if not isinstance(tree, pygit2.Tree):
             raise SourceError(f"{folder}: not a folder in commit {self.revision[:12]}")
-        return [
-            Entry(obj.name, _MODE_KIND.get(obj.filemode, "blob"), obj.filemode, str(obj.id))
-            for obj in tree
-        ]
+        return [_entry(obj) for obj in tree]
 
     def read(self, path: str) -> bytes:
         obj = self._object(path)
@@ -145,6 +142,14 @@ class GitSnapshot(Snapshot):
         if folder in self._ids:
             return self._ids[folder]
         return str(self._object(folder).id)
+
+
+def _entry(obj: pygit2.Object) -> Entry:
+    # a folder needs no file mode (pygit2 makes an enum of each: a cost at 10,000 folders)
+    if obj.type_str == "tree":
+        return Entry(obj.name, "tree", 0o040000, str(obj.id))
+    mode = int(obj.filemode)
+    return Entry(obj.name, _MODE_KIND.get(mode, "blob"), mode, str(obj.id))
 
 
 SKIPPED = frozenset({".git", "__pycache__", "node_modules", ".sless-deps"})
