@@ -17,11 +17,13 @@ serving; a crash mid-pass leaves everything that ran running.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -267,7 +269,8 @@ class Reconciler:
             with self._idle:
                 self._follow_up_due = False  # this pass sees whatever finished until now
             try:
-                return self._sync(_Pass(trigger, time.time()))
+                with _collections_deferred():
+                    return self._sync(_Pass(trigger, time.time()))
             finally:
                 with self._idle:
                     self._passes += 1
@@ -390,7 +393,7 @@ class Reconciler:
             since = self._work.mark()
             planned = self._plan(desired)
             if self._start_work(planned, snapshot, current):
-                self._write_phases(desired, planned, current)  # Building/Pending show at once
+                self._show_started(desired, planned, current)
             self._deploy(planned, snapshot.revision, current)
             left = deadline - time.monotonic()
             if not self._work.wait_any(current.mine, since, left, self._interrupted):
@@ -783,6 +786,18 @@ class Reconciler:
 
     # --- status ----------------------------------------------------------------------
 
+    def _show_started(self, desired: DesiredState, planned: Plan, current: _Pass) -> None:
+        """Building and Pending show at once, not when the pass ends (it may wait)."""
+        names = [
+            name for name in (*planned.building, *planned.waiting) if name in desired.functions
+        ]
+        health = self.backend.health(self.env)
+        hashes = {d.name: d.spec_hash for d in planned.applies}
+        urls = {name: self.url(desired.functions[name]) for name in names}
+        fields = derive(desired, planned, self._outcomes, health, hashes, urls, names)
+        if sum(self._records.update(name, **f) for name, f in fields.items()):
+            self._begin_row(current)
+
     def _write_phases(self, desired: DesiredState, planned: Plan, current: _Pass | None) -> None:
         inputs = self._phase_inputs(desired, planned)
         if inputs is not None and inputs == self._derived_from:
@@ -890,6 +905,28 @@ class Reconciler:
             self._settle = threading.Timer(SETTLE_SEC, self.request_sync, args=("settle",))
             self._settle.daemon = True
             self._settle.start()
+
+
+_deferring = 0  # passes under way that hold back cyclic garbage collection
+_deferring_lock = threading.Lock()
+
+
+@contextmanager
+def _collections_deferred() -> Iterator[None]:
+    """A pass allocates many short-lived objects; a cyclic collection in the middle of one
+    scans the whole heap (millions of objects at 10,000 functions) and makes it several
+    times slower. Collections wait for the last pass under way to end, then run if due."""
+    global _deferring
+    with _deferring_lock:
+        _deferring += 1
+        gc.disable()
+    try:
+        yield
+    finally:
+        with _deferring_lock:
+            _deferring -= 1
+            if _deferring == 0:
+                gc.enable()
 
 
 def _tail(exc: SlessError) -> str:
