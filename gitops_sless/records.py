@@ -32,11 +32,6 @@ class Records:
             self._rows = rows
             self.version += 1
 
-    def get(self, name: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._rows.get(name)
-            return dict(row) if row else None
-
     def names(self) -> list[str]:
         with self._lock:
             return list(self._rows)

@@ -194,16 +194,7 @@ class GitDaemon:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_group(proc)
 
     def __enter__(self) -> GitDaemon:
         return self.start()
@@ -486,3 +477,17 @@ def git_http(git_root: Path) -> Iterator[SmartHttpServer]:
 @pytest.fixture
 def work_repo(tmp_path: Path) -> WorkRepo:
     return WorkRepo(tmp_path / "work")
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM a server's process group, SIGKILL it if it is still there 5 s later."""
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)

@@ -8,14 +8,12 @@ so ``git-upload-pack`` runs as it does on any git host reached over SSH.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
-import signal
 import subprocess
 from pathlib import Path
 
-from .gitserver import _wait_for_port, free_port
+from .gitserver import _wait_for_port, free_port, stop_group
 
 __all__ = ["SSHD", "Sshd", "keygen"]
 
@@ -103,16 +101,7 @@ class Sshd:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        stop_group(proc)
 
     def __enter__(self) -> Sshd:
         return self.start()
