@@ -9,6 +9,7 @@ what happened.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -342,3 +343,20 @@ def test_a_job_and_a_function_wait_for_their_secret_and_run_once_it_is_given(set
     assert job(again, "notes-create-table")["phase"] == "Succeeded"
     assert again.call("notes").json() == {"dsn": "postgres://db"}
     assert again.function("notes")["phase"] == "Ready"
+
+
+def test_a_restart_whose_build_is_gone_says_so_and_builds_it_again(setup):
+    setup.push(http_function("keep", "v1"))
+    server = setup.serve()
+    server.stop()
+    artifacts = setup.tmp_path / "state" / "artifacts"
+    for path in artifacts.iterdir():
+        if path.is_dir() and path.name.startswith("python3.11-"):
+            shutil.rmtree(path)
+    again = SlessServer(setup.url, setup.tmp_path / "state")
+    setup.servers.append(again)
+    again.start()
+    again.sync()
+    assert "function.unrestored" in again.output()
+    assert "is gone; it is built again" in again.output()
+    assert message(again, "keep") == "v1"
