@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from . import runtimes, templates
+from . import netpolicy, runtimes, templates
 from .backend import Deployment
-from .manifest import DesiredState, Function, Job, JobRef, SecretRef
+from .manifest import DesiredState, Function, Job, JobRef, SecretRef, is_preview
 from .templates import OMIT
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Rendered",
     "dump",
     "image_ref",
+    "pinned_image",
     "render_environment",
     "render_function",
     "render_job",
@@ -50,6 +52,8 @@ FUNCTION_HASH = "gitops-sless.dev/function-hash"
 OBJECT_COUNT = "gitops-sless.dev/objects"  # how many long-running objects the function has
 UNHASHED = frozenset({SPEC_HASH, REVISION})
 CONTAINER_PORT = 8080
+TRUST_LABEL = "gitops-sless.dev/trust"  # on build Jobs: trusted or untrusted
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -66,15 +70,25 @@ class RenderConfig:
     build_memory: str = "1Gi"
     build_service_account: str | None = None  # None: the namespace's default, no token
     build_ttl_sec: int = 3600  # finished build Jobs are deleted after this long
-    s3_bucket: str = "sless-builds"
-    s3_endpoint: str = "https://s3.amazonaws.com"
-    s3_region: str = "us-east-1"
-    s3_secret: str = "gitops-sless-build"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
     push_secret: str | None = None  # a docker-registry Secret kaniko pushes with
+    fetch_image: str = "curlimages/curl:8.11.1"  # fetches the build context (curl)
+    # builds of code nobody vouched for (a fork's preview): elsewhere, with other credentials
+    untrusted_namespace: str = "gitops-sless-untrusted"
+    untrusted_registry: str | None = None  # None: <registry>/untrusted
+    untrusted_push_secret: str | None = None  # a Secret in untrusted_namespace
+    build_runtime_class: str | None = None  # e.g. gvisor, for untrusted builds
     progress_deadline_sec: int = 600
+    # the labels of the reconciler's pods: with its namespace, all a function admits besides
+    # its own namespace (build pods in that namespace carry other labels)
+    reconciler_labels: tuple[tuple[str, str], ...] = netpolicy.DEFAULT_RECONCILER_LABELS
+    # CIDRs preview pods may reach besides DNS and their own namespace (SLESS_PREVIEW_EGRESS)
+    preview_egress: tuple[str, ...] = ()
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
+
+    def build_registry(self, trusted: bool = True) -> str:
+        return self.registry if trusted else self.untrusted_registry or f"{self.registry}/untrusted"
 
 
 @dataclass
@@ -86,8 +100,16 @@ class Rendered:
     waiting: dict[str, list[str]] = field(default_factory=dict)
 
 
-def image_ref(config: RenderConfig, tag: str) -> str:
-    return f"{config.registry}/functions:{tag}"
+def image_ref(config: RenderConfig, tag: str, trusted: bool = True) -> str:
+    """Where a build pushes ``tag`` (what runs is pinned by digest: :func:`pinned_image`)."""
+    return f"{config.build_registry(trusted)}/functions:{tag}"
+
+
+def pinned_image(config: RenderConfig, digest: str, trusted: bool = True) -> str:
+    """The image a build pushed, by its digest: a tag pushed again changes nothing that runs."""
+    if not _DIGEST.fullmatch(digest):
+        raise ValueError(f"{digest!r} is not an image digest (sha256:<64 hex digits>)")
+    return f"{config.build_registry(trusted)}/functions@{digest}"
 
 
 def spec_hash(obj: Mapping[str, Any]) -> str:
@@ -135,11 +157,14 @@ class _EnvironmentRenderer:
         environment: str,
         config: RenderConfig,
         job_results: Mapping[str, str],
+        image: str | None = None,
     ) -> None:
+        """``image``: what the workloads run (a pinned digest); None: the build tag's image."""
         self.state = state
         self.environment = environment
         self.config = config
         self.job_results = job_results
+        self.image = image
         self.namespace = config.namespace(environment)
 
     def resolved(self, fn: Function) -> dict[str, str | SecretRef]:
@@ -183,7 +208,7 @@ class _EnvironmentRenderer:
                 "restartPolicy": "Always" if serving else "Never",
                 "gracePeriod": fn.timeout_sec + 5,
                 "imagePullSecrets": [{"name": secret}] if secret else OMIT,
-                "image": image_ref(self.config, fn.build_tag),
+                "image": self.image or image_ref(self.config, fn.build_tag),
                 "command": runtime.container_command(role),
                 "env": self.container_env(fn, extra_env, env_vars),
                 "ports": [{"name": "http", "containerPort": CONTAINER_PORT}] if serving else OMIT,
@@ -246,7 +271,23 @@ class _EnvironmentRenderer:
             "controllerNamespace": self.config.controller_namespace,
         }
         yield _finish(templates.render("namespace", values), labels)
-        yield _finish(templates.render("networkpolicy", values), labels)
+        ingress = {
+            **values,
+            "reconcilerLabels": dict(self.config.reconciler_labels),
+            "port": CONTAINER_PORT,
+        }
+        yield _finish(templates.render("networkpolicy", ingress), labels)
+        if is_preview(self.environment):
+            yield _finish(templates.render("networkpolicy-egress", self.egress_values()), labels)
+
+    def egress_values(self) -> dict[str, Any]:
+        blocks = netpolicy.ip_blocks(self.config.preview_egress)
+        return {
+            "namespace": self.namespace,
+            "dnsNamespace": netpolicy.DNS_NAMESPACE,
+            "dnsPodLabels": dict(netpolicy.DNS_POD_LABELS),
+            "allowed": {"to": blocks} if blocks else OMIT,
+        }
 
     def build_objects(self) -> Iterator[dict[str, Any]]:
         assert self.state is not None
@@ -287,56 +328,74 @@ def build_job_name(tag: str) -> str:
     return "build-" + tag.replace(".", "-").replace("_", "-")
 
 
-def build_job(fn: Function, config: RenderConfig) -> dict[str, Any]:
-    """The kaniko Job that builds ``fn``'s image (shared by every function of its tag)."""
-    labels = {MANAGED_BY: "gitops-sless", BUILD_LABEL: fn.build_tag}
+def build_job(
+    fn: Function,
+    config: RenderConfig,
+    context_url: str | None = None,
+    trusted: bool = True,
+) -> dict[str, Any]:
+    """The kaniko Job that builds ``fn``'s image (shared by every function of its tag).
+
+    ``context_url``: a presigned GET URL of the context (None: a placeholder, for
+    ``gitops-sless render``). An untrusted build runs in its own namespace, pushes to its
+    own repository with its own Secret, and under the build runtime class if one is set.
+    """
+    labels = {
+        MANAGED_BY: "gitops-sless",
+        BUILD_LABEL: fn.build_tag,
+        TRUST_LABEL: "trusted" if trusted else "untrusted",
+    }
+    push_secret = config.push_secret if trusted else config.untrusted_push_secret
+    runtime_class = None if trusted else config.build_runtime_class
     values = {
         "name": build_job_name(fn.build_tag),
-        "namespace": config.controller_namespace,
+        "namespace": config.controller_namespace if trusted else config.untrusted_namespace,
         "podLabels": labels,
         "activeDeadline": config.build_timeout_sec,
         "kanikoImage": config.kaniko_image,
-        "bucket": config.s3_bucket,
-        "contextKey": f"contexts/{fn.build_tag}.tar.gz",
-        "image": image_ref(config, fn.build_tag),
-        "s3Region": config.s3_region,
-        "s3Endpoint": config.s3_endpoint,
-        "s3Secret": config.s3_secret,
-        "cacheRepo": f"{config.registry}/cache",
+        "fetchImage": config.fetch_image,
+        "contextUrl": context_url or f"<presigned GET URL of contexts/{fn.build_tag}.tar.gz>",
+        "image": image_ref(config, fn.build_tag, trusted),
+        # apart: an untrusted build must not seed layers a trusted build would reuse
+        "cacheRepo": f"{config.build_registry(trusted)}/cache",
         "cpu": config.build_cpu,
         "memory": config.build_memory,
         "ttl": config.build_ttl_sec,
         "serviceAccount": config.build_service_account or OMIT,
-        "pushSecretVolume": (
-            [
-                {
-                    "name": "registry-auth",
-                    "secret": {
-                        "secretName": config.push_secret,
-                        "items": [{"key": ".dockerconfigjson", "path": "config.json"}],
-                    },
-                }
-            ]
-            if config.push_secret
-            else OMIT
-        ),
-        "pushSecretMount": (
-            [{"name": "registry-auth", "mountPath": "/kaniko/.docker", "readOnly": True}]
-            if config.push_secret
-            else OMIT
-        ),
+        "runtimeClass": runtime_class or OMIT,
+        "volumes": _build_volumes(push_secret),
+        "kanikoMounts": [
+            {"name": "workspace", "mountPath": "/workspace", "readOnly": True},
+            *(
+                [{"name": "registry-auth", "mountPath": "/kaniko/.docker", "readOnly": True}]
+                if push_secret
+                else []
+            ),
+        ],
     }
     return _finish(templates.render("build-job", values), labels)
+
+
+def _build_volumes(push_secret: str | None) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [{"name": "workspace", "emptyDir": {"sizeLimit": "1Gi"}}]
+    if push_secret:
+        items = [{"key": ".dockerconfigjson", "path": "config.json"}]
+        volumes.append(
+            {"name": "registry-auth", "secret": {"secretName": push_secret, "items": items}}
+        )
+    return volumes
 
 
 def render_function(
     deployment: Deployment,
     config: RenderConfig,
     revision: str | None = None,
+    image: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The long-running objects of one function (Deployment, Service, CronJobs), env resolved."""
+    """The long-running objects of one function (Deployment, Service, CronJobs), env resolved;
+    ``image``: the pinned image they run (None: the build tag's, for offline rendering)."""
     fn = deployment.function
-    renderer = _EnvironmentRenderer(None, deployment.env, config, {})
+    renderer = _EnvironmentRenderer(None, deployment.env, config, {}, image)
     count = (2 if fn.http else 0) + len(fn.crons)
     objects = list(renderer.function_objects(fn, deployment.env_vars))
     if objects:
@@ -350,14 +409,19 @@ def render_function(
 
 
 def render_job(
-    env: str, fn: Function, job: Job, env_vars: Mapping[str, str | SecretRef], config: RenderConfig
+    env: str,
+    fn: Function,
+    job: Job,
+    env_vars: Mapping[str, str | SecretRef],
+    config: RenderConfig,
+    image: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one run of ``job``, with the env its function runs with."""
-    return _EnvironmentRenderer(None, env, config, {}).job_object(fn, job, env_vars)
+    return _EnvironmentRenderer(None, env, config, {}, image).job_object(fn, job, env_vars)
 
 
 def environment_objects(environment: str, config: RenderConfig) -> list[dict[str, Any]]:
-    """The Namespace and NetworkPolicy every environment has."""
+    """The Namespace and NetworkPolicies of an environment (previews also deny egress)."""
     return list(_EnvironmentRenderer(None, environment, config, {}).environment_objects())
 
 

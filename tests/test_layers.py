@@ -31,6 +31,7 @@ RANKS = {
     "runtimes": 2,
     "schema": 2,
     "templates": 2,
+    "netpolicy": 1,
     "mirror": 2,
     "forge": 2,
     "reporter": 2,

@@ -9,15 +9,15 @@ line (:class:`StartupError`), never a traceback.
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import netpolicy
 from ..errors import PermanentError, SlessError
-from ..renderer import MANAGED_BY, RenderConfig
+from ..renderer import RenderConfig
 from .client import KubeClient, KubeUnavailable, own_namespace
 from .storage import S3Config
 
@@ -26,7 +26,7 @@ __all__ = ["DEFAULT_KANIKO_IMAGE", "KubeSettings", "StartupError", "check"]
 log = logging.getLogger(__name__)
 
 DEFAULT_KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.23.2"
-BUILD_SECRET = "gitops-sless-build"
+DEFAULT_FETCH_IMAGE = "curlimages/curl:8.11.1"  # curl checks the S3 endpoint's certificate
 
 
 class StartupError(PermanentError):
@@ -46,6 +46,13 @@ class KubeSettings:
     build_cpu: str = "500m"
     build_memory: str = "1Gi"
     build_service_account: str | None = None
+    fetch_image: str = DEFAULT_FETCH_IMAGE
+    untrusted_namespace: str = "gitops-sless-untrusted"
+    untrusted_registry: str | None = None  # None: <registry>/untrusted
+    untrusted_push_secret: str | None = None
+    build_runtime_class: str | None = None
+    reconciler_labels: tuple[tuple[str, str], ...] = netpolicy.DEFAULT_RECONCILER_LABELS
+    preview_egress: tuple[str, ...] = ()
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -69,6 +76,12 @@ class KubeSettings:
             "build_cpu": get("SLESS_BUILD_CPU", "500m"),
             "build_memory": get("SLESS_BUILD_MEMORY", "1Gi"),
             "build_service_account": get("SLESS_BUILD_SERVICE_ACCOUNT"),
+            "fetch_image": get("SLESS_FETCH_IMAGE", DEFAULT_FETCH_IMAGE),
+            "untrusted_namespace": get("SLESS_UNTRUSTED_BUILD_NAMESPACE", "gitops-sless-untrusted"),
+            "untrusted_registry": get("SLESS_UNTRUSTED_REGISTRY"),
+            "untrusted_push_secret": get("SLESS_UNTRUSTED_PUSH_SECRET"),
+            "build_runtime_class": get("SLESS_BUILD_RUNTIME_CLASS"),
+            **_network_settings(environ),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -84,16 +97,35 @@ class KubeSettings:
             build_cpu=self.build_cpu,
             build_memory=self.build_memory,
             build_service_account=self.build_service_account,
-            s3_bucket=self.s3.bucket,
-            s3_endpoint=self.s3.endpoint,
-            s3_region=self.s3.region,
-            s3_secret=BUILD_SECRET,
             push_secret=self.push_secret,
+            fetch_image=self.fetch_image,
+            untrusted_namespace=self.untrusted_namespace,
+            untrusted_registry=self.untrusted_registry,
+            untrusted_push_secret=self.untrusted_push_secret,
+            build_runtime_class=self.build_runtime_class,
+            reconciler_labels=self.reconciler_labels,
+            preview_egress=self.preview_egress,
         )
 
 
+def _network_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """What the environments' NetworkPolicies admit; a bad value stops the start in one line."""
+    values: dict[str, Any] = {}
+    labels = environ.get("SLESS_RECONCILER_LABELS")
+    try:
+        if labels is not None:
+            values["reconciler_labels"] = netpolicy.parse_labels(labels)
+    except ValueError as exc:
+        raise StartupError(f"SLESS_RECONCILER_LABELS: {exc}") from exc
+    try:
+        values["preview_egress"] = netpolicy.parse_cidrs(environ.get("SLESS_PREVIEW_EGRESS", ""))
+    except ValueError as exc:
+        raise StartupError(f"SLESS_PREVIEW_EGRESS: {exc}") from exc
+    return values
+
+
 def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None:
-    """Raise StartupError naming the first thing missing; then bring the build Secret in step."""
+    """Raise StartupError naming the first thing missing."""
     where = f"Kubernetes API at {client.host}"
     attempts, client.attempts = client.attempts, 2  # a start-up check fails fast
     try:
@@ -104,6 +136,7 @@ def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None
                 f"(kubectl create namespace {settings.namespace}) or set SLESS_NAMESPACE"
             )
         client.list("Job", settings.namespace)  # may we work in it at all
+        _check_untrusted(client, settings)
     except KubeUnavailable as exc:
         raise StartupError(f"{where}: unreachable ({exc})") from exc
     except StartupError:
@@ -118,32 +151,26 @@ def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None
         bucket_check()
     except SlessError as exc:
         raise StartupError(str(exc)) from exc
-    ensure_build_secret(client, settings)
 
 
-def ensure_build_secret(client: KubeClient, settings: KubeSettings) -> None:
-    """The Secret kaniko reads S3 credentials from, equal to the reconciler's own."""
-    data = {
-        "AWS_ACCESS_KEY_ID": _b64(settings.s3.access_key),
-        "AWS_SECRET_ACCESS_KEY": _b64(settings.s3.secret_key),
-    }
-    live = client.get("Secret", settings.namespace, BUILD_SECRET)
-    if live is not None and live.get("data") == data:
-        return  # compared by content: a pass with nothing new writes nothing
-    client.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {
-                "name": BUILD_SECRET,
-                "namespace": settings.namespace,
-                "labels": {MANAGED_BY: "gitops-sless"},
-            },
-            "type": "Opaque",
-            "data": data,
-        }
-    )
-
-
-def _b64(value: str) -> str:
-    return base64.b64encode(value.encode()).decode()
+def _check_untrusted(client: KubeClient, settings: KubeSettings) -> None:
+    """Untrusted builds must be apart: another namespace, another repository. Their namespace
+    is needed only once a fork's preview builds, so its absence is a warning."""
+    untrusted = settings.untrusted_namespace
+    if untrusted == settings.namespace:
+        raise StartupError(
+            f"SLESS_UNTRUSTED_BUILD_NAMESPACE={untrusted} is the reconciler's own namespace: "
+            "untrusted builds must run apart"
+        )
+    if settings.untrusted_registry and settings.untrusted_registry == settings.registry:
+        raise StartupError(
+            f"SLESS_UNTRUSTED_REGISTRY={settings.untrusted_registry} is SLESS_REGISTRY: "
+            "untrusted builds must push elsewhere"
+        )
+    if client.get("Namespace", None, untrusted) is None:
+        log.warning(
+            "namespace %s does not exist: builds of untrusted previews fail until it does "
+            "(kubectl create namespace %s, or set SLESS_UNTRUSTED_BUILD_NAMESPACE)",
+            untrusted,
+            untrusted,
+        )
