@@ -257,12 +257,14 @@ def create_api(
     anonymous_read: bool = False,
     trusted_proxies: Sequence[str] = (),
     webhook_secrets: Mapping[str, str | None] | None = None,
+    sandbox: str | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
     ``api_token`` reads and writes, ``read_token`` reads; with neither, or with
     ``anonymous_read``, reads are open. ``trusted_proxies`` say whose X-Forwarded-Proto
-    is believed (a session cookie is ``Secure`` behind https).
+    is believed (a session cookie is ``Secure`` behind https). ``sandbox``: how the local
+    backend confines function processes (``bubblewrap`` | ``off``), for the status.
     """
     access = Access(
         api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
@@ -336,6 +338,7 @@ def create_api(
             environment=env,
             functions=store.functions(env),
             syncs=store.syncs(MAX_SYNCS, env),
+            sandbox=sandbox,
         )
 
     @app.get("/api/v1/environments", tags=["status"], dependencies=_READ, responses=_errors(401))

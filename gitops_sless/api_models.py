@@ -304,6 +304,11 @@ class Status(ApiModel):
     last_sync: Sync | None
     functions: int
     phases: dict[FunctionPhase, int] = Field(description="how many functions are in each phase")
+    sandbox: Literal["bubblewrap", "off"] | None = Field(
+        None,
+        description="local backend: how function processes are confined (off: not at all); "
+        "null on Kubernetes",
+    )
 
     @classmethod
     def from_rows(
@@ -314,6 +319,7 @@ class Status(ApiModel):
         environment: str,
         functions: list[dict[str, Any]],
         syncs: list[dict[str, Any]],
+        sandbox: str | None = None,
     ) -> Status:
         """``syncs`` newest first."""
         phases: dict[str, int] = {}
@@ -330,6 +336,7 @@ class Status(ApiModel):
             last_sync=_sync_or_none(syncs[0] if syncs else None),
             functions=len(functions),
             phases=phases,
+            sandbox=sandbox,
         )
 
 

@@ -158,6 +158,14 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds per build (default: $SLESS_BUILD_TIMEOUT or 600)",
     )
     serve.add_argument(
+        "--sandbox",
+        choices=_SANDBOX_MODES,
+        default=_env_choice("SLESS_SANDBOX", "auto"),
+        help="local backend: every function process and installer in a bubblewrap sandbox: "
+        "auto (where bubblewrap works, else unconfined, with a warning), bubblewrap (or refuse "
+        "to start), off (default: $SLESS_SANDBOX or auto)",
+    )
+    serve.add_argument(
         "--allow-empty",
         action="store_true",
         help="let a commit that declares no function prune every function (Argo CD's allowEmpty)",
@@ -496,6 +504,8 @@ def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
 
 # trust.TRUST_LEVELS, written again here: the server stack loads only for serve
 _TRUST_LEVELS = ("same-repo", "approved", "all")
+# local.sandbox.MODES, for the same reason
+_SANDBOX_MODES = ("auto", "bubblewrap", "off")
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
 
@@ -601,6 +611,7 @@ def _serve(args: argparse.Namespace) -> int:
         trusted_proxies=_trusted_proxies(args.trusted_proxies),
         allow_empty=args.allow_empty,
         backend=args.backend,
+        sandbox=_choice("SLESS_SANDBOX", args.sandbox, _SANDBOX_MODES),
         kube=_kube_settings(args) if args.backend == "kubernetes" else None,
         previews=args.previews,
         preview_base=preview_filter.get("base"),
@@ -617,8 +628,22 @@ def _serve(args: argparse.Namespace) -> int:
         forge_api=args.forge_api,
     )
     logs.configure(config.log_format, config.log_level)
+    if config.backend == "local":
+        _check_sandbox(config)
     Server(config).run()
     return EXIT_OK
+
+
+def _check_sandbox(config: Any) -> None:
+    """Probe the sandbox once, before anything starts; previews need one, or trust in all."""
+    from .serve import local_sandbox
+
+    sandbox = local_sandbox(config.sandbox)  # SandboxUnavailable: one line, exit 2
+    if config.previews and not sandbox.enabled and config.preview_trust != "all":
+        raise _UsageError(
+            "--previews: pull requests' code would run unconfined on the local backend "
+            "(sandbox off); use --sandbox bubblewrap, or --preview-trust all to accept it"
+        )
 
 
 def _report_invalid(state: manifest.DesiredState) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from . import logs, seed
+from . import logs, runtimes, seed
 from . import mirror as mirror_mod
 from . import proxy as proxy_mod
 from .api import create_api
@@ -28,6 +28,7 @@ from .backend import Backend, CronRun
 from .forge import forge_for
 from .inflight import InFlight
 from .local import gc
+from .local import sandbox as sandbox_mod
 from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
 from .metrics import METRICS
@@ -78,6 +79,7 @@ class ServeConfig:
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose forwarding headers are kept
     allow_empty: bool = False  # a commit declaring no function may prune every function
     backend: str = "local"  # local | kubernetes
+    sandbox: str = "auto"  # local backend: auto | bubblewrap | off (local.sandbox.MODES)
     kube: Any = None  # kube.settings.KubeSettings, for --backend kubernetes
     previews: bool = False  # one environment per open pull request
     preview_base: str | None = None  # PRs into this branch (default: the tracked branch)
@@ -153,6 +155,15 @@ def _dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
     return app
 
 
+def local_sandbox(mode: str) -> sandbox_mod.Sandbox:
+    """The local backend's sandbox for ``mode``, checked against every runtime's interpreter.
+
+    SandboxUnavailable when ``bubblewrap`` was asked for and cannot run.
+    """
+    interpreters = tuple(sorted({r.interpreter for r in runtimes.available().values()}))
+    return sandbox_mod.resolve(mode, interpreters)
+
+
 def resolve_repository(repo: str, state_dir: Path) -> tuple[str, Path | None]:
     """The URL to follow; a plain directory becomes a seeded bare repository first."""
     path = Path(repo)
@@ -217,6 +228,7 @@ class Server:
             poll_interval=config.poll_interval,
             readiness=self._readiness,
             previews=self.previews,
+            sandbox=self.sandbox.kind if isinstance(self.backend, LocalBackend) else None,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
@@ -242,6 +254,7 @@ class Server:
                 backend.client, self.store, self.routes, backend.route_for, self.elector.is_leader
             )
             return backend
+        self.sandbox = local_sandbox(config.sandbox)
         return LocalBackend(
             config.state_dir,
             self.routes,
@@ -252,6 +265,7 @@ class Server:
             # the reconciler is made below; replicas exist only once it has run a pass
             on_replica_event=self._replica_event,
             preview_secrets=SecretsDir(config.preview_secrets_dir, previews=True),
+            sandbox=self.sandbox,
         )
 
     def _previews(self) -> Previews:

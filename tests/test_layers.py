@@ -60,6 +60,7 @@ RANKS = {
     "failure": 1,
     "local.depcache": 6,
     "local.installers": 6,
+    "local.sandbox": 6,
     "kube": 6,
     "kube.contexts": 6,
     "kube.storage": 6,

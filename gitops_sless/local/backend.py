@@ -18,6 +18,7 @@ from ..routes import Route, RouteTable
 from ..source import Snapshot
 from . import builder as local_builder
 from .processes import ProcessSpec, ReplicaEvent, Supervisor, UnitStatus
+from .sandbox import Sandbox
 from .scheduler import CronScheduler
 from .secrets import SecretsDir
 
@@ -37,6 +38,7 @@ class LocalBackend(Backend):
         on_cron: Callable[[CronRun], None] | None = None,
         on_replica_event: ReplicaEvent | None = None,
         preview_secrets: SecretsDir | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         """``on_replica_event(env, function, kind, reason)``: kind "exited" when a replica
         ended on its own (reason "OOMKilled: ..." or "exited with code N"), "recovered"
@@ -48,12 +50,15 @@ class LocalBackend(Backend):
         self.secrets = secrets
         self.preview_secrets = preview_secrets or SecretsDir(None, previews=True)
         self.builder = local_builder.LocalBuilder(
-            state_dir / "artifacts", max_concurrent=max_builds, timeout_sec=build_timeout_sec
+            state_dir / "artifacts",
+            max_concurrent=max_builds,
+            timeout_sec=build_timeout_sec,
+            sandbox=sandbox,
         )
         self._http: dict[tuple[str, str], float] = {}  # http functions -> timeout
         self._on_cron = on_cron
         self.supervisor = Supervisor(
-            state_dir, self._upstreams_changed, on_replica_event=on_replica_event
+            state_dir, self._upstreams_changed, on_replica_event=on_replica_event, sandbox=sandbox
         )
         self.crons = CronScheduler()
         self._health: dict[str, tuple[int, dict[str, Health]]] = {}

@@ -15,8 +15,13 @@ hard-linked into each artifact that needs them (see ``depcache``): a code change
 that leaves ``requirements.txt`` or ``package.json`` as they were runs no installer.
 
 Installers run as ``installers`` describes (scrubbed environment, own process
-group, the build's deadline). ``close()`` kills the running ones and refuses
-further builds (shutdown).
+group, the build's deadline, the sandbox). ``close()`` kills the running ones
+and refuses further builds (shutdown).
+
+A built artifact is made read-only, files and folders, once its marker is
+written; the sandbox mounts it read-only as well (a root reconciler's
+processes would ignore the modes): nothing that runs from it changes what a
+later start runs. Removing it makes it writable again first.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -48,6 +54,7 @@ from ..source import Snapshot
 from .depcache import DependencyCache, link_tree
 from .installers import BuildCancelled, BuildLog, Installers, build_environment, group_alive, now
 from .orphans import ProcessGroups
+from .sandbox import Sandbox
 
 __all__ = [
     "MARKER",
@@ -117,15 +124,19 @@ class LocalBuilder:
         root: Path,
         max_concurrent: int = 2,
         timeout_sec: float = 600,
-        python: str = sys.executable,
+        python: str | None = None,
         npm: str = "npm",
         groups: ProcessGroups | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
+        """``python`` runs pip: by default this interpreter, or the system's ``python3``
+        in a sandbox (which sees only the system's)."""
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, not {max_concurrent}")
         self.root = Path(root)
         self.timeout_sec = timeout_sec
-        self.python = python
+        sandbox = sandbox or Sandbox()
+        self.python = python or ("python3" if sandbox.enabled else sys.executable)
         self.npm = npm
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._lock = threading.Lock()
@@ -135,7 +146,7 @@ class LocalBuilder:
         # installers of a killed predecessor must not finish a build this process redoes
         self.groups = groups or ProcessGroups(self.root.parent / "pids" / "builds")
         self.groups.stop_orphans()
-        self.installers = Installers(self.groups)
+        self.installers = Installers(self.groups, sandbox)
         self._remove_leftovers()
         self.deps = DependencyCache(self.root / DEPS_CACHE)
 
@@ -200,11 +211,12 @@ class LocalBuilder:
             if target.exists():
                 (target / MARKER).unlink(missing_ok=True)
                 doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-rm-", dir=self.root))
+                _make_writable(target, recursive=False)  # a folder moves with its ".."
                 os.rename(target, doomed / tag)
             self.log_path(tag).unlink(missing_ok=True)
         if doomed is None:
             return False
-        shutil.rmtree(doomed, ignore_errors=True)
+        _remove_path(doomed)
         return True
 
     def _remove_leftovers(self) -> None:
@@ -312,6 +324,7 @@ class LocalBuilder:
                 # written while the dependencies are held: from now on the
                 # marker names them, so the collector keeps them
                 _write_marker(final, tag, fn, snapshot, duration, deps.key if deps else None)
+            _make_read_only(final)
             return BuildResult(tag, final, log.text(), duration, cached=False)
         except OSError as exc:
             log.line(f"FAILED: {exc}")
@@ -504,8 +517,33 @@ def _write_marker(
     os.replace(partial, folder / MARKER)
 
 
+def _make_read_only(folder: Path) -> None:
+    """chmod a-w, files and folders, ``folder`` last (symlinks have no mode of their own)."""
+    for parent, folders, files in os.walk(folder, topdown=False):
+        for name in [*files, *folders]:
+            _chmod(os.path.join(parent, name), ~0o222)
+    _chmod(str(folder), ~0o222)
+
+
+def _make_writable(folder: Path, recursive: bool = True) -> None:
+    """u+w on ``folder`` (and the folders below it): what deleting their entries needs."""
+    _chmod(str(folder), ~0, add=stat.S_IWUSR)
+    if recursive:
+        for parent, folders, _ in os.walk(folder):
+            for name in folders:
+                _chmod(os.path.join(parent, name), ~0, add=stat.S_IWUSR)
+
+
+def _chmod(path: str, keep: int, add: int = 0) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISLNK(mode):
+            os.chmod(path, (stat.S_IMODE(mode) & keep) | add)
+
+
 def _remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
+        _make_writable(path)  # an artifact is read-only once built
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

@@ -6,7 +6,10 @@ reconciler's secrets, their own session (so their pid is their process group
 and the whole group can be killed: compilers, node-gyp, git...), and a
 deadline. Their output goes to the build log, scrubbed of secrets.
 ``close()`` kills every running group and refuses new installers, so a
-stopping server leaves no pip writing for minutes behind it.
+stopping server leaves no pip writing for minutes behind it. Under a
+sandbox (see ``sandbox``) an installer sees the system and the folder it
+fills, nothing else, and keeps only the installers' own settings of the
+environment.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import IO
 from ..backend import BuildFailed
 from ..errors import TransientError
 from .orphans import ProcessGroups
+from .sandbox import Sandbox
 
 __all__ = ["BuildCancelled", "BuildLog", "Installers", "build_environment", "group_alive"]
 
@@ -105,8 +109,9 @@ class BuildLog:
 class Installers:
     """The installers of one builder: started, waited for, killed on close."""
 
-    def __init__(self, groups: ProcessGroups) -> None:
+    def __init__(self, groups: ProcessGroups, sandbox: Sandbox | None = None) -> None:
         self.groups = groups
+        self.sandbox = sandbox or Sandbox()
         self._lock = threading.Lock()
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._closing = False
@@ -177,11 +182,12 @@ class Installers:
         log: BuildLog,
     ) -> int | None:
         """Start one installer and wait for it; its exit code, or None past ``timeout``."""
+        argv, env = self.sandbox.install(command, folder=cwd, env=env)
         with self._lock:  # close() either sees this installer or has refused it
             self.check_open(tag)
             try:
                 proc = subprocess.Popen(
-                    command,
+                    argv,
                     cwd=cwd,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -194,7 +200,7 @@ class Installers:
             self._running[proc.pid] = proc
         self.groups.add(proc.pid, command)
         try:
-            return proc.wait(timeout=timeout)
+            return self.sandbox.returncode(proc.wait(timeout=timeout))
         except subprocess.TimeoutExpired:
             return None
         finally:

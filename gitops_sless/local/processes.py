@@ -12,6 +12,10 @@ tracked from the moment it is started until it has been waited for, so
 after ``close`` nothing new starts. Every child's pid is also written under
 ``<state>/pids`` so that a reconciler that was killed outright can stop its
 orphans when it starts again.
+
+Every process runs in the supervisor's ``sandbox`` (see ``sandbox``): a
+replica is stopped by SIGTERM to what runs inside it, so it drains as it
+would unconfined, and then by SIGKILL to its whole process group.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
 from . import memory
 from .orphans import ProcessGroups
+from .sandbox import Sandbox
 
 __all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "UnitStatus", "Upstreams", "exit_reason"]
 
@@ -128,6 +133,7 @@ class _Child:
     process: subprocess.Popen[bytes]
     limit: memory.Limit
     spec: ProcessSpec
+    sandbox: Sandbox
     _reason: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -139,7 +145,7 @@ class _Child:
         """Why the (exited, waited for) process ended; releases its limit. Idempotent."""
         with self._lock:
             if self._reason is None:
-                code = self.process.returncode
+                code = self.sandbox.returncode(self.process.returncode)
                 oom = self.limit.reason()
                 self._reason = oom or exit_reason(code if code is not None else -9)
                 self.limit.release()
@@ -189,8 +195,10 @@ class Supervisor:
         host: str = "127.0.0.1",
         on_replica_event: ReplicaEvent | None = None,
         memory_guard: memory.MemoryGuard | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.host = host
+        self.sandbox = sandbox or Sandbox()
         self.logs = state_dir / "logs"
         self.pids = ProcessGroups(state_dir / "pids" / "servers")
         orphans = self.pids.stop_orphans()
@@ -350,12 +358,16 @@ class Supervisor:
         child = None
         try:
             limit = self.memory.limit(spec.memory_mb, f"{spec.env_name}/{spec.function}")
+            argv, popen["env"] = self.sandbox.run(
+                command, artifact=spec.artifact, runtime=spec.runtime.folder, env=popen["env"]
+            )
             try:
-                process = subprocess.Popen(limit.command(command), start_new_session=True, **popen)
+                # the limit wraps the sandbox: bwrap and everything in it count
+                process = subprocess.Popen(limit.command(argv), start_new_session=True, **popen)
             except BaseException:
                 limit.release()
                 raise
-            child = _Child(process, limit, spec)
+            child = _Child(process, limit, spec, self.sandbox)
             limit.started(process.pid)
             self.pids.add(process.pid, command)
         finally:
@@ -377,7 +389,7 @@ class Supervisor:
     def _stop(self, children: list[_Child]) -> None:
         for child in children:
             if child.process.poll() is None:
-                _signal_group(child.pid, signal.SIGTERM)
+                self.sandbox.terminate(child.pid)
         deadline = time.monotonic() + STOP_GRACE_SEC
         for child in children:
             try:
@@ -385,6 +397,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 _signal_group(child.pid, signal.SIGKILL)
                 child.process.wait()
+            _signal_group(child.pid, signal.SIGKILL)  # whatever it left behind in its group
             reason = self._reap(child)
             logs.event(
                 log,
