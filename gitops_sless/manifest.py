@@ -445,6 +445,7 @@ class ManifestCache:
         # function (a deployment's hash, its job dependencies) finds it again
         self._functions: dict[tuple[str, str], list[Function]] = {}
         self._trees: dict[str, _Found] = {}  # tree id -> the manifests below it
+        self.last: _Loaded | None = None
 
     def find(self, snapshot: Snapshot) -> list[str]:
         live: dict[str, _Found] = {}
@@ -476,14 +477,113 @@ class ManifestCache:
         self._entries = {k: v for k, v in self._entries.items() if k in live}
         self._functions = {k: v for k, v in self._functions.items() if k in live}
 
+    def forget(self, path: str, tree_id: str) -> None:
+        self._entries.pop((path, tree_id), None)
+        self._functions.pop((path, tree_id), None)
+
+
+@dataclass
+class _Outline:
+    """What the checks that span files read of one manifest."""
+
+    tree_id: str  # of its folder
+    valid: bool
+    declared: tuple[tuple[yamldoc.Path, str, str], ...]
+    job_refs: tuple[tuple[yamldoc.Path, str], ...]
+
+    @classmethod
+    def of(cls, m: _Manifest, own_problems: int) -> _Outline:
+        valid = own_problems == 0
+        return cls(m.snapshot.tree_id(m.folder), valid, m.declared(), m.job_refs())
+
+
+@dataclass
+class _Loaded:
+    """The last load, which a commit that changes a few folders starts from."""
+
+    snapshot: Snapshot
+    manifests: dict[str, _Outline]
+    state: DesiredState  # as loaded, before anyone added to it
+
+
+def _touched(changed: Mapping[str, bool], manifests: Mapping[str, _Outline]) -> set[str] | None:
+    """The manifests whose folder holds a changed file; None when one was added or removed."""
+    touched: set[str] = set()
+    for path, exists in changed.items():
+        if posixpath.basename(path) == MANIFEST_NAME and exists != (path in manifests):
+            return None
+        folder = posixpath.dirname(path)
+        while True:
+            candidate = f"{folder}/{MANIFEST_NAME}" if folder else MANIFEST_NAME
+            if candidate in manifests:
+                touched.add(candidate)
+            if not folder:
+                break
+            folder = posixpath.dirname(folder)
+    return touched
+
+
+def _load_changed(snapshot: Snapshot, cache: ManifestCache) -> DesiredState | None:
+    """The last load with the touched manifests checked again, when nothing the checks that
+    span files read changed (the same names and job references; no problem between files);
+    otherwise None, and everything is loaded (a folder that did not change is not checked
+    again either way)."""
+    last = cache.last
+    if last is None:
+        return None
+    if last.snapshot.revision == snapshot.revision:
+        return _copy(last.state)
+    changed = snapshot.changed_since(last.snapshot)
+    touched = _touched(changed, last.manifests) if changed is not None else None
+    if touched is None:
+        return None
+    state = DesiredState(
+        snapshot.revision,
+        dict(last.state.functions),
+        dict(last.state.invalid),
+        dict(last.state.invalid_names),
+    )
+    manifests = dict(last.manifests)
+    for path in sorted(touched):
+        before = manifests[path]
+        m = cache.checked(snapshot, path)
+        after = _Outline.of(m, len(m.problems))
+        if (after.valid, after.declared, after.job_refs) != (
+            before.valid,
+            before.declared,
+            before.job_refs,
+        ):
+            return None
+        cache.forget(path, before.tree_id)
+        manifests[path] = after
+        if m.problems:
+            state.invalid[path] = ManifestError(m.problems)
+        else:  # the same names: each takes its place, and the order stays that of a load
+            for fn in cache.functions(m):
+                state.functions[fn.name] = fn
+    cache.last = _Loaded(snapshot, manifests, _copy(state))
+    return state
+
+
+def _copy(state: DesiredState) -> DesiredState:
+    return DesiredState(
+        state.revision, dict(state.functions), dict(state.invalid), dict(state.invalid_names)
+    )
+
 
 def load(snapshot: Snapshot, cache: ManifestCache | None = None) -> DesiredState:
     """Every function of ``snapshot``; invalid manifests are reported, not raised."""
     cache = cache or ManifestCache()
+    quick = _load_changed(snapshot, cache)
+    if quick is not None:
+        return quick
     manifests = [cache.checked(snapshot, path) for path in cache.find(snapshot)]
     cache.keep_only(manifests)
+    own = [len(m.problems) for m in manifests]
     _check_unique_names(manifests)
     _check_job_references(manifests)
+    outlines = {m.path: _Outline.of(m, n) for m, n in zip(manifests, own, strict=True)}
+    across = any(len(m.problems) != n for m, n in zip(manifests, own, strict=True))
     state = DesiredState(revision=snapshot.revision)
     for m in manifests:
         if m.problems:
@@ -494,4 +594,6 @@ def load(snapshot: Snapshot, cache: ManifestCache | None = None) -> DesiredState
         else:
             for fn in cache.functions(m):
                 state.functions[fn.name] = fn
+    # a problem between files may go away with a change elsewhere: then every load is whole
+    cache.last = None if across else _Loaded(snapshot, outlines, _copy(state))
     return state

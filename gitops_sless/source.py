@@ -76,6 +76,12 @@ class Snapshot:
         """``folder``'s tree id, found by whoever listed its parent: a snapshot that looks
         folders up by path may skip the walk."""
 
+    def changed_since(self, other: Snapshot) -> dict[str, bool] | None:
+        """Every file path that differs from ``other`` (added, removed, changed, or of
+        another kind), with whether it exists here; None when this snapshot cannot tell
+        without reading everything."""
+        return None
+
     def walk(self, folder: str = "") -> Iterator[tuple[str, Entry]]:
         """Every entry below ``folder``, depth first, in git's order."""
         for entry in self.entries(folder):
@@ -110,6 +116,19 @@ class GitSnapshot(Snapshot):
             except KeyError as exc:
                 raise SourceError(f"{path}: not found in commit {self.revision[:12]}") from exc
         return self._objects[path]
+
+    def changed_since(self, other: Snapshot) -> dict[str, bool] | None:
+        if not isinstance(other, GitSnapshot):
+            return None
+        try:  # libgit2 compares tree ids first: only the folders on the way are read
+            old = self._repo[other.commit.tree.id]
+        except KeyError:  # another repository's commit
+            return None
+        # renames are not detected: a moved file is one removed and one added
+        return {
+            delta.new_file.path: delta.status != pygit2.GIT_DELTA_DELETED
+            for delta in old.diff_to_tree(self.commit.tree).deltas
+        }
 
     def walk(self, folder: str = "") -> Iterator[tuple[str, Entry]]:
         tree = self._object(folder)

@@ -1490,3 +1490,61 @@ def test_a_cache_rechecks_only_changed_folders_and_gives_the_same_answers(write_
     fixed = manifest.load(DirectorySnapshot(root), cache)
     assert sorted(fixed.functions) == ["a", "b"] and not fixed.invalid
     assert fixed.functions["a"] == first.functions["a"]
+
+
+def _answers(state: DesiredState) -> tuple[Any, ...]:
+    return (
+        list(state.functions.items()),  # the order too: a plan follows it
+        [(path, [str(p) for p in err.problems]) for path, err in sorted(state.invalid.items())],
+        sorted(state.invalid_names.items()),
+    )
+
+
+def test_a_cache_following_commits_answers_as_a_load_from_scratch(tmp_path: Path) -> None:
+    """Each commit loaded with the cache that saw the one before (which re-checks only the
+    folders the commit touched, when no name or job reference changed) gives what a load
+    of that commit from nothing gives: every manifest problem, names and order included."""
+    from .gitserver import WorkRepo
+
+    work = WorkRepo(tmp_path / "work")
+    uses_job = ("    env:", "      DSN: {job: migrate}")
+    has_job = ("    jobs:", "      - name: migrate", "        runId: 1")
+    steps: list[dict[str, str | bytes | None]] = [
+        {
+            **{f"{n}/sless.yaml": manifest_text(name=n) for n in "ace"},
+            **{f"{n}/handler.py": HANDLER for n in "abce"},
+            "b/sless.yaml": manifest_text(*uses_job, name="b"),
+            "c/sless.yaml": manifest_text(*has_job, name="c"),
+            "p/sless.yaml": manifest_text(name="p"),
+            "p/handler.py": HANDLER,
+            "p/q/sless.yaml": manifest_text(name="q"),
+            "p/q/handler.py": HANDLER,
+        },
+        {"a/handler.py": HANDLER + "# v2\n"},  # code only
+        {"b/sless.yaml": manifest_text(*uses_job, "    memoryMB: 1", name="b")},  # invalid
+        {"b/handler.py": HANDLER + "# v2\n"},  # still invalid, the same names
+        {"b/sless.yaml": manifest_text(*uses_job, "    memoryMB: 1", name="b") + "# x\n"},
+        {"b/sless.yaml": manifest_text(*uses_job, name="b")},  # fixed
+        {"a/sless.yaml": "functions: [\n"},  # unreadable: declares no names now
+        {"a/sless.yaml": manifest_text(name="a")},
+        {"d/sless.yaml": manifest_text(name="a"), "d/handler.py": HANDLER},  # a name twice
+        {"c/handler.py": HANDLER + "# v2\n"},  # while a problem spans files
+        {"d/sless.yaml": None, "d/handler.py": None},  # it heals
+        {"c/sless.yaml": manifest_text("    jobs:", "      - name: other", name="c")},
+        {"c/sless.yaml": manifest_text(*has_job, name="c")},
+        {"p/q/handler.py": HANDLER + "# v2\n"},  # below two manifests
+        {"e/sless.yaml": manifest_text(name="e2")},  # a rename
+        {"README.md": "a file outside every function\n"},
+        {"a/handler.py": None, "a/sless.yaml": None},  # a folder removed
+        {"a/sless.yaml": manifest_text(name="a"), "a/handler.py": HANDLER},  # and back
+        {"e/handler.py": b"\x00binary now\n", "e/lib/util.py": "X = 1\n"},
+    ]
+    cache = manifest.ManifestCache()
+    for number, files in enumerate(steps):
+        work.commit(f"step {number}", files)
+        snapshot = open_snapshot(work.path)
+        cached = manifest.load(snapshot, cache)
+        fresh = manifest.load(open_snapshot(work.path))
+        assert _answers(cached) == _answers(fresh), f"step {number}: {files}"
+        assert cached.revision == snapshot.revision
+    assert sorted(cached.functions) == ["a", "b", "c", "e2", "p", "q"], cached.problems
