@@ -16,10 +16,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from celpy import celtypes
+from celpy.evaluation import CELEvalError
 
 from gitops_sless import paths
 from gitops_sless.kube.client import CALLS, KINDS, OWN_NAMESPACE_ONLY
@@ -589,3 +592,196 @@ def test_the_role_binding_gives_the_namespaced_role_to_the_same_account():
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
     ]
+
+
+# --- deploy/restrict: the ValidatingAdmissionPolicy component ------------------------------
+
+RESTRICT = DEPLOY / "restrict"
+POLICY_NAME = "gitops-sless-managed-namespaces-only"
+ACCOUNT = f"system:serviceaccount:{NAMESPACE}:gitops-sless"
+MANAGED = {"app.kubernetes.io/managed-by": "gitops-sless"}
+
+
+@cache
+def _restrict_objects() -> tuple[dict[str, Any], ...]:
+    component = yaml.safe_load((RESTRICT / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert component["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert component["kind"] == "Component"
+    found = []
+    for name in component["resources"]:
+        text = (RESTRICT / name).read_text(encoding="utf-8")
+        found.extend(obj for obj in yaml.safe_load_all(text) if obj)
+    return tuple(found)
+
+
+def _restrict(kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in _restrict_objects() if o["kind"] == kind]
+    return obj
+
+
+def test_the_restrict_component_is_a_policy_and_its_binding_valid_in_1_30():
+    assert {o["kind"] for o in _restrict_objects()} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    listed = {p.name for p in RESTRICT.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == set(yaml.safe_load((RESTRICT / "kustomization.yaml").read_text())["resources"])
+    for obj in _restrict_objects():
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+        assert obj["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert "namespace" not in obj["metadata"], "cluster-scoped"
+    binding = _restrict("ValidatingAdmissionPolicyBinding")["spec"]
+    assert binding == {"policyName": POLICY_NAME, "validationActions": ["Deny"]}
+    policy = _restrict("ValidatingAdmissionPolicy")
+    assert policy["metadata"]["name"] == POLICY_NAME
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    assert rule["resources"] == ["*", "*/*"] and rule["scope"] == "*"
+
+
+def test_the_policy_names_the_shipped_account_namespaces_and_label():
+    from gitops_sless.kube.settings import KubeSettings
+    from gitops_sless.renderer import MANAGED_BY
+
+    account = _one("ServiceAccount")["metadata"]
+    assert f"system:serviceaccount:{account['namespace']}:{account['name']}" == ACCOUNT
+    assert _admit(_request("CREATE", "deployments", "kube-system", user=ACCOUNT), {}) != "skipped"
+    variables = {
+        v["name"]: v["expression"]
+        for v in _restrict("ValidatingAdmissionPolicy")["spec"]["variables"]
+    }
+    assert variables["label"] == repr(MANAGED_BY)
+    untrusted = KubeSettings.__dataclass_fields__["untrusted_namespace"].default
+    assert variables["ownNamespaces"] == repr([NAMESPACE, untrusted])
+
+
+def _cel(expression: str, activation: dict[str, Any]) -> Any:
+    """The value of a CEL expression, or the CELEvalError it evaluates to (as a value: CEL's
+    || and && absorb an error when the other side decides, as the API server's cel-go does)."""
+    environment = celpy.Environment()
+    try:
+        return environment.program(environment.compile(expression)).evaluate(activation)
+    except CELEvalError as exc:
+        return exc
+
+
+def _admit(
+    request: dict[str, Any],
+    obj: dict[str, Any] | None = None,
+    old: dict[str, Any] | None = None,
+    namespace: dict[str, Any] | None = None,
+) -> str:
+    """What the API server does with ``request`` under the policy: skipped (the match
+    conditions leave it out), allowed, or denied with the policy's message."""
+    spec = _restrict("ValidatingAdmissionPolicy")["spec"]
+    values = {"request": request, "object": obj, "oldObject": old, "namespaceObject": namespace}
+    activation = {name: celpy.json_to_cel(value) for name, value in values.items()}
+    for condition in spec["matchConditions"]:
+        if not _cel(condition["expression"], activation):
+            return "skipped"
+    variables: dict[Any, Any] = {}
+    for variable in spec["variables"]:  # each sees the ones before it
+        activation["variables"] = celtypes.MapType(variables)
+        variables[celtypes.StringType(variable["name"])] = _cel(variable["expression"], activation)
+    activation["variables"] = celtypes.MapType(variables)
+    for validation in spec["validations"]:
+        verdict = _cel(validation["expression"], activation)
+        assert not isinstance(verdict, CELEvalError), f"{validation['expression']}: {verdict}"
+        if not verdict:
+            return f"denied: {_cel(validation['messageExpression'], activation)}"
+    return "allowed"
+
+
+def _request(
+    operation: str, resource: str, namespace: str = "", name: str = "x", user: str = ACCOUNT
+) -> dict[str, Any]:
+    group = {"deployments": "apps", "leases": "coordination.k8s.io", "clusterroles": "rbac"}
+    return {
+        "operation": operation,
+        "name": name,
+        # the API server gives a Namespace's own name as the request's namespace
+        "namespace": name if resource == "namespaces" and operation != "CREATE" else namespace,
+        "resource": {"group": group.get(resource, ""), "version": "v1", "resource": resource},
+        "userInfo": {"username": user, "groups": ["system:serviceaccounts"]},
+    }
+
+
+def _ns(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **labels}}}
+
+
+@pytest.mark.parametrize(
+    ("operation", "resource", "where", "verdict"),
+    [
+        pytest.param("CREATE", "deployments", _ns("sless-prod", **MANAGED), "allowed", id="env"),
+        pytest.param("UPDATE", "secrets", _ns("sless-pr-3", **MANAGED), "allowed", id="env-patch"),
+        pytest.param("DELETE", "services", _ns("sless-prod", **MANAGED), "allowed", id="env-del"),
+        pytest.param("CREATE", "leases", _ns(NAMESPACE), "allowed", id="own-namespace"),
+        pytest.param("CREATE", "jobs", _ns("gitops-sless-untrusted"), "allowed", id="untrusted"),
+        pytest.param("CREATE", "deployments", _ns("kube-system"), "denied", id="kube-system"),
+        pytest.param("UPDATE", "secrets", _ns("team-a"), "denied", id="other-team-patch"),
+        pytest.param("DELETE", "secrets", _ns("team-a"), "denied", id="other-team-delete"),
+        pytest.param(
+            "CREATE",
+            "deployments",
+            _ns("helm", **{"app.kubernetes.io/managed-by": "Helm"}),
+            "denied",
+            id="managed-by-someone-else",
+        ),
+        pytest.param("CREATE", "clusterroles", None, "denied", id="cluster-scoped"),
+    ],
+)
+def test_the_reconciler_writes_only_in_namespaces_it_manages(operation, resource, where, verdict):
+    namespace = where["metadata"]["name"] if where else ""
+    request = _request(operation, resource, namespace)
+    body = None if operation == "DELETE" else {"metadata": {"name": "x"}}
+    old = None if operation == "CREATE" else {"metadata": {"name": "x"}}
+    said = _admit(request, body, old, where)
+    assert said.split(":")[0] == verdict, said
+    if verdict == "denied":
+        assert "app.kubernetes.io/managed-by=gitops-sless" in said
+        assert (namespace or "cluster-scoped") in said
+
+
+@pytest.mark.parametrize(
+    ("operation", "old", "new", "verdict"),
+    [
+        pytest.param("CREATE", None, _ns("sless-pr-9", **MANAGED), "allowed", id="create-labelled"),
+        pytest.param("CREATE", None, _ns("sless-pr-9"), "denied", id="create-unlabelled"),
+        pytest.param(
+            "UPDATE",
+            _ns("sless-prod", **MANAGED),
+            _ns("sless-prod", **MANAGED),
+            "allowed",
+            id="update-managed",
+        ),
+        pytest.param("UPDATE", _ns("team-a"), _ns("team-a", **MANAGED), "denied", id="take-over"),
+        pytest.param(
+            "UPDATE", _ns("sless-prod", **MANAGED), _ns("sless-prod"), "denied", id="drop-the-label"
+        ),
+        pytest.param("DELETE", _ns("sless-pr-9", **MANAGED), None, "allowed", id="delete-managed"),
+        pytest.param("DELETE", _ns("kube-system"), None, "denied", id="delete-kube-system"),
+    ],
+)
+def test_the_reconciler_creates_and_deletes_only_labelled_namespaces(operation, old, new, verdict):
+    name = (new or old)["metadata"]["name"]
+    said = _admit(_request(operation, "namespaces", name=name), new, old)
+    assert said.split(":")[0] == verdict, said
+    if verdict == "denied":
+        assert f"{name} is not" in said
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        "kubernetes-admin",
+        "system:serviceaccount:kube-system:namespace-controller",
+        "system:serviceaccount:other:gitops-sless",  # same name, another namespace
+    ],
+)
+def test_writes_by_anyone_else_are_not_looked_at(user):
+    request = _request("DELETE", "namespaces", name="kube-system", user=user)
+    assert _admit(request, None, _ns("kube-system")) == "skipped"
+    request = _request("CREATE", "deployments", "kube-system", user=user)
+    assert _admit(request, {}, None, _ns("kube-system")) == "skipped"

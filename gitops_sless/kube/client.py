@@ -107,7 +107,7 @@ CALLS: dict[str, frozenset[str]] = {
         "Deployment": "list apply delete",
         "Job": "get list create patch delete",
         "CronJob": "list apply delete",
-        "NetworkPolicy": "list apply delete",
+        "NetworkPolicy": "list apply",  # gone with their namespace, never deleted alone
         "Lease": "get create update",
         "Function": "list watch apply delete status",
     }.items()
