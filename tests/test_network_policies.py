@@ -23,7 +23,7 @@ import yaml
 from gitops_sless import manifest, renderer
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.settings import KubeSettings, StartupError
-from gitops_sless.renderer import BUILD_LABEL, MANAGED_BY, RenderConfig
+from gitops_sless.renderer import MANAGED_BY, RenderConfig
 from gitops_sless.source import DirectorySnapshot
 
 from .kubeapi import FakeKube
@@ -59,10 +59,11 @@ def _build_pod_labels() -> tuple[tuple[str, Any], ...]:
     """(namespace, pod labels) of every build Job the renderer makes for the sample."""
     state = manifest.load(DirectorySnapshot(ROOT / "sample-repo"))
     rendered = renderer.render_environment(state, "prod", job_results={}, builds=True)
+    # a build Job runs outside the environment's namespace (function pods name their build too)
     builds = [
         (o["metadata"]["namespace"], o["spec"]["template"]["metadata"]["labels"])
         for o in rendered.objects
-        if o["kind"] == "Job" and BUILD_LABEL in o["spec"]["template"]["metadata"]["labels"]
+        if o["kind"] == "Job" and o["metadata"]["namespace"] != RenderConfig().namespace("prod")
     ]
     assert builds, "the sample renders build Jobs"
     return tuple(builds)
