@@ -182,14 +182,14 @@ class Installers:
         log: BuildLog,
     ) -> int | None:
         """Start one installer and wait for it; its exit code, or None past ``timeout``."""
-        argv, env = self.sandbox.install(command, folder=cwd, env=env)
+        run = self.sandbox.install(command, folder=cwd, env=env)
         with self._lock:  # close() either sees this installer or has refused it
             self.check_open(tag)
             try:
                 proc = subprocess.Popen(
-                    argv,
-                    cwd=cwd,
-                    env=env,
+                    run.argv,
+                    cwd=run.cwd,
+                    env=run.env,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,

@@ -295,7 +295,6 @@ class Supervisor:
             spec,
             spec.command("runner"),
             JobFailed(f"{name}: not run: the local backend is shutting down"),
-            cwd=spec.artifact,
             env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True)}),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -358,12 +357,18 @@ class Supervisor:
         child = None
         try:
             limit = self.memory.limit(spec.memory_mb, f"{spec.env_name}/{spec.function}")
-            argv, popen["env"] = self.sandbox.run(
-                command, artifact=spec.artifact, runtime=spec.runtime.folder, env=popen["env"]
+            run = self.sandbox.run(
+                command, artifact=spec.artifact, runtime=spec.runtime.folder, env=popen.pop("env")
             )
             try:
                 # the limit wraps the sandbox: bwrap and everything in it count
-                process = subprocess.Popen(limit.command(argv), start_new_session=True, **popen)
+                process = subprocess.Popen(
+                    limit.command(run.argv),
+                    start_new_session=True,
+                    env=run.env,
+                    cwd=run.cwd,
+                    **popen,
+                )
             except BaseException:
                 limit.release()
                 raise
@@ -457,7 +462,6 @@ class Supervisor:
                 spec,
                 spec.command("server"),
                 self._shutting_down(spec),
-                cwd=spec.artifact,
                 env=spec.environ({"PORT": str(port), "SLESS_HOST": self.host}),
                 stdin=subprocess.DEVNULL,
                 stdout=out,

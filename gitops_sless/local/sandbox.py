@@ -47,6 +47,7 @@ from ..errors import PermanentError
 __all__ = [
     "MODES",
     "SANDBOX_PATH",
+    "Command",
     "Sandbox",
     "SandboxUnavailable",
     "probe",
@@ -100,6 +101,15 @@ class SandboxUnavailable(PermanentError):
 
 
 @dataclass(frozen=True)
+class Command:
+    """What to start: the command line, its whole environment, and where bwrap itself runs."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path  # the sandbox's own folder is set inside it: bwrap holds on to nothing
+
+
+@dataclass(frozen=True)
 class Sandbox:
     """How commands are wrapped: ``kind`` is ``bubblewrap`` or ``off``."""
 
@@ -113,34 +123,38 @@ class Sandbox:
 
     def run(
         self, argv: list[str], *, artifact: Path, runtime: Path, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
-        """The command and environment of a replica, job or cron run of ``artifact``."""
-        if not self.enabled:
-            return argv, dict(env)
-        mounts = [*_ro(runtime), *_ro(artifact), "--chdir", str(artifact)]
-        return self._wrap(argv, _ETC, mounts), {**env, "PATH": SANDBOX_PATH}
+    ) -> Command:
+        """A replica, job or cron run of ``artifact``, started in it.
 
-    def install(
-        self, argv: list[str], *, folder: Path, env: Mapping[str, str]
-    ) -> tuple[list[str], dict[str, str]]:
+        The runtime is PID 1 of its namespace (``--as-pid-1``): the one process
+        of the sandbox, which the supervisor signals and the memory guard
+        measures; both runtimes handle SIGTERM, as PID 1 must to receive it.
+        """
+        if not self.enabled:
+            return Command(argv, dict(env), artifact)
+        mounts = [*_ro(runtime), *_ro(artifact), "--chdir", str(artifact)]
+        wrapped = self._wrap(argv, _ETC, ["--as-pid-1", *mounts])
+        return Command(wrapped, {**env, "PATH": SANDBOX_PATH}, Path("/"))
+
+    def install(self, argv: list[str], *, folder: Path, env: Mapping[str, str]) -> Command:
         """The command and environment of an installer that writes only ``folder``.
 
         Makes the installer's home (and its temporary folder) in ``folder``.
         """
         if not self.enabled:
-            return argv, dict(env)
+            return Command(argv, dict(env), folder)
         environ = installer_environment(env, folder)
         Path(environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
         mounts = ["--bind", str(folder), str(folder), "--chdir", str(folder)]
-        return self._wrap(argv, _ETC + _ETC_INSTALLERS, mounts), environ
+        return Command(self._wrap(argv, _ETC + _ETC_INSTALLERS, mounts), environ, Path("/"))
 
     def terminate(self, pid: int) -> None:
         """SIGTERM to what runs in the sandbox started as ``pid``, so that it can drain.
 
         Not to bwrap itself: it would die at once without passing the signal on,
         and the supervisor would stop waiting for a runtime that is still draining.
-        Every process of the group but bwrap gets it (its init, PID 1 inside,
-        ignores it; the runtime drains and exits, and bwrap with it).
+        Every process of the group but bwrap gets it; the runtime drains and
+        exits, and bwrap with it.
         """
         if not self.enabled:
             _signal_group(pid, signal.SIGTERM)
@@ -295,7 +309,7 @@ def resolve(mode: str, interpreters: tuple[str, ...] = ()) -> Sandbox:
     if mode == "off":
         logs.event(log, "sandbox.off", "function processes run unconfined (--sandbox off)")
         return Sandbox("off")
-    bwrap = shutil.which("bwrap", path=f"{SANDBOX_PATH}:{os.environ.get('PATH', '')}")
+    bwrap = shutil.which("bwrap", path=f"{os.environ.get('PATH', '')}:{SANDBOX_PATH}")
     why = probe(bwrap, interpreters)
     if why is None:
         assert bwrap is not None
