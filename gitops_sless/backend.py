@@ -36,11 +36,16 @@ EnvValue = str | SecretRef
 class BuildFailed(PermanentError):
     """A build of one tag failed; the same content would fail the same way."""
 
-    def __init__(self, tag: str, reason: str, log_tail: str = "") -> None:
+    def __init__(
+        self, tag: str, reason: str, log_tail: str = "", summary: str | None = None
+    ) -> None:
+        """``summary``: all the function's status says (its output stays in ``log_tail``,
+        which only readers of the build log see); None: the reason and the log's cause."""
         super().__init__(f"build {tag} failed: {reason}")
         self.tag = tag
         self.reason = reason
         self.log_tail = log_tail
+        self.summary = summary
 
 
 class JobFailed(PermanentError):
@@ -141,6 +146,14 @@ class Backend(ABC):
     """
 
     publishes = False  # True: :meth:`report` keeps a view of the status (after every pass)
+    # "": builds shared by every environment of this scope; another value (a backend for
+    # untrusted code): its builds are its own, and never satisfy a trusted environment
+    build_scope = ""
+
+    def for_untrusted(self) -> Backend:
+        """This backend for an environment whose code nobody vouched for (a fork's preview):
+        one that builds apart, where that makes a difference (by default, itself)."""
+        return self
 
     def refresh(self, env: str) -> None:  # noqa: B027 - optional hook
         """Read what runs in ``env``; called before every plan."""

@@ -104,9 +104,12 @@ class PreviewConfig:
 class PinnedSource:
     """A preview's source: the mirror the tracked branch already fetched, at one commit."""
 
-    def __init__(self, mirror: Mirror, commit: str) -> None:
+    def __init__(self, mirror: Mirror, commit: str, trusted: bool = True) -> None:
+        """``trusted``: the PR's code may be built with the reconciler's own credentials
+        (a same-repo PR); False builds it apart (:meth:`Backend.for_untrusted`)."""
         self.mirror = mirror
         self.commit = commit
+        self.trusted = trusted
 
     def fetch(self) -> None:
         return None
@@ -501,6 +504,12 @@ class Previews:
         row = self.store.preview(number) or {}
         return self.gate.trust == "approved" and self.gate.can_approve and row.get("same_repo") == 0
 
+    def _trusted(self, number: int) -> bool:
+        """Whether the PR's builds may use trusted credentials: a same-repo PR, unless the
+        operator trusts every PR (then none is told apart, so every one builds apart)."""
+        row = self.store.preview(number) or {}
+        return self.gate.trust != "all" and row.get("same_repo") == 1
+
     def _withdraw(self, number: int) -> None:
         """Take down what ``number`` ran (a stricter setting, a base that changed)."""
         env = env_name(number)
@@ -517,7 +526,8 @@ class Previews:
         env, commit = env_name(number), decision.commit or head
         reconciler = self._reconcilers.get(number)
         if reconciler is None:
-            reconciler = self.make_reconciler(env, PinnedSource(self.mirror, commit))
+            source = PinnedSource(self.mirror, commit, self._trusted(number))
+            reconciler = self.make_reconciler(env, source)
             self._reconcilers[number] = reconciler
         source = reconciler.source
         assert isinstance(source, PinnedSource)

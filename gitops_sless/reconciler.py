@@ -245,8 +245,14 @@ class Reconciler:
         """Work this environment waits for: its jobs, and builds of tags it wants."""
         tags = {fn.build_tag for fn in self._desired_functions()}
         return any(
-            (key[0] == "job" and key[1] == self.env) or (key[0] == "build" and key[1] in tags)
+            (key[0] == "job" and key[1] == self.env) or (self._builds_here(key) and key[1] in tags)
             for key in self._work.under_way()
+        )
+
+    def _builds_here(self, key: Hashable) -> bool:
+        """Builds whose image this environment may run: of its own scope (trust) only."""
+        return (
+            isinstance(key, tuple) and key[0] == "build" and key[2:] == (self.backend.build_scope,)
         )
 
     def _work_done(self) -> None:
@@ -484,7 +490,7 @@ class Reconciler:
             job_results=job_results(desired.jobs, runs),
             deployed=self.backend.deployed(self.env),
             job_errors=job_errors(desired.jobs, runs),
-            building=frozenset(key[1] for key in under_way if key[0] == "build"),
+            building=frozenset(key[1] for key in under_way if self._builds_here(key)),
             running=frozenset(
                 key[2:] for key in under_way if key[0] == "job" and key[1] == self.env
             ),
@@ -588,7 +594,7 @@ class Reconciler:
         """Builds and jobs go to the background; True if any started."""
         started = 0
         for fn in planned.builds:
-            key = ("build", fn.build_tag)
+            key = ("build", fn.build_tag, self.backend.build_scope)
             if self._work.start(key, lambda fn=fn: self._build(fn, snapshot)):
                 current.mine.add(key)
                 started += 1
@@ -938,6 +944,8 @@ def _build_error(exc: SlessError) -> str:
     beside it already; a one-line view keeps the reason)."""
     if not isinstance(exc, BuildFailed):
         return str(exc)
+    if exc.summary is not None:  # the backend keeps the build's output out of the status
+        return exc.summary
     why = failure.cause(exc.log_tail) if exc.log_tail.strip() else ""
     return f"build failed: {exc.reason}" + (f"\n{why}" if why else "")
 

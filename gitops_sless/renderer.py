@@ -217,8 +217,10 @@ class _EnvironmentRenderer:
             },
         )
 
-    def base_values(self, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        return {"name": name, "namespace": self.namespace, "podLabels": dict(labels)}
+    def base_values(self, name: str, labels: Mapping[str, str], fn: Function) -> dict[str, Any]:
+        # the pods say which build they run: their image names only a digest
+        pod_labels = {**labels, BUILD_LABEL: fn.build_tag}
+        return {"name": name, "namespace": self.namespace, "podLabels": pod_labels}
 
     def function_objects(
         self,
@@ -229,7 +231,7 @@ class _EnvironmentRenderer:
         if fn.http:
             selector = {FUNCTION_LABEL: fn.name}
             values = {
-                **self.base_values(fn.name, labels),
+                **self.base_values(fn.name, labels, fn),
                 "replicas": fn.replicas if fn.enabled else 0,
                 "progressDeadline": self.config.progress_deadline_sec,
                 "selector": selector,
@@ -240,7 +242,7 @@ class _EnvironmentRenderer:
         for index, trigger in enumerate(fn.crons):
             event = {"SLESS_EVENT": json.dumps(trigger.event, sort_keys=True)}
             values = {
-                **self.base_values(f"{fn.name}-cron-{index}", labels),
+                **self.base_values(f"{fn.name}-cron-{index}", labels, fn),
                 "schedule": trigger.schedule,
                 "suspend": not fn.enabled,
                 "activeDeadline": fn.timeout_sec,
@@ -258,7 +260,7 @@ class _EnvironmentRenderer:
         }
         event = {"SLESS_EVENT": json.dumps(job.event, sort_keys=True)}
         values = {
-            **self.base_values(job_object_name(job), labels),
+            **self.base_values(job_object_name(job), labels, fn),
             "activeDeadline": fn.timeout_sec,
             "podSpec": self.pod_spec(fn, "runner", event, env_vars),
         }

@@ -290,7 +290,7 @@ class Server:
         def make_reconciler(env: str, source: PinnedSource) -> Reconciler:
             return Reconciler(
                 source,
-                self.backend,
+                self.backend if source.trusted else self.backend.for_untrusted(),
                 self.store,
                 env=env,
                 public_url=config.public_url,

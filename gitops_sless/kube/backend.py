@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobRecord
+from ..backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
 from ..manifest import Function, Job
 from ..renderer import (
     ENV_LABEL,
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 class KubeBackend(Backend):
     publishes = True  # the Function resources
+    trusted = True  # runs only what trusted builds pushed
 
     def __init__(
         self,
@@ -146,7 +147,7 @@ class KubeBackend(Backend):
         if self._crd_missing or not view.namespace_exists:
             return
         try:
-            self.functions.write(view, records, functions, runs(), self.builds.built())
+            self.functions.write(view, records, functions, runs(), self.builds.images(self.trusted))
         except NotFound:
             self._crd_missing = True
             log.warning(
@@ -160,10 +161,20 @@ class KubeBackend(Backend):
     # --- building ------------------------------------------------------------------------
 
     def is_built(self, fn: Function) -> bool:
-        return self.builds.is_built(fn.build_tag)
+        return self.builds.is_built(fn.build_tag, self.trusted)
 
     def build(self, fn: Function, snapshot: Snapshot) -> str:
-        return self.builds.build(fn, snapshot)
+        return self.builds.build(fn, snapshot, self.trusted)
+
+    def for_untrusted(self) -> KubeBackend:
+        return _Untrusted(self)
+
+    def _image(self, fn: Function) -> str:
+        """The pinned image ``fn`` runs here; never a tag, which anyone may push again."""
+        image = self.builds.image(fn.build_tag, self.trusted)
+        if image is None:
+            raise ApplyFailed(f"{fn.name}: no image of {fn.build_tag} is recorded yet")
+        return image
 
     # --- running -------------------------------------------------------------------------
 
@@ -177,7 +188,8 @@ class KubeBackend(Backend):
     def apply(self, deployment: Deployment, revision: str | None = None) -> None:
         view = self.view(deployment.env)
         self.applier.ensure_environment(view)
-        objects = render_function(deployment, self.config, revision)
+        image = self._image(deployment.function)
+        objects = render_function(deployment, self.config, revision, image)
         self.applier.apply(view, objects)
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
         stale = [
@@ -213,7 +225,18 @@ class KubeBackend(Backend):
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         view = self.view(env)
         self.applier.ensure_environment(view)
-        return self.jobs.run(view, fn, job, env_vars)
+        return self.jobs.run(view, fn, job, env_vars, self._image(fn))
+
+
+class _Untrusted(KubeBackend):
+    """A :class:`KubeBackend` for environments running untrusted code: the same state (one
+    view of the cluster), but its builds run apart, and it may run what they built."""
+
+    trusted = False
+    build_scope = "untrusted"
+
+    def __init__(self, backend: KubeBackend) -> None:
+        self.__dict__ = backend.__dict__  # views, routes, locks: one backend seen two ways
 
 
 class _Health(Mapping[str, Health]):

@@ -17,7 +17,7 @@ from ..routes import Gateway, Route, RouteTable
 from .backend import KubeBackend
 from .builds import Builds
 from .client import KubeClient, api_host
-from .settings import KubeSettings, StartupError, check, ensure_build_secret
+from .settings import KubeSettings, StartupError, check
 from .storage import ContextStore
 
 __all__ = ["connect", "route_maker"]
@@ -84,11 +84,5 @@ def connect(
     contexts = ContextStore(settings.s3)
     check(client, settings, contexts.check)
     config = settings.render_config()
-    builds = Builds(
-        client,
-        contexts,
-        config,
-        retry_sec=build_retry_sec,
-        ensure_secret=lambda: ensure_build_secret(client, settings),
-    )
+    builds = Builds(client, contexts, config, retry_sec=build_retry_sec)
     return KubeBackend(client, builds, config, routes, route_maker(client), on_cron=on_cron)

@@ -26,7 +26,6 @@ from ..renderer import (
     MANAGED_BY,
     SPEC_HASH,
     RenderConfig,
-    image_ref,
 )
 from ..timestamps import rfc3339
 from .client import KubeClient
@@ -95,9 +94,11 @@ class FunctionWriter:
         records: Iterable[Mapping[str, Any]],
         functions: Mapping[str, Function],
         runs: Iterable[Mapping[str, Any]],
-        built: set[str],
+        images: Mapping[str, str],
     ) -> int:
-        """Bring every Function of ``view.env`` in step; returns the writes made."""
+        """Bring every Function of ``view.env`` in step; returns the writes made.
+
+        ``images``: build tag -> the pinned image this environment runs for it."""
         if not view.namespace_exists:
             return 0
         writes = 0
@@ -116,7 +117,7 @@ class FunctionWriter:
                     live = self.client.apply(obj)
                     view.put(live)
                     writes += 1
-            status = self._status(record, fn, runs_by_function.get(name, []), built, live)
+            status = self._status(record, fn, runs_by_function.get(name, []), images, live)
             if (live.get("status") or {}) != status:
                 live = self.client.apply_status(_status_patch(live, status))
                 view.put(live)
@@ -157,7 +158,7 @@ class FunctionWriter:
         record: Mapping[str, Any],
         fn: Function | None,
         runs: list[Mapping[str, Any]],
-        built: set[str],
+        images: Mapping[str, str],
         live: Mapping[str, Any],
     ) -> dict[str, Any]:
         generation = int(live.get("metadata", {}).get("generation") or 1)
@@ -174,7 +175,7 @@ class FunctionWriter:
         optional = {
             "message": record.get("message"),
             "buildTag": tag,
-            "image": image_ref(self.config, tag) if tag else None,
+            "image": images.get(tag) if tag else None,
             "revision": record.get("revision"),
             "url": record.get("url"),
             "lastExit": record.get("last_exit"),
@@ -193,7 +194,7 @@ class FunctionWriter:
         if jobs:
             status["jobs"] = jobs
         ready = phase in READY_PHASES
-        is_built = bool(wanted_tag) and wanted_tag in built
+        is_built = bool(wanted_tag) and wanted_tag in images
         previous = {c.get("type"): c for c in (live.get("status") or {}).get("conditions") or []}
         status["conditions"] = [
             _condition(previous, "Ready", ready, phase, message or f"the function is {phase}"),
@@ -202,7 +203,7 @@ class FunctionWriter:
                 "Built",
                 is_built,
                 "ImageBuilt" if is_built else ("Building" if phase == "Building" else "NotBuilt"),
-                f"image {image_ref(self.config, wanted_tag)}"
+                f"image {images[wanted_tag]}"
                 if is_built and wanted_tag
                 else (message if phase == "Failed" else "no image for the current code yet"),
             ),

@@ -58,8 +58,16 @@ class JobRunner:
         self.config = config
         self.poll_sec = poll_sec
 
-    def run(self, view: View, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
-        obj = render_job(view.env, fn, job, env_vars, self.config)
+    def run(
+        self,
+        view: View,
+        fn: Function,
+        job: Job,
+        env_vars: Mapping[str, EnvValue],
+        image: str | None = None,
+    ) -> str:
+        """Run ``job`` with ``image`` (pinned; None: the build tag's, for tests)."""
+        obj = render_job(view.env, fn, job, env_vars, self.config, image)
         name, namespace = obj["metadata"]["name"], view.namespace
         live = view.get("Job", name)
         if live is None:

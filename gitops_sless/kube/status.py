@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backend import Health
-from ..renderer import FUNCTION_LABEL, REVISION
+from ..renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
 from .view import View, annotation, label
 
 __all__ = ["STUCK", "health", "needs_pods", "stuck_reason"]
@@ -49,7 +49,10 @@ def needs_pods(view: View) -> bool:
 def stuck_reason(pods: list[dict[str, Any]]) -> str | None:
     """``Reason: message`` of the first container that cannot start without a change."""
     for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        found = pod.get("status") or {}
+        for status in (found.get("initContainerStatuses") or []) + (
+            found.get("containerStatuses") or []
+        ):
             waiting = (status.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK:
                 return f"{waiting['reason']}: {waiting.get('message') or ''}".strip()
@@ -110,10 +113,15 @@ def health(view: View, name: str) -> Health | None:
 
 
 def _image_tag(obj: dict[str, Any]) -> str | None:
-    """The build tag an object runs: its image's tag (a Service has none)."""
+    """The build tag an object runs: its pods' label (their image names a digest), else the
+    image's tag (objects written before images were pinned); a Service has none."""
     spec = obj.get("spec") or {}
     if "jobTemplate" in spec:
         spec = spec["jobTemplate"].get("spec") or {}
-    containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}]
-    image = str(containers[0].get("image") or "")
+    template = spec.get("template") or {}
+    tag = ((template.get("metadata") or {}).get("labels") or {}).get(BUILD_LABEL)
+    if tag:
+        return str(tag)
+    containers = (template.get("spec") or {}).get("containers") or [{}]
+    image = str(containers[0].get("image") or "").split("@", 1)[0]
     return image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else None

@@ -29,6 +29,7 @@ CONNECT_TIMEOUT_SEC = 3
 READ_TIMEOUT_SEC = 15
 MAX_ATTEMPTS = 3  # the first try included
 PROBE_PREFIX = "probes/"
+PRESIGN_SEC = 15 * 60  # a build pod fetches its context at start; a later retry signs anew
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _CREDENTIALS = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
 _AUTH_CODES = frozenset(
@@ -141,6 +142,20 @@ class ContextStore:
         except (boto.ClientError, boto.BotoCoreError) as exc:
             raise self._error(exc, f"cannot write {key}") from exc
         return True
+
+    def presigned_get(self, key: str, expires_sec: int = PRESIGN_SEC) -> str:
+        """A URL that reads ``key`` for ``expires_sec`` with no key of ours: what a build pod
+        gets instead of credentials (signing is local: no request is made)."""
+        try:
+            return str(
+                self._client.generate_presigned_url(
+                    "get_object",
+                    Params={"Bucket": self.config.bucket, "Key": key},
+                    ExpiresIn=expires_sec,
+                )
+            )
+        except (boto.ClientError, boto.BotoCoreError) as exc:
+            raise self._error(exc, f"cannot presign {key}") from exc
 
     def check(self) -> None:
         """At start-up: the bucket answers, and takes and deletes a probe object."""

@@ -102,7 +102,8 @@ class View:
         """function -> the spec hash its objects run; "" when they disagree or one is missing.
 
         An object edited by another field manager is drift: "" makes the
-        planner apply the function again, which puts the object back.
+        planner apply the function again, which puts the object back. So is an
+        image referenced by tag (written before images were pinned by digest).
         """
         out: dict[str, str] = {}
         for name in self.functions():
@@ -110,7 +111,7 @@ class View:
             primary = self.primary(name)
             count = annotation(primary, OBJECT_COUNT) if primary else None
             whole = count == str(len(objects))
-            clean = not any(drifted(obj) for obj in objects)
+            clean = not any(drifted(obj) or not pinned(obj) for obj in objects)
             out[name] = (
                 (annotation(primary, FUNCTION_HASH) or "") if primary and whole and clean else ""
             )
@@ -135,6 +136,15 @@ def _compact(obj: dict[str, Any]) -> dict[str, Any]:
             for e in entries
         ]
     return obj
+
+
+def pinned(obj: dict[str, Any]) -> bool:
+    """Every container of the object's pods names its image by digest (no pods: True)."""
+    spec = obj.get("spec") or {}
+    template = ((spec.get("jobTemplate") or {}).get("spec") or spec).get("template") or {}
+    pod = template.get("spec") or {}
+    containers = (pod.get("initContainers") or []) + (pod.get("containers") or [])
+    return all("@sha256:" in str(c.get("image", "")) for c in containers)
 
 
 def drifted(obj: dict[str, Any]) -> bool:

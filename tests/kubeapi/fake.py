@@ -225,6 +225,23 @@ class FakeKube:
     def build_contexts(self) -> dict[str, list[str]]:
         return self.kubelet.build_contexts
 
+    @property
+    def build_violations(self) -> list[str]:
+        """Build pods that held a storage credential (see kaniko.violations)."""
+        return self.kubelet.violations
+
+    def keep_out_of_builds(self, *secrets: str) -> None:
+        """Strings (a storage key) whose presence anywhere in a build pod fails the build."""
+        self.kubelet.keep_out.update(secrets)
+
+    def push_image(self, destination: str, data: bytes) -> str:
+        """Push ``data`` as ``destination`` past any build (someone holding a push
+        credential); the digest the tag now names."""
+        return self.kubelet.push(destination, data)
+
+    def registry_digest(self, destination: str) -> str | None:
+        return self.kubelet.registry.get(destination)
+
     # ---- behaviour of the cluster
     def set_job_log(self, namespace: str, job_name: str, log: str, succeed: bool = True) -> None:
         self.kubelet.job_logs[(namespace, job_name)] = (log, succeed)

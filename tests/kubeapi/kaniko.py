@@ -1,7 +1,15 @@
 """The kaniko build of the fake kubelet: a Job pod whose container has
 ``--context=s3://BUCKET/KEY`` reads that tarball from S3 with boto3 (path-style, signature
-v4, the endpoint and credentials of the container's environment) and "pushes" its
-``--destination`` images.
+v4, the endpoint and credentials of the container's environment); one with
+``--context=tar:///PATH`` reads the tarball its init container fetched there (the double
+runs that ``curl ... --output PATH URL`` itself: a plain GET, no credentials, so only a
+presigned URL works). It "pushes" its ``--destination`` images and ends with the digest
+as its termination message (``--digest-file=/dev/termination-log``).
+
+A gitops-sless build pod (labelled with a build tag) is held to the rule that it holds
+no storage credential: :func:`violations` names any ``AWS_*`` variable, any variable
+whose name says KEY or SECRET, any Secret volume other than the registry push
+credential at ``/kaniko/.docker``, and any string the test said must stay out.
 
 As kaniko does, it refuses flags it does not know and ``COPY`` sources missing from the
 context, and with ``--cache=true`` it keeps each ``RUN`` layer in the cache repository
@@ -14,9 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shlex
 import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any
+
+BUILD_LABEL = "gitops-sless.dev/build-tag"
+PUSH_CREDENTIAL_PATH = "/kaniko/.docker"
 
 # the executor's flags (kaniko v1.23); any other one is "Error: unknown flag"
 KNOWN_FLAGS = frozenset(
@@ -90,7 +105,7 @@ def build_args(pod: Obj) -> dict[str, Any] | None:
             elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
                 flat.append((arg, args[i + 1]))
         context = next((v for f, v in flat if f == "--context"), "")
-        if context.startswith("s3://"):
+        if context.startswith(("s3://", "tar://")):
             flags = [a.split("=", 1)[0] for a in args if a.startswith("--")]
             cache = next(
                 (v for f, v in flat if f == "--cache"), "true" if "--cache" in flags else ""
@@ -103,8 +118,70 @@ def build_args(pod: Obj) -> dict[str, Any] | None:
                 "unknown_flags": [f for f in flags if f not in KNOWN_FLAGS],
                 "cache": cache.lower() == "true",
                 "cache_repo": next((v for f, v in flat if f == "--cache-repo"), ""),
+                "digest_file": next((v for f, v in flat if f == "--digest-file"), ""),
             }
     return None
+
+
+def fetch_context(pod: Obj, path: str) -> tuple[bytes | None, int, str]:
+    """Run the init container that writes ``path``: (data, exit code, log)."""
+    for c in pod["spec"].get("initContainers") or ():
+        words = [str(w) for w in (c.get("command") or []) + (c.get("args") or [])]
+        if path not in words:
+            continue
+        urls = [w for w in words if w.startswith(("http://", "https://"))]
+        if not words or words[0] != "curl" or len(urls) != 1:
+            return None, 2, f"fetch: expected curl with one URL, got {words!r}"
+        try:
+            with urllib.request.urlopen(urls[0], timeout=10) as answer:
+                return answer.read(), 0, ""
+        except urllib.error.HTTPError as exc:
+            return None, 22, f"curl: (22) The requested URL returned error: {exc.code}"
+        except OSError as exc:
+            return None, 7, f"curl: (7) Failed to connect: {exc}"
+    return None, 1, f"error resolving source context: no init container writes {path}"
+
+
+def context_key(pod: Obj) -> str:
+    """The bucket key a presigned URL of the pod's init container reads (path-style)."""
+    for c in pod["spec"].get("initContainers") or ():
+        for word in (c.get("command") or []) + (c.get("args") or []):
+            if str(word).startswith(("http://", "https://")):
+                path = urllib.parse.urlsplit(str(word)).path.lstrip("/")
+                return urllib.parse.unquote(path.partition("/")[2])
+    return ""
+
+
+def violations(pod: Obj, keep_out: set[str]) -> list[str]:
+    """Why a gitops-sless build pod breaks the no-storage-credential rule (empty: it does not)."""
+    found = []
+    spec = pod["spec"]
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    for c in containers:
+        for env in c.get("env") or ():
+            name = str(env.get("name", ""))
+            if name.startswith("AWS_") or "KEY" in name.upper() or "SECRET" in name.upper():
+                found.append(f"container {c['name']}: env {name}")
+        for source in c.get("envFrom") or ():
+            found.append(f"container {c['name']}: envFrom {json.dumps(source, sort_keys=True)}")
+    credential_volumes = {
+        m["name"]
+        for c in containers
+        for m in c.get("volumeMounts") or ()
+        if m.get("mountPath") == PUSH_CREDENTIAL_PATH
+    }
+    for volume in spec.get("volumes") or ():
+        if "secret" in volume and volume["name"] not in credential_volumes:
+            found.append(f"volume {volume['name']}: Secret {volume['secret'].get('secretName')}")
+    text = json.dumps(pod)
+    found.extend(f"the pod holds {s[:4]}..." for s in keep_out if s and s in text)
+    return found
+
+
+def image_digest(data: bytes, destination: str) -> str:
+    """What the fake registry calls the image a build of ``data`` pushes to ``destination``."""
+    repo = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
+    return "sha256:" + hashlib.sha256(repo.encode() + b"\0" + data).hexdigest()
 
 
 def run_build(
@@ -113,13 +190,17 @@ def run_build(
     failing: list[tuple[str, str]],
     contexts: dict[str, list[str]],
     layer_cache: dict[str, set[str]] | None = None,
+    fetched: tuple[str, bytes] | None = None,
 ) -> tuple[bool, str]:
     """(succeeded, log) of one kaniko build; records the context's member names.
 
     ``layer_cache``: cache repository -> keys of the RUN layers pushed there.
+    ``fetched``: (key, data) of a ``tar://`` context its init container fetched.
     """
     if build.get("unknown_flags"):
         return False, f"Error: unknown flag: {build['unknown_flags'][0]}"
+    if fetched is not None:
+        return _build_from(build, fetched[0], fetched[1], failing, contexts, layer_cache)
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError, ClientError
@@ -147,6 +228,17 @@ def run_build(
         return False, f"error resolving source context: {code}: {context}"
     except BotoCoreError as exc:
         return False, f"error resolving source context: {exc}"
+    return _build_from(build, key, data, failing, contexts, layer_cache)
+
+
+def _build_from(
+    build: dict[str, Any],
+    key: str,
+    data: bytes,
+    failing: list[tuple[str, str]],
+    contexts: dict[str, list[str]],
+    layer_cache: dict[str, set[str]] | None,
+) -> tuple[bool, str]:
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             members = tar.getmembers()

@@ -11,7 +11,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .kaniko import build_args, run_build
+from .kaniko import (
+    BUILD_LABEL,
+    build_args,
+    context_key,
+    fetch_context,
+    image_digest,
+    run_build,
+    violations,
+)
 from .resources import clone, now_iso
 
 if TYPE_CHECKING:
@@ -65,7 +73,11 @@ class Kubelet:
         self.stalled: set[tuple[str, str]] = set()
         self.logs: dict[tuple[str, str], str] = {}
         self.started: dict[str, float] = {}  # pod uid -> monotonic start
-        self.results: dict[str, tuple[bool, str]] = {}  # build pod uid -> (ok, log)
+        # build pod uid -> (ok, log, termination message, init container's exit code)
+        self.results: dict[str, tuple[bool, str, str, int]] = {}
+        self.registry: dict[str, str] = {}  # image by tag -> the digest it names now
+        self.keep_out: set[str] = set()  # strings no build pod may hold (a storage key)
+        self.violations: list[str] = []  # build pods that broke the no-credential rule
         self.job_seconds = 0.05
         self._builds: queue.Queue[tuple[str, str, str, dict[str, Any], dict[str, str]] | None] = (
             queue.Queue()
@@ -83,7 +95,28 @@ class Kubelet:
 
     # ---- checks
     def pullable(self, image: str) -> bool:
-        return image in self.pushed_images or image in self.preloaded_images or "kaniko" in image
+        return (
+            image in self.pushed_images
+            or image in self.preloaded_images
+            or "kaniko" in image
+            or image.startswith("curlimages/curl:")
+        )
+
+    def push(self, destination: str, data: bytes) -> str:
+        """What a push of ``data`` as ``destination`` (a tag) does to the registry: the tag
+        names the new digest, and the image is pullable by both."""
+        digest = image_digest(data, destination)
+        repo = destination.rsplit(":", 1)[0]
+        self.registry[destination] = digest
+        self.pushed_images.update({destination, f"{repo}@{digest}"})
+        return digest
+
+    def image_id(self, image: str) -> str:
+        """The digest a pod of ``image`` runs: a tag resolves to what it names at pull time."""
+        if "@sha256:" in image:
+            return image
+        digest = self.registry.get(image) or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+        return f"{image.rsplit(':', 1)[0]}@{digest}"
 
     def _ref_error(
         self, ns: str, kind: str, name: str, key: str | None, optional: bool
@@ -189,9 +222,7 @@ class Kubelet:
         out: Obj = {
             "name": c["name"],
             "image": image,
-            "imageID": f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
-            if running
-            else "",
+            "imageID": self.image_id(image) if running else "",
             "ready": ready,
             "restartCount": restarts,
             "started": "running" in state,
@@ -312,7 +343,7 @@ class Kubelet:
             if result is None and uid not in self._queued:
                 self._queued.add(uid)
                 env = self.env_of(pod, build["container"])
-                self._builds.put((ns, meta["name"], uid, build, env))
+                self._builds.put((ns, meta["name"], uid, build | {"pod": clone(pod)}, env))
         else:
             left = self.started[uid] + self.job_seconds - time.monotonic()
             if left <= 0:
@@ -326,7 +357,8 @@ class Kubelet:
             ]
             self._write(pod, self.status(pod, "Running", states, True))
             return
-        ok, log = result
+        ok, log = result[0], result[1]
+        message, init_exit = (result[2], result[3]) if len(result) > 2 else ("", 0)
         self.logs[(ns, meta["name"])] = log
         started = running[0]["running"]["startedAt"] if running else now_iso()
         term = {
@@ -335,13 +367,53 @@ class Kubelet:
             "startedAt": started,
             "finishedAt": now_iso(),
         }
-        states = [
-            self._container_status(c, uid, {"terminated": dict(term)}, False) for c in containers
-        ]
+        if message:
+            term["message"] = message
+        if init_exit:  # the init container failed: the main one never ran
+            states = [
+                self._container_status(c, uid, {"waiting": {"reason": "PodInitializing"}}, False)
+                for c in containers
+            ]
+        else:
+            states = [
+                self._container_status(c, uid, {"terminated": dict(term)}, False)
+                for c in containers
+            ]
         phase = "Succeeded" if ok else "Failed"
-        self._write(
-            pod, self.status(pod, phase, states, False, "PodCompleted" if ok else "PodFailed")
+        status = self.status(pod, phase, states, False, "PodCompleted" if ok else "PodFailed")
+        inits = pod["spec"].get("initContainers") or []
+        if inits:
+            done = {"exitCode": init_exit, "reason": "Error" if init_exit else "Completed"}
+            done |= {"startedAt": started, "finishedAt": started}
+            status["initContainerStatuses"] = [
+                self._container_status(c, uid, {"terminated": dict(done)}, False) for c in inits
+            ]
+        self._write(pod, status)
+
+    def _kaniko(self, build: dict[str, Any], env: dict[str, str]) -> tuple[bool, str, str, int]:
+        """(ok, log, termination message, init exit code) of one build pod."""
+        pod = build["pod"]
+        if BUILD_LABEL in (pod["metadata"].get("labels") or {}):
+            broken = violations(pod, self.keep_out)
+            if broken:
+                self.violations.extend(f"{pod['metadata']['name']}: {b}" for b in broken)
+                return False, "policy: a build pod holds a storage credential", "", 0
+        fetched = None
+        if build["context"].startswith("tar://"):
+            path = build["context"][len("tar://") :]
+            data, code, why = fetch_context(pod, path)
+            if data is None:
+                return False, why, "", code
+            fetched = (context_key(pod), data)
+        ok, log = run_build(
+            build, env, self.failing_builds, self.build_contexts, self.layer_cache, fetched
         )
+        if not ok:
+            return False, log, "", 0
+        content = fetched[1] if fetched else log.encode()
+        digests = [self.push(dest, content) for dest in build["destinations"]]
+        to_log = build.get("digest_file") == "/dev/termination-log" and digests
+        return True, log, digests[0] if to_log else "", 0
 
     def forget(self, pod: Obj) -> None:
         """A pod is gone: so are its log and the kubelet's memory of it."""
@@ -359,14 +431,11 @@ class Kubelet:
                 return
             ns, name, uid, build, env = item
             try:
-                result = run_build(
-                    build, env, self.failing_builds, self.build_contexts, self.layer_cache
-                )
+                result = self._kaniko(build, env)
             except Exception as exc:  # a build must never kill the worker
-                result = (False, f"error building image: {exc}")
+                result = (False, f"error building image: {exc}", "", 0)
             self.results[uid] = result
             if result[0]:
-                self.pushed_images.update(build["destinations"])
                 self.ctl.recheck_pending()
             self.ctl.enqueue(("Pod", ns, name))
             self.ctl.process()
