@@ -9,6 +9,10 @@ Four servers answer the same trivial handler (``{"message": "hello"}`` as JSON) 
 - python3.11 runtime vs OpenFaaS python3-http (Flask + waitress, 8 threads): target >= 2.5x
 - nodejs20 runtime vs a bare ``http.createServer`` hello: target >= 0.8x
 
+Then the replica start time of the local backend (``Supervisor.apply`` of one python3.11
+replica: spawn to its first ``/health`` 200), median of ``--starts`` starts, unconfined and
+in the bubblewrap sandbox, with the difference: target <= 30 ms more.
+
 ``--smoke`` runs the whole path in seconds (1 s per server, no warm-up, 4 connections), for
 tests/test_bench.py: its figures mean nothing.
 
@@ -39,6 +43,7 @@ HOST = "127.0.0.1"
 WARMUP_SEC = 2
 PY_TARGET = 2.5
 NODE_TARGET = 0.8
+SANDBOX_TARGET_MS = 30.0
 
 HANDLER_PY = 'def handle(event):\n    return {"message": "hello"}\n'
 HANDLER_JS = "exports.handle = (event) => ({ message: 'hello' });\n"
@@ -191,15 +196,68 @@ def verdict(label: str, ours: Result, base: Result, target: float) -> str:
     return f"{label:<36} {ratio:5.2f}x  (target >= {target}x)  {mark}"
 
 
+def replica_starts(starts: int, sandbox: object, workdir: Path) -> list[float]:
+    """Milliseconds from spawn to healthy of ``starts`` replicas started one after another."""
+    sys.path.insert(0, str(ROOT))
+    from gitops_sless import runtimes
+    from gitops_sless.local.processes import ProcessSpec, Supervisor
+
+    supervisor = Supervisor(workdir / "state", lambda *_: None, sandbox=sandbox)  # type: ignore[arg-type]
+    spec = ProcessSpec(
+        "bench", "hello", runtimes.get("python3.11"), "handler.handle", workdir, 30, {}
+    )
+    took = []
+    try:
+        for n in range(starts):
+            began = time.perf_counter()
+            supervisor.apply(spec, f"start-{n}", 1)  # returns once /health answered 200
+            took.append((time.perf_counter() - began) * 1000)
+    finally:
+        supervisor.close()
+    return took
+
+
+def start_times(starts: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    from gitops_sless.local import sandbox
+
+    bwrap = shutil.which("bwrap")
+    why = sandbox.probe(bwrap, ["python3"])
+    kinds = [("unconfined", sandbox.Sandbox("off"))]
+    if why is None and bwrap:
+        kinds.append(("bubblewrap", sandbox.Sandbox("bubblewrap", bwrap)))
+    medians = {}
+    # both start the same interpreter, the system's, which is all a sandbox sees: the
+    # figure is the sandbox's cost, not a shim's (pyenv's python3 is a shell script)
+    os.environ["PATH"] = f"{sandbox.SANDBOX_PATH}:{os.environ.get('PATH', '')}"
+    print(f"\nreplica start, spawn to first /health 200 (median of {starts}):")
+    for name, box in kinds:
+        with tempfile.TemporaryDirectory(prefix="sless-start-bench-") as tmp:
+            workdir = Path(tmp)
+            (workdir / "handler.py").write_text(HANDLER_PY)
+            took = sorted(replica_starts(starts, box, workdir))
+        medians[name] = took[len(took) // 2]
+        print(f"  {name:<12} {medians[name]:8.1f} ms  (min {took[0]:.1f}, max {took[-1]:.1f})")
+    if "bubblewrap" not in medians:
+        print(f"  bubblewrap: cannot run here ({why})")
+        return
+    more = medians["bubblewrap"] - medians["unconfined"]
+    ratio = medians["bubblewrap"] / medians["unconfined"]
+    ok = "PASS" if more <= SANDBOX_TARGET_MS else "FAIL"
+    target = f"target <= {SANDBOX_TARGET_MS:g} ms {ok}"
+    print(f"sandbox costs {more:+.1f} ms a start ({ratio:.2f}x): {target}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds per target (10)")
     parser.add_argument("--connections", type=int, default=16, help="wrk connections (16)")
+    parser.add_argument("--starts", type=int, default=15, help="replica starts per kind (15)")
     parser.add_argument("--smoke", action="store_true", help="the whole path in seconds")
     args = parser.parse_args()
     args.warmup = WARMUP_SEC
     if args.smoke:
-        args.duration, args.connections, args.warmup = 1, 4, 0
+        args.duration, args.connections, args.warmup, args.starts = 1, 4, 0, 2
     if args.duration < 1 or args.connections < 1:
         parser.error("--duration and --connections must be at least 1")
     try:
@@ -247,6 +305,7 @@ def main() -> int:
     print()
     print(verdict("python3.11 runtime / flask+waitress", results[0], results[1], PY_TARGET))
     print(verdict("nodejs20 runtime / bare node http", results[2], results[3], NODE_TARGET))
+    start_times(args.starts)
     print(f"\nloadavg after: {loadavg()}")
     return 0
 

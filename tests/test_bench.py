@@ -20,7 +20,12 @@ HANG_GUARD_SEC = 600  # a hung benchmark fails here instead of stalling the suit
 # script -> lines its report prints once it measured everything
 REPORTS = {
     "sync.py": ["## Figures", "| figure | value | baseline, same run |", "## Targets"],
-    "runtimes.py": ["requests/s", "python3.11 runtime / flask+waitress", "loadavg after"],
+    "runtimes.py": [
+        "requests/s",
+        "python3.11 runtime / flask+waitress",
+        "replica start, spawn to first /health 200",
+        "loadavg after",
+    ],
     "proxy.py": ["| target | conns | req/s |", "| /fn/ fast | 4 |", "| /fn/ asgi | 4 |"],
     "preview.py": ["## PR webhook to preview answering", "target p50 <= 3 s"],
     "kube_sync.py": ["## Kubernetes backend, 3 functions", "(b) no-change sync", "## Targets"],
