@@ -567,7 +567,8 @@ def test_serve_applies_a_sless_yaml_edit_without_a_build(
     work.commit("v1", serve_files(stamps, "hello", 1, f"{package.path}\n"))
     work.git("push", "--quiet", url, "HEAD:main")
     env = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
-    server = SlessServer(url, tmp_path / "state", env=env)
+    # the package is a folder of the host, and it counts its builds in a file of the host
+    server = SlessServer(url, tmp_path / "state", env=env, args=["--sandbox", "off"])
     try:
         server.start()
         server.wait(lambda: server.call("greet").status_code == 200, "greet to answer")
@@ -838,7 +839,8 @@ def test_stopping_serve_during_an_install_stops_the_installer(
     work.commit("v1", serve_files(tmp_path / "stamps", "hello", 0, f"{package.path}\n"))
     work.git("push", "--quiet", url, "HEAD:main")
     env = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
-    server = SlessServer(url, tmp_path / "state", env=env)
+    # the package is a folder of the host, and it counts its builds in a file of the host
+    server = SlessServer(url, tmp_path / "state", env=env, args=["--sandbox", "off"])
     try:
         server.start(wait_for_sync=False)
         (_, pgid), *_ = wait_for(package.builds, "pip to build the package")
