@@ -136,7 +136,7 @@ def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None
                 f"(kubectl create namespace {settings.namespace}) or set SLESS_NAMESPACE"
             )
         client.list("Job", settings.namespace)  # may we work in it at all
-        _check_untrusted(client, settings)
+        _refuse_shared(settings)
     except KubeUnavailable as exc:
         raise StartupError(f"{where}: unreachable ({exc})") from exc
     except StartupError:
@@ -151,11 +151,11 @@ def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None
         bucket_check()
     except SlessError as exc:
         raise StartupError(str(exc)) from exc
+    _warn_without_untrusted_namespace(client, settings)
 
 
-def _check_untrusted(client: KubeClient, settings: KubeSettings) -> None:
-    """Untrusted builds must be apart: another namespace, another repository. Their namespace
-    is needed only once a fork's preview builds, so its absence is a warning."""
+def _refuse_shared(settings: KubeSettings) -> None:
+    """Untrusted builds must be apart: another namespace, another repository."""
     untrusted = settings.untrusted_namespace
     if untrusted == settings.namespace:
         raise StartupError(
@@ -167,7 +167,16 @@ def _check_untrusted(client: KubeClient, settings: KubeSettings) -> None:
             f"SLESS_UNTRUSTED_REGISTRY={settings.untrusted_registry} is SLESS_REGISTRY: "
             "untrusted builds must push elsewhere"
         )
-    if client.get("Namespace", None, untrusted) is None:
+
+
+def _warn_without_untrusted_namespace(client: KubeClient, settings: KubeSettings) -> None:
+    """It is needed only once a fork's preview builds: its absence is a warning."""
+    untrusted = settings.untrusted_namespace
+    try:
+        missing = client.get("Namespace", None, untrusted) is None
+    except SlessError:
+        return  # it is looked for again when a build needs it
+    if missing:
         log.warning(
             "namespace %s does not exist: builds of untrusted previews fail until it does "
             "(kubectl create namespace %s, or set SLESS_UNTRUSTED_BUILD_NAMESPACE)",
