@@ -603,7 +603,9 @@ def _run_builds(
         build(name, key, dest)
         assert wait_for(lambda n=name: finished(n)).status.failed == 1
         assert expected in log(name)
-    assert fake_kube.pushed_images == {"registry.local/app:ok"}
+    # pushed: the tag, and the image by the digest the tag names
+    digest = fake_kube.registry_digest("registry.local/app:ok")
+    assert fake_kube.pushed_images == {"registry.local/app:ok", f"registry.local/app@{digest}"}
 
 
 def test_standalone_process(tmp_path: Path) -> None:
