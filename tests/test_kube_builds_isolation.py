@@ -142,6 +142,9 @@ def test_a_build_pod_holds_no_storage_key_and_reads_its_context_by_a_presigned_u
     secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
     assert secrets == ["prod-push"]
     assert kube.build_violations == []
+    # the build's log (the API's build status) ends with the image by its digest
+    pinned = images(kube.get("Deployment", PROD, "alpha"))[0]
+    assert harness.store.build(tag)["log"].rstrip().endswith(f"recorded {pinned}")
     # kaniko reads what the init container fetched, as a local tar
     assert "--context=tar:///workspace/context.tar.gz" in pod["containers"][0]["args"]
     url = next(w for w in pod["initContainers"][0]["command"] if w.startswith("http"))

@@ -4,7 +4,8 @@ Set ``SLESS_TEST_KUBECONFIG`` to a kubeconfig whose user may do what
 ``deploy/``'s ClusterRole allows, plus ``SLESS_REGISTRY`` (a registry the
 cluster's kaniko can push to and its nodes pull from) and the S3 settings
 (``SLESS_S3_ENDPOINT``, ``SLESS_S3_BUCKET``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``) reachable from both this machine and the cluster.
+``AWS_SECRET_ACCESS_KEY``) reachable from both this machine and the cluster (build pods
+hold no key: they fetch their context by a presigned URL, with ``SLESS_FETCH_IMAGE``).
 Each test uses its own environment (namespace ``sless-t<random>``) and deletes
 it at the end. Without ``SLESS_TEST_KUBECONFIG`` these tests are skipped.
 """
@@ -75,6 +76,14 @@ def test_first_sync_then_a_no_change_sync_that_writes_nothing(cluster, tmp_path)
     harness = cluster(repo)
     wait_ready(harness, "alpha")
     wait_ready(harness, "beta")
+    client = harness.backend.client
+    deployment = client.get("Deployment", f"sless-{harness.reconciler.env}", "alpha") or {}
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert "@sha256:" in image  # the digest kaniko pushed, read from its termination message
+    for job in client.list("Job", harness.backend.config.controller_namespace):
+        pod = job["spec"]["template"]["spec"]
+        names = [e["name"] for c in pod["containers"] for e in c.get("env") or []]
+        assert not [n for n in names if n.startswith("AWS_")]
     before = harness.writes()
     harness.reconciler.sync("test")
     assert harness.writes() == before

@@ -211,7 +211,8 @@ class Builds:
                 tag, "kaniko reported no image digest", build_log, "build failed (no digest)"
             )
         self._record(fn, digest, trusted, time.monotonic() - started)
-        return build_log
+        # the build's status (the API's build log) names what runs: the image by its digest
+        return f"{build_log.rstrip()}\nrecorded {pinned_image(self.config, digest, trusted)}\n"
 
     def _start(
         self, fn: Function, snapshot: Snapshot, namespace: str, trusted: bool
