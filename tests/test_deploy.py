@@ -11,6 +11,8 @@ import fnmatch
 import json
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -785,3 +787,28 @@ def test_writes_by_anyone_else_are_not_looked_at(user):
     assert _admit(request, None, _ns("kube-system")) == "skipped"
     request = _request("CREATE", "deployments", "kube-system", user=user)
     assert _admit(request, {}, None, _ns("kube-system")) == "skipped"
+
+
+def test_kubectl_builds_deploy_and_an_overlay_with_the_restrict_component(tmp_path: Path) -> None:
+    """What an admin runs: `kubectl apply -k deploy/`, and an overlay adding deploy/restrict."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "scripts/setup installs kubectl"
+    plain = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, check=True
+    )
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(plain.stdout) if doc}
+    assert {"Deployment", "NetworkPolicy", "ClusterRole"} <= kinds
+    assert "ValidatingAdmissionPolicy" not in kinds
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    shutil.copytree(DEPLOY, overlay / "deploy")
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [deploy]\ncomponents: [deploy/restrict]\n", encoding="utf-8"
+    )
+    restricted = subprocess.run(
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True
+    )
+    objects = [doc for doc in yaml.safe_load_all(restricted.stdout) if doc]
+    kinds = [doc["kind"] for doc in objects]
+    assert "ValidatingAdmissionPolicy" in kinds and "ValidatingAdmissionPolicyBinding" in kinds
+    assert len(objects) == len([d for d in yaml.safe_load_all(plain.stdout) if d]) + 2
