@@ -204,8 +204,9 @@ class Builds:
         job = self._wait(tag, namespace, name, job)
         if "Complete" not in runs.conditions(job):
             raise self._failed(tag, namespace, name, job)
-        build_log = self._log(namespace, name)
-        digest = pushed_digest(runs.pods(self.client, namespace, name), build_log)
+        pods = runs.pods(self.client, namespace, name)
+        build_log = self._log(namespace, pods)
+        digest = pushed_digest(pods, build_log)
         if digest is None:
             raise BuildFailed(
                 tag, "kaniko reported no image digest", build_log, "build failed (no digest)"
@@ -263,14 +264,19 @@ class Builds:
         """The failure of an ended Job: its exit code as the summary, its log kept apart."""
         cond = runs.conditions(job).get("Failed") or {}
         reason = cond.get("reason") or "Failed"
-        summary = exit_summary(runs.pods(self.client, namespace, name))
+        pods = runs.pods(self.client, namespace, name)
+        summary = exit_summary(pods)
         if reason == "DeadlineExceeded":
             summary = f"build timed out after {self.config.build_timeout_sec} s"
         summary = summary or f"build failed ({reason})"
-        return BuildFailed(tag, summary, self._log(namespace, name), summary)
+        return BuildFailed(tag, summary, self._log(namespace, pods), summary)
 
-    def _log(self, namespace: str, name: str) -> str:
+    def _log(self, namespace: str, pods: list[dict[str, Any]]) -> str:
+        """The newest pod's kaniko log ("" when there is none)."""
+        if not pods:
+            return ""
+        pod = _newest(pods)["metadata"]["name"]
         try:
-            return runs.log(self.client, namespace, name, LOG_TAIL_LINES)
+            return self.client.pod_log(namespace, pod, LOG_TAIL_LINES)
         except (Invalid, NotFound):  # kaniko never started (its context was not fetched)
             return ""
