@@ -157,6 +157,11 @@ class Build(ApiModel):
     finished: Timestamp | None
     error: str | None
     log_tail: str = Field(description=f"the last {LOG_TAIL_CHARS} characters of the build log")
+    image: str | None = Field(
+        None,
+        description="what the build made, by digest (image@sha256:...; Kubernetes); "
+        "null for local artifacts and unfinished builds",
+    )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Build:
@@ -167,6 +172,7 @@ class Build(ApiModel):
             finished=rfc3339(row["finished"]),
             error=row["error"],
             log_tail=(row["log"] or "")[-LOG_TAIL_CHARS:],
+            image=row.get("image"),
         )
 
 

@@ -197,6 +197,11 @@ class Backend(ABC):
     def build(self, fn: Function, snapshot: Snapshot) -> str:
         """Build ``fn.build_tag``; returns the log. Raises BuildFailed."""
 
+    def image(self, fn: Function) -> str | None:
+        """What ``fn``'s workloads run here, named so that it cannot change (an image by its
+        digest); None where a build is not an image."""
+        return None
+
     @abstractmethod
     def deployed(self, env: str) -> dict[str, str]:
         """Functions running in ``env``: name -> spec hash."""

@@ -664,7 +664,7 @@ class Reconciler:
             )
             return
         took = time.monotonic() - started
-        self.store.finish_build(fn.build_tag, "Succeeded", build_log)
+        self.store.finish_build(fn.build_tag, "Succeeded", build_log, image=self.backend.image(fn))
         self._done["built"] += 1
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
         METRICS.build_duration.observe(took)

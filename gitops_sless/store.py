@@ -157,6 +157,7 @@ _ADDED_COLUMNS = (
     ("previews", "approved", "TEXT"),
     ("previews", "approved_by", "TEXT"),
     ("previews", "approval_request", "TEXT"),
+    ("builds", "image", "TEXT"),  # what a build made, named immutably (image@sha256:...)
 )
 
 _FUNCTION_FIELDS = (
@@ -472,6 +473,7 @@ class Store:
                 "INSERT INTO builds (tag, runtime, source_id, phase, started, folder) "
                 "VALUES (?, ?, ?, 'Building', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
                 "phase = 'Building', started = excluded.started, finished = NULL, error = NULL,"
+                " image = NULL,"
                 " folder = excluded.folder",
                 (tag, runtime, source_id, time.time(), folder),
             )
@@ -480,13 +482,21 @@ class Store:
         with self._tx() as db:
             db.executemany("DELETE FROM builds WHERE tag = ?", [(tag,) for tag in tags])
 
-    def finish_build(self, tag: str, phase: str, log: str, error: str | None = None) -> None:
+    def finish_build(
+        self,
+        tag: str,
+        phase: str,
+        log: str,
+        error: str | None = None,
+        image: str | None = None,
+    ) -> None:
         if phase not in BUILD_PHASES:
             raise ValueError(f"unknown build phase {phase!r}")
         with self._tx() as db:
             db.execute(
-                "UPDATE builds SET phase = ?, finished = ?, log = ?, error = ? WHERE tag = ?",
-                (phase, time.time(), log[-LOG_TAIL_CHARS * 4 :], error, tag),
+                "UPDATE builds SET phase = ?, finished = ?, log = ?, error = ?, image = ? "
+                "WHERE tag = ?",
+                (phase, time.time(), log[-LOG_TAIL_CHARS * 4 :], error, image, tag),
             )
 
     def builds(self, limit: int = 100) -> list[dict[str, Any]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from gitops_sless.api_models import Build
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.connect import connect
 from gitops_sless.kube.settings import StartupError
@@ -145,6 +146,7 @@ def test_a_build_pod_holds_no_storage_key_and_reads_its_context_by_a_presigned_u
     # the build's log (the API's build status) ends with the image by its digest
     pinned = images(kube.get("Deployment", PROD, "alpha"))[0]
     assert harness.store.build(tag)["log"].rstrip().endswith(f"recorded {pinned}")
+    assert Build.from_row(harness.store.build(tag)).image == pinned  # the API's build status
     # kaniko reads what the init container fetched, as a local tar
     assert "--context=tar:///workspace/context.tar.gz" in pod["containers"][0]["args"]
     url = next(w for w in pod["initContainers"][0]["command"] if w.startswith("http"))

@@ -166,6 +166,9 @@ class KubeBackend(Backend):
     def build(self, fn: Function, snapshot: Snapshot) -> str:
         return self.builds.build(fn, snapshot, self.trusted)
 
+    def image(self, fn: Function) -> str | None:
+        return self.builds.image(fn.build_tag, self.trusted)
+
     def for_untrusted(self) -> KubeBackend:
         return _Untrusted(self)
 
