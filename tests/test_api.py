@@ -236,7 +236,7 @@ def test_function_detail_has_its_build_jobs_and_latest_calls(api):
     api.store.set_job_run("prod", "other", 1, function="elsewhere", phase="Pending")
     api.store.record_invocations(
         [
-            ("prod", "greet", "GET", "/short", 200, 1.25, DEC_1_2025, "req-1"),
+            ("prod", "greet", "GET", "/short", 200, 1.2466789012345, DEC_1_2025, "req-1"),
             ("prod", "greet", "POST", "/" + "p" * 1000, 502, 3.0, DEC_1_2025 + 1.5, "req-2"),
         ]
     )
@@ -263,7 +263,7 @@ def test_function_detail_has_its_build_jobs_and_latest_calls(api):
         "path": "/short",
         "pathTruncated": False,
         "status": 200,
-        "durationMs": 1.25,
+        "durationMs": 1.2,  # one decimal, not the clock's twelve
         "time": "2025-12-01T10:00:00.000Z",
         "requestId": "req-1",
     }
