@@ -213,6 +213,7 @@ def _parser() -> argparse.ArgumentParser:
         "(default: $SLESS_TRUSTED_PROXIES or none)",
     )
     _add_server_commands(commands)
+    _add_import_command(commands)
     completion = commands.add_parser(
         "completion", help="print a shell completion script: source <(gitops-sless completion bash)"
     )
@@ -1420,6 +1421,44 @@ def _completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_import_command(commands: Any) -> None:
+    sources = commands.add_parser(
+        "import", help="turn another tool's configuration into a repository"
+    )
+    kinds = sources.add_subparsers(dest="source", required=True)
+    terraform = kinds.add_parser(
+        "terraform", help="the sless Terraform provider's .tf files and code as a repository"
+    )
+    terraform.add_argument("path", help="the Terraform directory (*.tf, terraform.tfvars)")
+    terraform.add_argument(
+        "--out", metavar="REPO_DIR", help="where to write the repository (default: PATH-sless)"
+    )
+    terraform.add_argument(
+        "--secrets-dir", help="write secret values here as serve --secrets-dir reads them"
+    )
+    terraform.add_argument(
+        "--force", action="store_true", help="write into a non-empty --out, and despite refusals"
+    )
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .tfimport import Refusal, import_terraform  # loads the HCL parser only when asked
+
+    source = Path(args.path)
+    out = (
+        Path(args.out) if args.out else source.resolve().with_name(source.resolve().name + "-sless")
+    )
+    secrets = Path(args.secrets_dir) if args.secrets_dir else None
+    try:
+        report = import_terraform(source, out, secrets_dir=secrets, force=args.force)
+    except Refusal as exc:
+        print("\n".join(exc.lines), file=sys.stderr)
+        print("nothing written (--force writes what can be converted)", file=sys.stderr)
+        return EXIT_NOT_OK
+    print("\n".join(report.lines))
+    return EXIT_OK if report.complete else EXIT_NOT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["__complete"]:
@@ -1435,6 +1474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "invoke": _invoke,
         "sync": _sync,
         "completion": _completion,
+        "import": _import,
     }
     try:
         return handlers[args.command](args)
