@@ -26,6 +26,19 @@ def write_files(root: Path, files: Mapping[str, str | bytes]) -> Path:
     return root
 
 
+def is_sandbox(pid: int) -> bool:
+    """Whether ``pid`` is a bubblewrap process that holds a function's process.
+
+    Every sandboxed replica or job is two processes, bwrap and the runtime in it,
+    and both name the function (bwrap's command line its artifact, its environment
+    the function's): a count of what a user calls replicas leaves bwrap out.
+    """
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def write_repo(tmp_path: Path) -> WriteRepo:
     """``write_repo(files, root=None) -> Path``: files written below ``tmp_path/repo``."""

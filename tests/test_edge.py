@@ -1,9 +1,9 @@
 """The edge of a real ``gitops-sless serve``, probed with raw bytes over loopback sockets.
 
 One server for the module follows a plain folder (seeded into a bare
-repository): ``echo`` answers with its pid and what it was sent, ``paused`` is
-disabled and ``broken`` has an invalid manifest (both declared, neither
-served). The server's limits are shortened through the ``SLESS_PROXY_*``
+repository): ``echo`` answers with its process's instance id, the calls it
+has run and what it was sent, ``paused`` is disabled and ``broken`` has an
+invalid manifest (both declared, neither served). The server's limits are shortened through the ``SLESS_PROXY_*``
 variables ``proxy.config()`` reads, so timeouts take about a second.
 
 The first part covers what the edge refuses or bounds (each failed before
@@ -31,13 +31,17 @@ from .sless_server import SlessServer
 
 ECHO = """\
 import os
+import uuid
+
+INSTANCE = uuid.uuid4().hex  # this replica process (in a sandbox, every pid is 1)
+CALLS = []  # every call this replica ever ran, in order
 
 
 def main(event, context):
-    with open(os.environ["CALLS"], "a") as calls:  # every call the handler ever runs
-        calls.write(event["_path"] + "\\n")
+    CALLS.append(event["_path"])
     return {
-        "pid": os.getpid(),
+        "instance": INSTANCE,
+        "calls": CALLS,
         "path": event["_path"],
         "headers": event["_headers"],
         "body": event.get("_body"),
@@ -58,14 +62,13 @@ def _manifest(name: str, *extra: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _files(calls: Path) -> dict[str, str]:
-    env = f"    env: {{CALLS: {json.dumps(str(calls))}}}"
+def _files() -> dict[str, str]:
     return {
-        "echo/sless.yaml": _manifest("echo", env),
+        "echo/sless.yaml": _manifest("echo"),
         "echo/handler.py": ECHO,
-        "paused/sless.yaml": _manifest("paused", env, "    enabled: false"),
+        "paused/sless.yaml": _manifest("paused", "    enabled: false"),
         "paused/handler.py": ECHO,
-        "broken/sless.yaml": _manifest("broken", env, "    memoryMB: -10"),
+        "broken/sless.yaml": _manifest("broken", "    memoryMB: -10"),
         "broken/handler.py": ECHO,
     }
 
@@ -81,13 +84,12 @@ MAX_BODY = 1 << 20  # serve's default --max-body-bytes
 
 
 class Edge:
-    """The server, the echo replica's pid at the start, and raw-socket helpers."""
+    """The server, the echo replica's instance at the start, and raw-socket helpers."""
 
-    def __init__(self, server: SlessServer, calls: Path) -> None:
+    def __init__(self, server: SlessServer) -> None:
         self.server = server
-        self.calls = calls
         self.port = server.port
-        self.pid = 0
+        self.instance = ""
         self.pids: set[str] = set()
 
     def connect(self) -> socket.socket:
@@ -115,8 +117,13 @@ class Edge:
         return int(sum(float(value) for value in found))
 
     def handled(self) -> list[str]:
-        """The paths of every call the echo handler has run."""
-        return self.calls.read_text().splitlines() if self.calls.exists() else []
+        """The paths of every call the echo handler has run, ending with this one's ``/fence``.
+
+        The handler keeps them: its sandbox lets it write no file the test could read.
+        """
+        status, _, body = self.reply(_get("/fn/prod/echo/fence"))
+        assert status == 200, body
+        return json.loads(body)["calls"]
 
     def unknown(self) -> float:
         found = re.search(r"^sless_proxy_unknown_total (\S+)$", self.metrics(), re.MULTILINE)
@@ -155,16 +162,15 @@ def _refusal(data: bytes, status: int) -> str:
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     root = tmp_path_factory.mktemp("edge")
-    calls = root / "calls.log"
-    repo = write_files(root / "functions", _files(calls))
+    repo = write_files(root / "functions", _files())
     server = SlessServer(str(repo), root / "state", env=LIMITS)
     server.start()
     try:
         echo = server.wait(
             lambda: (r := server.call("echo")).status_code == 200 and r.json(), "echo to serve"
         )
-        edge = Edge(server, calls)
-        edge.pid = echo["pid"]
+        edge = Edge(server)
+        edge.instance = echo["instance"]
         edge.pids = edge.replica_pids()
         yield edge
     finally:
@@ -388,9 +394,7 @@ def test_ambiguous_framing_is_400_and_never_reaches_the_function(edge, rest):
     assert data.startswith(b"HTTP/1.1 400 "), data[:300]
     assert data.count(b"HTTP/1.1 ") == 1  # nothing smuggled behind it was answered
     # the handler never ran; a call whose body broke off is recorded as that 400
-    status, _, _ = edge.reply(_get("/fn/prod/echo/fence"))  # calls are handled in order
-    assert status == 200
-    assert edge.handled() == [*handled, "/fence"]
+    assert edge.handled() == [*handled, "/fence"]  # calls are handled in order
 
 
 def test_pipelined_requests_on_a_kept_alive_connection_are_answered_in_order(edge):
@@ -415,7 +419,7 @@ def test_traversal_below_a_function_stays_in_that_function(edge):
     status, _, body = edge.reply(_get("/fn/prod/echo/..%2f..%2foff/x"))
     assert status == 200
     seen = json.loads(body)
-    assert seen["pid"] == edge.pid  # echo's own replica: the sub-path is echo's business
+    assert seen["instance"] == edge.instance  # echo's own replica: the sub-path is echo's business
     assert seen["path"] == "/../../off/x"  # as the runtime decodes it
 
 
@@ -478,7 +482,7 @@ def test_after_all_of_it_the_server_is_healthy_and_nothing_restarted(edge):
     assert edge.server.client.get("/healthz").status_code == 200
     status, _, body = edge.reply(_get("/fn/prod/echo/still-there"))
     assert status == 200
-    assert json.loads(body)["pid"] == edge.pid  # the same replica process throughout
+    assert json.loads(body)["instance"] == edge.instance  # the same replica process throughout
     assert edge.replica_pids() == edge.pids
     assert edge.server.process is not None and edge.server.process.poll() is None
     assert Path(edge.server.log).exists()

@@ -23,6 +23,7 @@ from gitops_sless.backend import ApplyFailed, JobFailed
 from gitops_sless.local.processes import ProcessSpec, Supervisor
 
 from . import gitserver
+from .conftest import is_sandbox
 from .gitserver import GitDaemon, WorkRepo, init_bare
 from .sless_server import SlessServer
 
@@ -46,6 +47,11 @@ def _processes_under(folder: Path) -> list[int]:
         if any(part.startswith(str(folder)) for part in (cwd, *args)):
             found.append(int(proc.name))
     return found
+
+
+def _runtimes_under(folder: Path) -> list[int]:
+    """The runtime processes below ``folder``: what a user counts as replicas."""
+    return [pid for pid in _processes_under(folder) if not is_sandbox(pid)]
 
 
 def _function(name: str, replicas: int = 2) -> dict[str, str]:
@@ -111,7 +117,7 @@ def test_sigterm_during_the_first_pass_of_a_restart_leaves_no_process(repo):
     for name in FUNCTIONS:
         assert first.function(name)["phase"] == "Ready", first.output()
     artifacts = repo.state / "artifacts"
-    first.wait(lambda: len(_processes_under(artifacts)) == 2 * len(FUNCTIONS), "8 replicas")
+    first.wait(lambda: len(_runtimes_under(artifacts)) == 2 * len(FUNCTIONS), "8 replicas")
     _sigterm_and_wait(first)
     assert _processes_under(repo.state) == []
 
