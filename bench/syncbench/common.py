@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ def runtime_pids(root: int) -> set[int]:
         if ancestor != root:
             continue
         with contextlib.suppress(OSError):
+            if os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "bwrap":
+                continue  # the sandbox around a runtime, not a runtime
             if b"\0SLESS_FUNCTION_NAME=" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
                 found.add(pid)
     return found
