@@ -130,7 +130,8 @@ class _Converter:
         for meta in ("count", "for_each"):
             if meta in block.attributes:
                 why = f"{meta} makes one block many objects; write one block per object"
-                self._not_converted(block, block.attributes[meta].where, meta, why)
+                where = block.attributes[meta].where
+                self._not_converted(block, where, f"{block.address}.{meta}", why)
                 return False
         return True
 
@@ -276,7 +277,7 @@ class _Converter:
         for key, where, value in self.evaluator.entries(attribute):
             if isinstance(value, NotConvertible):
                 what = f"{fn_address}.env_vars.{key}" if key else value.what
-                self.problems.append(Problem(value.where, what, value.why))
+                self.problems.append(Problem(value.where, what, f"{value.what}: {value.why}"))
                 continue
             try:
                 converted = self._env_value(fn, key, value, where)

@@ -1,0 +1,5 @@
+import os
+
+
+def main(event, context=None):
+    return {"word": os.environ.get("WORD")}
