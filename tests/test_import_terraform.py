@@ -223,3 +223,34 @@ def test_code_next_to_the_tf_files_is_copied_without_terraform_files(tmp_path, c
     _assert_no_secret_below(out)
     assert "AUTH: {secret: f, key: AUTH}" in (out / "sless.yaml").read_text()
     shutil.rmtree(out)
+
+
+def test_a_disabled_trigger_disables_its_function_only_when_it_is_the_only_kind_left(
+    tmp_path, capsys
+):
+    fn = (
+        'resource "sless_function" "{n}" {{\n  name = "{n}"\n  runtime = "nodejs20"\n'
+        '  entrypoint = "index.main"\n  source_dir = "${{path.module}}/src"\n}}\n'
+    )
+    source = write_files(
+        tmp_path / "tf",
+        {
+            "main.tf": fn.format(n="paused")
+            + fn.format(n="live")
+            + 'resource "sless_trigger" "a" {\n  type = "http"\n  function = "paused"\n'
+            "  enabled = false\n}\n"
+            'resource "sless_trigger" "b" {\n  type = "http"\n  function = "live"\n}\n'
+            'resource "sless_trigger" "c" {\n  type = "cron"\n  schedule = "*/5 * * * *"\n'
+            '  function = "live"\n  enabled = false\n}\n',
+            "src/index.js": "module.exports.main = async () => 1;\n",
+        },
+    )
+    out = tmp_path / "functions"
+    code, printed, _ = _import(capsys, str(source), "--out", str(out))
+    assert code == 0
+    assert "sless_trigger.c: warning: disabled while live has enabled triggers" in printed
+    manifest = (out / "src" / "sless.yaml").read_text()
+    paused, live = manifest.split("- name: live")
+    assert "enabled: false" in paused and "{type: http}" in paused
+    assert "enabled" not in live and "cron" not in live
+    _valid(capsys, out)
