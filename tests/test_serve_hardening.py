@@ -228,24 +228,20 @@ def test_status_reports_the_fetched_revision_and_what_each_function_serves(setup
 
 
 SLOW_JOB = """
-import os, time
+import time
 
 def run(event):
-    with open(os.environ["MARKS"], "a") as f:
-        f.write("start\\n")
     time.sleep(6)
     return {"done": True}
 """
 
 
-def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup, tmp_path):
-    marks = tmp_path / "marks"
+def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup):
     setup.push(
         {
             "slow/handler.py": SLOW_JOB,
             "slow/sless.yaml": manifest(
                 "slow",
-                f"    env: {{MARKS: {str(marks)!r}}}",
                 "    timeoutSec: 60",
                 "    jobs: [{name: six-seconds, runId: 1}]",
                 entrypoint="handler.run",
@@ -255,7 +251,12 @@ def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup, tm
     server = SlessServer(setup.url, setup.tmp_path / "state")
     setup.servers.append(server)
     server.start(wait_for_sync=False)  # the first pass lasts as long as the job
-    server.wait(lambda: marks.exists() and marks.read_text(), "the job to start", timeout=60)
+    # the sandboxed job can mark nothing on the host: the API says it runs
+    server.wait(
+        lambda: any(j["name"] == "six-seconds" and j["phase"] == "Running" for j in server.jobs()),
+        "the job to start",
+        timeout=60,
+    )
     server.kill()
 
     again = setup.serve()
@@ -270,7 +271,6 @@ def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup, tm
     assert run["runId"] == 1
     assert run["attempts"] == 2
     assert json.loads(run["result"]) == {"done": True}
-    assert marks.read_text().splitlines() == ["start", "start"]
 
 
 MEMORY_HOG = """
