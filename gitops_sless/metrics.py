@@ -100,10 +100,17 @@ class Registry:
         self.proxy_unknown = Counter(
             "sless_proxy_unknown_total", "Calls through /fn/ to names no repository declares."
         )
-        self.gc_runs = Counter("sless_gc_runs_total", "Garbage collections of the state folder.")
+        self.gc_runs = Counter(
+            "sless_gc_runs_total", "Garbage collections (of the state folder, or of the cluster)."
+        )
         self.gc_reclaimed = Counter(
             "sless_gc_reclaimed_bytes_total",
-            "Bytes of artifacts and logs the garbage collector deleted.",
+            "Bytes the garbage collector deleted: artifacts and logs of the state folder "
+            "(no label); images, contexts and build records in the cluster (by what).",
+        )
+        self.gc_objects = Counter(
+            "sless_gc_reclaimed_objects_total",
+            "Objects the garbage collector deleted in the cluster: image, context or record.",
         )
         self.proxy_latency = Histogram(
             "sless_proxy_latency_seconds", "Time from request to upstream response headers."
@@ -139,6 +146,7 @@ class Registry:
                 self.proxy_unknown,
                 self.gc_runs,
                 self.gc_reclaimed,
+                self.gc_objects,
                 self.proxy_latency,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from .kubeapi.fixtures import fake_kube  # noqa: F401 - the test Kubernetes API server
+from .oci_registry import oci_registry  # noqa: F401 - a real image registry, per test
 from .s3server import s3_server  # noqa: F401 - a session fixture, started on first use
 
 WriteRepo = Callable[..., Path]

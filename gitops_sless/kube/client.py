@@ -101,7 +101,7 @@ CALLS: dict[str, frozenset[str]] = {
     for kind, verbs in {
         "Namespace": "get list apply delete",
         "Secret": "get apply",
-        "ConfigMap": "list create",
+        "ConfigMap": "list create delete",  # build records; delete: garbage collection
         "Service": "list apply delete",
         "Pod": "list log",
         "Deployment": "list apply delete",

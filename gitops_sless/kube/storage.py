@@ -11,6 +11,7 @@ appears in a message or a log line.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,12 +24,14 @@ from botocore.config import Config
 from .. import logs
 from ..errors import PermanentError, TransientError
 
-__all__ = ["ContextStore", "S3Config", "StorageError", "StorageUnavailable"]
+__all__ = ["ContextStore", "S3Config", "StorageError", "StorageUnavailable", "StoredContext"]
 
 CONNECT_TIMEOUT_SEC = 3
 READ_TIMEOUT_SEC = 15
 MAX_ATTEMPTS = 3  # the first try included
 PROBE_PREFIX = "probes/"
+CONTEXT_PREFIX = "contexts/"
+CONTEXT_SUFFIX = ".tar.gz"
 PRESIGN_SEC = 15 * 60  # a build pod fetches its context at start; a later retry signs anew
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _CREDENTIALS = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
@@ -85,12 +88,22 @@ class S3Config:
         )
 
 
+@dataclass(frozen=True)
+class StoredContext:
+    """One context in the bucket, as garbage collection weighs it."""
+
+    key: str
+    tag: str
+    size: int
+    modified: float  # Unix time of its upload
+
+
 class ContextStore:
     """Build contexts in one bucket, under ``contexts/<tag>.tar.gz``.
 
     The keys need ``s3:ListBucket`` (without it S3 tells a missing object as a
     refusal), ``s3:GetObject`` and ``s3:PutObject``, and ``s3:DeleteObject`` on
-    ``probes/`` for the start-up check.
+    ``probes/`` for the start-up check and on ``contexts/`` for garbage collection.
     """
 
     def __init__(self, config: S3Config) -> None:
@@ -118,7 +131,27 @@ class ContextStore:
     def key(self, tag: str) -> str:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"{tag!r} is not a build tag")
-        return f"contexts/{tag}.tar.gz"
+        return f"{CONTEXT_PREFIX}{tag}{CONTEXT_SUFFIX}"
+
+    def contexts(self) -> list[StoredContext]:
+        """Every context in the bucket, with its size and upload time (page by page)."""
+        found: list[StoredContext] = []
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.config.bucket, Prefix=CONTEXT_PREFIX
+            )
+            for page in pages:
+                found += [c for item in page.get("Contents") or [] if (c := _context(item))]
+        except (boto.ClientError, boto.BotoCoreError) as exc:
+            raise self._error(exc, f"cannot list {CONTEXT_PREFIX}") from exc
+        return found
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` (deleting a missing key is no error in S3)."""
+        try:
+            self._client.delete_object(Bucket=self.config.bucket, Key=key)
+        except (boto.ClientError, boto.BotoCoreError) as exc:
+            raise self._error(exc, f"cannot delete {key}") from exc
 
     def exists(self, key: str) -> bool:
         try:
@@ -181,6 +214,17 @@ class ContextStore:
         if self.config.secret_key:
             line = line.replace(self.config.secret_key, "***")
         return StorageUnavailable(line) if transient else StorageError(line)
+
+
+def _context(item: Mapping[str, Any]) -> StoredContext | None:
+    key = str(item.get("Key") or "")
+    tag = key.removeprefix(CONTEXT_PREFIX).removesuffix(CONTEXT_SUFFIX)
+    if not key.endswith(CONTEXT_SUFFIX) or not _TAG.fullmatch(tag):
+        return None  # not one of ours
+    modified = item.get("LastModified")
+    # no upload time: counted as new, so it is never collected by mistake
+    stamp = modified.timestamp() if modified is not None else time.time()
+    return StoredContext(key, tag, int(item.get("Size") or 0), stamp)
 
 
 def _code(exc: boto.ClientError) -> str:

@@ -4,7 +4,9 @@ v4, the endpoint and credentials of the container's environment); one with
 ``--context=tar:///PATH`` reads the tarball its init container fetched there (the double
 runs that ``curl ... --output PATH URL`` itself: a plain GET, no credentials, so only a
 presigned URL works). It "pushes" its ``--destination`` images and ends with the digest
-as its termination message (``--digest-file=/dev/termination-log``).
+as its termination message (``--digest-file=/dev/termination-log``); a destination on a
+registry the test named (``Kubelet.oci_registries``) is pushed for real, through the OCI
+distribution API (:func:`push_oci`).
 
 A gitops-sless build pod (labelled with a build tag) is held to the rule that it holds
 no storage credential: :func:`violations` names any ``AWS_*`` variable, any variable
@@ -31,6 +33,9 @@ import urllib.request
 from typing import Any
 
 BUILD_LABEL = "gitops-sless.dev/build-tag"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 PUSH_CREDENTIAL_PATH = "/kaniko/.docker"
 
 # the executor's flags (kaniko v1.23); any other one is "Error: unknown flag"
@@ -182,6 +187,53 @@ def image_digest(data: bytes, destination: str) -> str:
     """What the fake registry calls the image a build of ``data`` pushes to ``destination``."""
     repo = destination.rsplit(":", 1)[0] if ":" in destination.rsplit("/", 1)[-1] else destination
     return "sha256:" + hashlib.sha256(repo.encode() + b"\0" + data).hexdigest()
+
+
+def push_oci(registry_url: str, destination: str, data: bytes) -> str:
+    """Push an image of ``data`` (one layer) as ``destination`` to a real registry at
+    ``registry_url`` through the OCI distribution API, as kaniko does; its digest."""
+    host_path, _, tag = destination.rpartition(":")
+    repository = host_path.partition("/")[2]
+    config = json.dumps(
+        {"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}
+    ).encode()
+    blobs = [_push_blob(registry_url, repository, blob) for blob in (config, data)]
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": OCI_CONFIG, **blobs[0]},
+            "layers": [{"mediaType": OCI_LAYER, **blobs[1]}],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{registry_url}/v2/{repository}/manifests/{tag}",
+        data=manifest,
+        method="PUT",
+        headers={"Content-Type": OCI_MANIFEST},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return str(answer.headers["Docker-Content-Digest"])
+
+
+def _push_blob(registry_url: str, repository: str, blob: bytes) -> dict[str, Any]:
+    """POST an upload, PUT the blob with its digest (monolithic upload)."""
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    start = urllib.request.Request(
+        f"{registry_url}/v2/{repository}/blobs/uploads/", data=b"", method="POST"
+    )
+    with urllib.request.urlopen(start, timeout=10) as answer:
+        location = urllib.parse.urljoin(registry_url, answer.headers["Location"])
+    joiner = "&" if "?" in location else "?"
+    put = urllib.request.Request(
+        f"{location}{joiner}digest={urllib.parse.quote(digest)}",
+        data=blob,
+        method="PUT",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    with urllib.request.urlopen(put, timeout=10):
+        pass
+    return {"digest": digest, "size": len(blob)}
 
 
 def run_build(
