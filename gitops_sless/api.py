@@ -54,6 +54,7 @@ from .dashboard import router as dashboard_router
 from .dashboard import signin_page
 from .errors import SlessError
 from .metrics import METRICS
+from .prlinks import pull_request_link
 from .reconciler import Reconciler
 from .store import MAX_SYNCS, Store
 
@@ -258,6 +259,7 @@ def create_api(
     trusted_proxies: Sequence[str] = (),
     webhook_secrets: Mapping[str, str | None] | None = None,
     sandbox: str | None = None,
+    forge: str | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -265,6 +267,7 @@ def create_api(
     ``anonymous_read``, reads are open. ``trusted_proxies`` say whose X-Forwarded-Proto
     is believed (a session cookie is ``Secure`` behind https). ``sandbox``: how the local
     backend confines function processes (``bubblewrap`` | ``off``), for the status.
+    ``forge`` (github | gitea | gitlab, else guessed from ``repo``) links previews to their PRs.
     """
     access = Access(
         api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
@@ -347,7 +350,13 @@ def create_api(
         rows = {f"pr-{row['number']}": row for row in (previews.listing() if previews else [])}
         names = sorted(set(store.environments()) | set(rows))
         return [
-            Environment.from_rows(env, store.functions(env), store.last_sync(env), rows.get(env))
+            Environment.from_rows(
+                env,
+                store.functions(env),
+                store.last_sync(env),
+                rows.get(env),
+                pull_request_link(repo, int(env[3:]), forge) if env in rows else None,
+            )
             for env in names
             if not env.startswith("pr-") or env in rows
         ]
@@ -403,8 +412,10 @@ def create_api(
     @app.get("/api/v1/syncs", tags=["status"], dependencies=_READ, responses=_errors(401, 422))
     def syncs(
         limit: Annotated[int, Query(description=f"how many, newest first (1-{MAX_SYNCS})")] = 50,
+        env: Annotated[str | None, Query(description="only this environment's passes")] = None,
     ) -> list[Sync]:
-        return [Sync.from_row(row) for row in store.syncs(min(max(limit, 1), MAX_SYNCS))]
+        rows = store.syncs(min(max(limit, 1), MAX_SYNCS), env)
+        return [Sync.from_row(row) for row in rows]
 
     @app.post("/api/v1/sync", tags=["sync"], status_code=202, responses=_errors(401, 403, 422))
     def sync(
@@ -628,5 +639,7 @@ def create_api(
             return _read_log(path, offset, limit, finished)
         return _text_log(build["log"] or "", offset, limit, finished)
 
-    app.include_router(dashboard_router(reconciler, store, repo, branch, poll_interval, access))
+    app.include_router(
+        dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge)
+    )
     return app

@@ -83,6 +83,7 @@ class Sync(ApiModel):
     """One reconcile pass; repeated passes that changed nothing share one row."""
 
     id: int
+    env: str = Field(description="the environment it reconciled: the tracked branch's, or pr-N")
     trigger: str = Field(description="what started it: startup, poll, api, webhook:<forge>")
     started: Timestamp
     finished: Timestamp | None
@@ -97,6 +98,7 @@ class Sync(ApiModel):
         count = int(row.get("count") or 1)
         return cls(
             id=row["id"],
+            env=row["env"],
             trigger=row["trigger"],
             started=rfc3339(row["started"]),
             finished=rfc3339(row["finished"]),
@@ -255,6 +257,11 @@ class Preview(ApiModel):
     title: str | None
     author: str | None
     head: str | None = Field(description="the PR's head commit, which the preview serves")
+    head_branch: str | None = Field(None, description="the branch the PR comes from, when known")
+    base: str | None = Field(None, description="the branch the PR goes into, when known")
+    link: str | None = Field(
+        None, description="the PR's page on its forge, when the repository's URL tells it"
+    )
     state: Literal["Building", "Ready", "Failed", "Waiting", "TearingDown"]
     reason: str | None = Field(description="why it waits or failed")
     created: Timestamp
@@ -262,12 +269,17 @@ class Preview(ApiModel):
     urls: list[str] = Field(description="the preview's function URLs")
 
     @classmethod
-    def from_row(cls, row: dict[str, Any], functions: list[dict[str, Any]]) -> Preview:
+    def from_row(
+        cls, row: dict[str, Any], functions: list[dict[str, Any]], link: str | None = None
+    ) -> Preview:
         return cls(
             number=row["number"],
             title=row["title"],
             author=row["author"],
             head=row["head"],
+            head_branch=row.get("head_branch"),
+            base=row.get("base"),
+            link=link,
             state=row["state"],
             reason=row["reason"],
             created=rfc3339(row["created"]),
@@ -289,12 +301,13 @@ class Environment(ApiModel):
         functions: list[dict[str, Any]],
         last_sync: dict[str, Any] | None,
         preview: dict[str, Any] | None = None,
+        link: str | None = None,
     ) -> Environment:
         return cls(
             name=name,
             functions=len(functions),
             last_sync=_sync_or_none(last_sync),
-            preview=Preview.from_row(preview, functions) if preview else None,
+            preview=Preview.from_row(preview, functions, link) if preview else None,
         )
 
 

@@ -220,6 +220,11 @@ class Backend(ABC):
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         """Run one job to completion; returns its result (JSON text). Raises JobFailed."""
 
+    def public_url(self) -> str | None:
+        """Where callers reach ``/fn/`` when not through this process (a cluster's Gateway);
+        None: the reconciler's own address."""
+        return None
+
     def remove_environment(self, env: str) -> None:  # noqa: B027 - optional hook
         """Whatever holds ``env`` once its functions are removed (a namespace)."""
 

@@ -39,7 +39,8 @@ from pygit2.enums import RepositoryOpenFlag
 from starlette.requests import ClientDisconnect
 
 from .access import COOKIE, Access, Level
-from .api_models import Environment, FunctionDetail, Invocation, JobRun, Status, Sync
+from .api_models import Environment, FunctionDetail, Invocation, JobRun, Preview, Status, Sync
+from .prlinks import pull_request_link
 from .store import LOG_TAIL_CHARS, MAX_SYNCS, Store
 
 __all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "router", "signin_page"]
@@ -77,7 +78,16 @@ _KIND = {
 }
 _MARK = {"ok": "✓", "bad": "✕", "warn": "!", "busy": "↻", "wait": "…", "off": "○"}
 _FUNCTION_COLUMNS = ("Function", "Phase", "Runtime", "Build", "Revision", "Replicas", "URL")
-_SYNC_COLUMNS = ("Pass", "Started", "Trigger", "Revision", "Result", "Passes", "Error")
+_SYNC_COLUMNS = (
+    "Pass",
+    "Environment",
+    "Started",
+    "Trigger",
+    "Revision",
+    "Result",
+    "Passes",
+    "Error",
+)
 _JOB_COLUMNS = ("Job", "runId", "Phase", "Attempts", "Result or error", "Finished")
 _CALL_COLUMNS = ("Time", "Method", "Path", "Status", "Latency")
 
@@ -167,6 +177,12 @@ def _when(stamp: str | None, now: float) -> Html:
         clock=stamp[:19].replace("T", " ") + " UTC",
         ago=_ago(now - _epoch(stamp)),
     )
+
+
+def _sync_time(sync: Sync) -> str:
+    """When a sync row last ran: its latest repeat, else its end, else its start. The one
+    definition the header, the environments and the history all show."""
+    return sync.last_seen or sync.finished or sync.started
 
 
 def _sha(revision: str | None) -> Html:
@@ -327,9 +343,16 @@ class Pages:
     """What each page shows, read at request time from the store, the routes and the mirror."""
 
     def __init__(
-        self, reconciler: Any, store: Store, repository: str, branch: str, poll: float | None
+        self,
+        reconciler: Any,
+        store: Store,
+        repository: str,
+        branch: str,
+        poll: float | None,
+        forge: str | None = None,
     ) -> None:
         self.reconciler = reconciler
+        self.forge = forge
         self.store = store
         self.repository = repository
         self.branch = branch
@@ -393,7 +416,7 @@ class Pages:
             "{badge} {trigger}, {when}",
             badge=_badge(sync.result),
             trigger=sync.trigger,
-            when=_when(sync.last_seen or sync.finished or sync.started, now),
+            when=_when(_sync_time(sync), now),
         )
 
     def _next_poll(self, sync: Sync | None, now: float) -> str:
@@ -401,13 +424,14 @@ class Pages:
         interval = self.poll_interval or 0
         if sync is not None and sync.result == "Running":
             return "a sync is running"
-        last = (sync.last_seen or sync.finished) if sync else None
+        last = _sync_time(sync) if sync else None
         due = _epoch(last) + interval - now if last else interval
         return f"in about {math.ceil(due)} s (every {interval:g} s)" if due >= 1 else "due now"
 
     # the index ----------------------------------------------------------------------------
 
-    def index(self, signout: Html = NO_HTML) -> HTMLResponse:
+    def index(self, signout: Html = NO_HTML, syncs_of: str | None = None) -> HTMLResponse:
+        """``syncs_of``: the environment whose passes the sync history shows (None: all)."""
         now = time.time()
         status = self._status()
         envs = sorted(self.store.environments(), key=lambda e: _env_order(e, status.environment))
@@ -416,7 +440,7 @@ class Pages:
         ]
         phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
         title = f"gitops-sless: {phases}" if phases else "gitops-sless"
-        main = _join([*sections, self._syncs(now)], "\n")
+        main = _join([*sections, self._syncs(now, envs, syncs_of)], "\n")
         return _page(title, self.header(status, now, signout), main)
 
     def _environment(self, env: str, now: float) -> Html:
@@ -427,12 +451,44 @@ class Pages:
             '<p class="muted">{n} functions · last sync {badge} {when}</p>',
             n=info.functions,
             badge=_badge(sync.result) if sync else "",
-            when=_when(sync.finished or sync.started, now) if sync else "never",
+            when=_when(_sync_time(sync), now) if sync else "never",
         )
+        summary = Html(self._preview(env, rows, now) + summary)
         if not rows:
             return _section(f"env-{env}", env, Html(summary + "<p>No functions declared.</p>"))
         table = _table((*_FUNCTION_COLUMNS, "Message"), (self._row(env, row) for row in rows))
         return _section(f"env-{env}", env, Html(summary + table))
+
+    def _preview(self, env: str, rows: list[dict[str, Any]], now: float) -> Html:
+        """A preview's state and why, and the pull request it previews."""
+        number = re.fullmatch(r"pr-([1-9][0-9]{0,9})", env)
+        row = self.store.preview(int(number.group(1))) if number else None
+        if row is None:
+            return NO_HTML
+        link = pull_request_link(self.repository, row["number"], self.forge)
+        pr = Preview.from_row(row, rows, link)
+        state = _h("{badge}", badge=_badge(pr.state))
+        if pr.reason:
+            state = _h('{s} <span class="reason">{r}</span>', s=state, r=pr.reason)
+        name = _h("#{n}", n=pr.number)
+        if pr.title:
+            name = _h("{n} {t}", n=name, t=pr.title)
+        if pr.link:
+            name = _h('<a class="pr-link" href="{href}">{n}</a>', href=pr.link, n=name)
+        branches = _h(
+            "<code>{head}</code> → <code>{base}</code>",
+            head=pr.head_branch or "?",
+            base=pr.base or "?",
+        )
+        facts: list[tuple[str, Cell]] = [
+            ("Preview", state),
+            ("Pull request", name),
+            ("Author", pr.author or DASH),
+            ("Branches", branches if pr.head_branch or pr.base else DASH),
+            ("Head", _sha(pr.head)),
+            ("Updated", _when(pr.updated, now)),
+        ]
+        return _h('<div class="preview" id="preview-{e}">{f}</div>', e=env, f=_facts(facts))
 
     def _row(self, env: str, row: dict[str, Any]) -> Html:
         fn = FunctionDetail.from_rows(row, None, [], [])
@@ -467,13 +523,15 @@ class Pages:
         route = routes.get(env, row["name"])
         return f"{len(route.upstreams) if route else 0}/{spec.get('replicas', 1)}"
 
-    def _syncs(self, now: float) -> Html:
-        syncs = [Sync.from_row(row) for row in self.store.syncs(RECENT_SYNCS)]
+    def _syncs(self, now: float, envs: Sequence[str], only: str | None) -> Html:
+        only = only if only in envs else None
+        syncs = [Sync.from_row(row) for row in self.store.syncs(RECENT_SYNCS, only)]
         rows = (
             _tr(
                 _SYNC_COLUMNS,
                 [
                     f"#{s.id}",
+                    s.env,
                     _when(s.started, now),
                     s.trigger,
                     _sha(s.revision),
@@ -489,7 +547,8 @@ class Pages:
         note = (
             '<p class="muted">Passes that changed nothing are counted in the row they repeat.</p>'
         )
-        return _section("syncs", "Sync history", Html(note + _table(_SYNC_COLUMNS, rows)))
+        body = _sync_filter(envs, only) + note + _table(_SYNC_COLUMNS, rows)
+        return _section("syncs", "Sync history", Html(body))
 
     # one function ---------------------------------------------------------------------------
 
@@ -513,7 +572,7 @@ class Pages:
         main = _join(
             [
                 self._summary(env, fn, row, now),
-                self._build(fn, now),
+                self._build(fn, now, self._built_with(env, row)),
                 self._jobs([job for job in fn.jobs if job.function == name], now),
                 self._calls(fn.invocations, now),
             ],
@@ -563,18 +622,39 @@ class Pages:
             '<div class="problems">{s}</div>', s=_section("problems", "Why the build failed", body)
         )
 
-    def _build(self, fn: FunctionDetail, now: float) -> Html:
+    def _built_with(self, env: str, row: dict[str, Any]) -> tuple[str, list[str]]:
+        """The folder a build comes from and every function of ``env`` it builds: one build
+        (and one log) serves every function a folder declares."""
+        manifest = row.get("manifest") or ""
+        folder = manifest.rpartition("/")[0] or "."
+        tag = row.get("build_tag")
+        names = [
+            other["name"]
+            for other in self.store.functions(env)
+            if (other.get("build_tag") == tag if tag else other.get("manifest") == manifest)
+        ]
+        return folder, names or [row["name"]]
+
+    def _build(self, fn: FunctionDetail, now: float, built: tuple[str, list[str]]) -> Html:
         build = fn.build
         if build is None:
             return _section("build", "Build", Html('<p class="muted">Not built.</p>'))
+        folder, names = built
+        shared = _h(
+            '<p class="built-with">Folder <code>{folder}</code> builds {what}{names}.</p>',
+            folder=folder,
+            what="this function: " if len(names) == 1 else f"{len(names)} functions: ",
+            names=_join((_code(name) for name in names), ", "),
+        )
         log = build.log_tail
         if len(log) >= LOG_TAIL_CHARS:
             log = log.partition("\n")[2]  # its first line was cut
         lines = _join((_log_line(line) for line in log.rstrip("\n").split("\n")), "\n")
         body = _h(
-            '<p class="muted">Started {started}, finished {finished}.</p>{error}'
+            '{shared}<p class="muted">Started {started}, finished {finished}.</p>{error}'
             '<pre class="log" id="build-log" tabindex="0" role="region" '
             'aria-label="Build log, last lines">{lines}</pre>',
+            shared=shared,
             started=_when(build.started, now),
             finished=_when(build.finished, now),
             error=_h('<p class="error">{e}</p>', e=build.error) if build.error else Html(""),
@@ -622,6 +702,22 @@ class Pages:
             for call in calls[:RECENT_CALLS]
         )
         return _section("calls", "Recent calls", Html(_chart(calls) + _table(_CALL_COLUMNS, rows)))
+
+
+def _sync_filter(envs: Sequence[str], only: str | None) -> Html:
+    """Links that show one environment's passes, or all: plain links, so they work
+    without the script, and the page's refresh keeps the choice (it fetches its own URL)."""
+
+    def link(label: str, href: str, chosen: bool) -> Html:
+        current = Html(' aria-current="true"') if chosen else NO_HTML
+        return _h('<a href="{href}"{c}>{label}</a>', href=href, c=current, label=label)
+
+    links = [link("all", "/#syncs", only is None)]
+    links += [link(env, f"/?syncs={quote(env, safe='')}#syncs", env == only) for env in envs]
+    return _h(
+        '<nav class="sync-filter" aria-label="Show the passes of">Show: {links}</nav>',
+        links=_join(links, " · "),
+    )
 
 
 def _chart(calls: list[Invocation]) -> Html:
@@ -790,14 +886,16 @@ def router(
     branch: str,
     poll_interval: float | None = None,
     access: Access | None = None,
+    forge: str | None = None,
 ) -> APIRouter:
     """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
     ``poll_interval`` (seconds) lets the header say when the next poll is due. ``access``
-    (default: open reads, nothing to sign in to) decides who may see the pages.
+    (default: open reads, nothing to sign in to) decides who may see the pages. ``forge``
+    (else guessed from the repository's URL) links a preview to its pull request.
     """
     access = access or Access(None)
-    pages = Pages(reconciler, store, repository, branch, poll_interval)
+    pages = Pages(reconciler, store, repository, branch, poll_interval, forge)
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:
@@ -807,7 +905,7 @@ def router(
 
     @routes.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        return pages.index(signout(request))
+        return pages.index(signout(request), request.query_params.get("syncs"))
 
     @routes.get("/functions/{env}/{name}", response_class=HTMLResponse)
     def function(env: str, name: str, request: Request) -> HTMLResponse:

@@ -148,6 +148,7 @@ class Reconciler:
         self._published = -1  # the records version the proxy and /metrics last saw
         self._derived_from: tuple[Any, ...] | None = None  # the phases' inputs last pass
         self._derived_for: dict[str, tuple[Any, ...]] = {}  # and each function's
+        self._derived_url: str | None = None  # the public address the URLs were made with
         self._steady: tuple[tuple[Any, ...], Plan] | None = None  # the last idle plan
         self._outcomes: dict[str, Outcome] = {}  # deploys that did not start, by function
         self._serving: set[str] = {row["name"] for row in store.serving(env)}
@@ -810,7 +811,9 @@ class Reconciler:
             return  # nothing it is derived from changed: neither can a phase
         health = self.backend.health(self.env)
         hashes = {d.name: d.spec_hash for d in planned.applies}
-        seen = self._derived_for
+        # a new public address (a Gateway's) changes every URL, not only changed functions'
+        seen = self._derived_for if self._url_base() == self._derived_url else {}
+        self._derived_url = self._url_base()
         fresh = {
             name: phases.inputs(fn, planned, self._outcomes, health, hashes)
             for name, fn in desired.functions.items()
@@ -835,6 +838,7 @@ class Reconciler:
             return None
         return (
             desired.revision,
+            self._url_base(),
             self._records.version,
             health,
             tuple(sorted(self._outcomes.items())),
@@ -861,7 +865,11 @@ class Reconciler:
             self._follow_up()
 
     def url(self, fn: Function) -> str | None:
-        return f"{self.public_url}/fn/{self.env}/{fn.name}/" if fn.http else None
+        return f"{self._url_base()}/fn/{self.env}/{fn.name}/" if fn.http else None
+
+    def _url_base(self) -> str:
+        """The backend's public address (a cluster's Gateway) if it has one, else ours."""
+        return (self.backend.public_url() or self.public_url).rstrip("/")
 
     def publish(self) -> None:
         """Tell the proxy (and /metrics) what the repository declares and in which phase.

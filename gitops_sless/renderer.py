@@ -31,6 +31,7 @@ __all__ = [
     "Rendered",
     "dump",
     "image_ref",
+    "parse_gateway",
     "pinned_image",
     "render_environment",
     "render_function",
@@ -54,6 +55,22 @@ UNHASHED = frozenset({SPEC_HASH, REVISION})
 CONTAINER_PORT = 8080
 TRUST_LABEL = "gitops-sless.dev/trust"  # on build Jobs: trusted or untrusted
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(
+    r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+)
+
+
+def parse_gateway(text: str) -> tuple[str, str]:
+    """``NAMESPACE/NAME`` of a Gateway -> (namespace, name); ValueError says what is wrong."""
+    namespace, slash, name = text.strip().partition("/")
+    if not slash or not namespace or not name:
+        raise ValueError(f"{text!r} is not NAMESPACE/NAME (e.g. envoy-gateway-system/sless)")
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise ValueError(f"{text!r}: the namespace {namespace!r} is not a DNS-1123 label")
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(f"{text!r}: the name {name!r} is not a DNS-1123 subdomain")
+    return namespace, name
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,9 @@ class RenderConfig:
     reconciler_labels: tuple[tuple[str, str], ...] = netpolicy.DEFAULT_RECONCILER_LABELS
     # CIDRs preview pods may reach besides DNS and their own namespace (SLESS_PREVIEW_EGRESS)
     preview_egress: tuple[str, ...] = ()
+    # (namespace, name) of the Gateway that serves /fn/ in the cluster (--gateway): each
+    # http function also gets an HTTPRoute, and that namespace reaches the functions' port
+    gateway: tuple[str, str] | None = None
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
@@ -239,6 +259,8 @@ class _EnvironmentRenderer:
             }
             yield _finish(templates.render("deployment", values), labels)
             yield _finish(templates.render("service", values), labels)
+            if self.config.gateway:
+                yield _finish(self.http_route(fn), labels)
         for index, trigger in enumerate(fn.crons):
             event = {"SLESS_EVENT": json.dumps(trigger.event, sort_keys=True)}
             values = {
@@ -249,6 +271,18 @@ class _EnvironmentRenderer:
                 "podSpec": self.pod_spec(fn, "runner", event, env_vars),
             }
             yield _finish(templates.render("cronjob", values), labels)
+
+    def http_route(self, fn: Function) -> dict[str, Any]:
+        namespace, name = self.config.gateway or ("", "")
+        values = {
+            "name": fn.name,
+            "namespace": self.namespace,
+            "gatewayNamespace": namespace,
+            "gatewayName": name,
+            "prefix": f"/fn/{self.environment}/{fn.name}",
+            "timeout": f"{fn.timeout_sec}s",
+        }
+        return templates.render("httproute", values)
 
     def job_object(
         self, fn: Function, job: Job, env_vars: Mapping[str, str | SecretRef]
@@ -277,10 +311,22 @@ class _EnvironmentRenderer:
             **values,
             "reconcilerLabels": dict(self.config.reconciler_labels),
             "port": CONTAINER_PORT,
+            "gateway": self.gateway_ingress(),
         }
         yield _finish(templates.render("networkpolicy", ingress), labels)
         if is_preview(self.environment):
             yield _finish(templates.render("networkpolicy-egress", self.egress_values()), labels)
+
+    def gateway_ingress(self) -> Any:
+        """The gateway's pods (in its namespace, with the Envoy Gateway or NGINX Gateway
+        Fabric layouts the README shows), on the runtime's port only."""
+        if not self.config.gateway:
+            return OMIT
+        where = {"kubernetes.io/metadata.name": self.config.gateway[0]}
+        return {
+            "from": [{"namespaceSelector": {"matchLabels": where}}],
+            "ports": [{"protocol": "TCP", "port": CONTAINER_PORT}],
+        }
 
     def egress_values(self) -> dict[str, Any]:
         blocks = netpolicy.ip_blocks(self.config.preview_egress)
@@ -394,11 +440,13 @@ def render_function(
     revision: str | None = None,
     image: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The long-running objects of one function (Deployment, Service, CronJobs), env resolved;
+    """The long-running objects of one function (Deployment, Service, HTTPRoute, CronJobs),
+    env resolved;
     ``image``: the pinned image they run (None: the build tag's, for offline rendering)."""
     fn = deployment.function
     renderer = _EnvironmentRenderer(None, deployment.env, config, {}, image)
-    count = (2 if fn.http else 0) + len(fn.crons)
+    http_objects = 3 if config.gateway else 2  # Deployment, Service (, HTTPRoute)
+    count = (http_objects if fn.http else 0) + len(fn.crons)
     objects = list(renderer.function_objects(fn, deployment.env_vars))
     if objects:
         # on the first object only (the Deployment, else the first CronJob): a new image

@@ -77,6 +77,7 @@ RANKS = {
     "kube.leader": 6,
     "kube.mirror": 6,
     "kube.runs": 6,
+    "kube.gateway": 6,
     "kube.registry": 6,
     "kube.gc": 6,
     # the proxy package's modules import one way: http, upstream, fast, app, the package

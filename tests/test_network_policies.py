@@ -182,6 +182,22 @@ def test_configured_reconciler_labels_are_the_ones_admitted():
     assert not connects(policies, _reconciler(), _function("prod"))  # another namespace
 
 
+def test_with_a_gateway_its_namespace_reaches_the_functions_port_only():
+    envoy = pod("envoy-gateway-system", {"app.kubernetes.io/name": "envoy"})
+    assert not connects(_all_policies(), envoy, _function("prod"))
+    config = KubeSettings.from_env({**BASE_ENV, "SLESS_GATEWAY": "envoy-gateway-system/sless"})
+    policies = _policies("prod", "pr-7", config=config.render_config())
+    for env in ("prod", "pr-7"):
+        assert connects(policies, envoy, _function(env))
+        assert not connects(policies, envoy, _function(env), port=9090)
+    # and no one else gains anything from it
+    assert not connects(policies, INGRESS_CONTROLLER, _function("prod"))
+    reconciler = pod("ops", dict(RenderConfig().reconciler_labels))  # SLESS_NAMESPACE=ops
+    assert connects(policies, reconciler, _function("prod"))
+    for obj in policies:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
 # --- preview namespaces: egress ------------------------------------------------------------
 
 

@@ -39,6 +39,7 @@ ORDER = {
             "ConfigMap",
             "Deployment",
             "Service",
+            "HTTPRoute",  # after its Service: a route to nothing would answer 500
             "CronJob",
             "Job",
         )

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
+from ..errors import SlessError
 from ..manifest import Function, Job
 from ..renderer import (
     ENV_LABEL,
@@ -29,9 +31,10 @@ from .apply import Applier
 from .builds import Builds
 from .client import KubeClient, NotFound
 from .functions import FunctionWriter
+from .gateway import gateway_url
 from .jobs import JobRunner, finished_runs
 from .status import health, needs_pods, rolled_out
-from .view import FUNCTION_KINDS, View, label
+from .view import FUNCTION_KINDS, LISTED, View, label
 
 __all__ = ["KubeBackend"]
 
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 class KubeBackend(Backend):
     publishes = True  # the Function resources
     trusted = True  # runs only what trusted builds pushed
+    gateway_read_sec = 60.0  # how often the Gateway's address is read again (--gateway)
 
     def __init__(
         self,
@@ -66,6 +70,8 @@ class KubeBackend(Backend):
         self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
         self._on_cron = on_cron
         self._seen_cron_runs: set[str] | None = None
+        self._gateway_url: str | None = None
+        self._gateway_read_at: float | None = None
         self._lock = threading.Lock()
 
     # --- reading -------------------------------------------------------------------------
@@ -73,7 +79,8 @@ class KubeBackend(Backend):
     def view(self, env: str) -> View:
         with self._lock:
             if env not in self._views:
-                self._views[env] = View(env, self.config.namespace(env))
+                kinds = (*LISTED, "HTTPRoute") if self.config.gateway else LISTED
+                self._views[env] = View(env, self.config.namespace(env), kinds)
             return self._views[env]
 
     def refresh(self, env: str) -> None:
@@ -91,6 +98,37 @@ class KubeBackend(Backend):
         self.builds.refresh()
         self._publish_routes(view)
         self._report_cron_runs(view)
+        self._read_gateway()
+
+    def public_url(self) -> str | None:
+        return self._gateway_url
+
+    def _read_gateway(self) -> None:
+        """The Gateway's address, read at most every ``gateway_read_sec``: it changes only
+        when its load balancer does."""
+        if not self.config.gateway:
+            return
+        now = time.monotonic()
+        if (
+            self._gateway_read_at is not None
+            and now - self._gateway_read_at < self.gateway_read_sec
+        ):
+            return
+        self._gateway_read_at = now
+        namespace, name = self.config.gateway
+        try:
+            gateway = self.client.get("Gateway", namespace, name)
+        except SlessError as exc:
+            log.warning("Gateway %s/%s cannot be read: %s", namespace, name, exc)
+            return
+        url = gateway_url(gateway) if gateway else None
+        if url != self._gateway_url:
+            log.info("Gateway %s/%s: functions are public at %s", namespace, name, url or "-")
+        if gateway is None:
+            log.warning(
+                "Gateway %s/%s does not exist: its HTTPRoutes attach to nothing", namespace, name
+            )
+        self._gateway_url = url
 
     def _publish_routes(self, view: View) -> None:
         """A route for every function with an available replica; 503 with its phase otherwise."""

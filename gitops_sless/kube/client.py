@@ -87,6 +87,9 @@ KINDS = {
         Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
         Kind("Lease", "coordination.k8s.io", "v1", "leases"),
         Kind("Function", "gitops-sless.dev", "v1alpha1", "functions"),
+        # the Gateway API, with --gateway only (its CRDs come with the cluster's gateway)
+        Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes"),
+        Kind("Gateway", "gateway.networking.k8s.io", "v1", "gateways"),
     )
 }
 
@@ -110,6 +113,8 @@ CALLS: dict[str, frozenset[str]] = {
         "NetworkPolicy": "list apply",  # gone with their namespace, never deleted alone
         "Lease": "get create update",
         "Function": "list watch apply delete status",
+        "HTTPRoute": "list apply delete",  # --gateway: one per http function
+        "Gateway": "get",  # --gateway: its address is the functions' public URL
     }.items()
 }
 OWN_NAMESPACE_ONLY = frozenset({"Lease", "ConfigMap"})

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import netpolicy
 from ..errors import PermanentError, SlessError
-from ..renderer import RenderConfig
+from ..renderer import RenderConfig, parse_gateway
 from .client import KubeClient, KubeUnavailable, own_namespace
 from .storage import S3Config
 
@@ -53,6 +53,7 @@ class KubeSettings:
     build_runtime_class: str | None = None
     reconciler_labels: tuple[tuple[str, str], ...] = netpolicy.DEFAULT_RECONCILER_LABELS
     preview_egress: tuple[str, ...] = ()
+    gateway: tuple[str, str] | None = None  # (namespace, name): --gateway, SLESS_GATEWAY
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -83,7 +84,9 @@ class KubeSettings:
             "build_runtime_class": get("SLESS_BUILD_RUNTIME_CLASS"),
             **_network_settings(environ),
         }
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values.update(given)
+        values["gateway"] = _gateway(values.get("gateway"), given, environ)
         return cls(**values)
 
     def render_config(self) -> RenderConfig:
@@ -105,6 +108,7 @@ class KubeSettings:
             build_runtime_class=self.build_runtime_class,
             reconciler_labels=self.reconciler_labels,
             preview_egress=self.preview_egress,
+            gateway=self.gateway,
         )
 
 
@@ -122,6 +126,22 @@ def _network_settings(environ: Mapping[str, str]) -> dict[str, Any]:
     except ValueError as exc:
         raise StartupError(f"SLESS_PREVIEW_EGRESS: {exc}") from exc
     return values
+
+
+def _gateway(
+    value: Any, given: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """The Gateway that serves /fn/, from --gateway or SLESS_GATEWAY; a bad one stops the
+    start in one line naming where it came from."""
+    if value is None and "gateway" not in given:
+        value = environ.get("SLESS_GATEWAY") or None
+    if value is None or isinstance(value, tuple):
+        return value
+    source = "--gateway" if "gateway" in given else "SLESS_GATEWAY"
+    try:
+        return parse_gateway(str(value))
+    except ValueError as exc:
+        raise StartupError(f"{source}: {exc}") from exc
 
 
 def check(client: KubeClient, settings: KubeSettings, bucket_check: Any) -> None:

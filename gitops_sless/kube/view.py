@@ -18,8 +18,9 @@ from .client import KubeClient
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 
 # the long-running objects of a function; Jobs are runs, listed too but never "the function"
-FUNCTION_KINDS = ("Deployment", "Service", "CronJob")
-LISTED = (*FUNCTION_KINDS, "Job", "NetworkPolicy", "Function")
+FUNCTION_KINDS = ("Deployment", "Service", "HTTPRoute", "CronJob")
+# HTTPRoutes are listed with --gateway only: without, a cluster need not know the kind
+LISTED = ("Deployment", "Service", "CronJob", "Job", "NetworkPolicy", "Function")
 
 
 def label(obj: dict[str, Any], key: str) -> str | None:
@@ -35,9 +36,10 @@ def annotation(obj: dict[str, Any], key: str) -> str | None:
 class View:
     """The managed objects of one environment's namespace."""
 
-    def __init__(self, env: str, namespace: str) -> None:
+    def __init__(self, env: str, namespace: str, kinds: Iterable[str] = LISTED) -> None:
         self.env = env
         self.namespace = namespace
+        self.kinds = tuple(kinds)
         self.namespace_exists = False
         self._objects: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object
         self._by_function: dict[str, set[tuple[str, str]]] = {}  # function -> its keys
@@ -52,7 +54,7 @@ class View:
         if not self.namespace_exists:
             return
         selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: self.env}
-        for kind in LISTED:
+        for kind in self.kinds:
             objects = client.list(kind, self.namespace, selector)
             with self._lock:
                 for obj in objects:
