@@ -229,6 +229,7 @@ class Server:
             readiness=self._readiness,
             previews=self.previews,
             sandbox=self.sandbox.kind if isinstance(self.backend, LocalBackend) else None,
+            forge=config.forge_kind,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()

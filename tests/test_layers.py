@@ -101,6 +101,7 @@ RANKS = {
     "previews": 7,
     "api": 8,
     "api_models": 8,
+    "prlinks": 1,
     "dashboard": 8,
     "access": 8,
     "serve": 9,
