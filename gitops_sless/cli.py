@@ -96,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a job's result, for functions that take it as env (repeatable)",
     )
     render.add_argument("--no-builds", action="store_true", help="leave out the kaniko build Jobs")
+    render.add_argument(
+        "--gateway",
+        default=os.environ.get("SLESS_GATEWAY") or None,
+        metavar="NAMESPACE/NAME",
+        help="a Gateway API Gateway: each http function also gets an HTTPRoute attached to it "
+        "(default: $SLESS_GATEWAY)",
+    )
     serve = commands.add_parser(
         "serve", help="follow a repository, build what changed, run it locally, proxy /fn/"
     )
@@ -203,7 +210,16 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="seconds between garbage collections of the state folder (default: 3600)",
+        help="seconds between garbage collections of the state folder, or of the cluster's "
+        "build records, contexts and images (default: 3600)",
+    )
+    serve.add_argument(
+        "--gc-min-age",
+        type=float,
+        default=float(os.environ.get("SLESS_GC_MIN_AGE") or 3600),
+        metavar="SECONDS",
+        help="Kubernetes backend: no build record, context or image younger than this "
+        "is garbage-collected (default: $SLESS_GC_MIN_AGE or 3600)",
     )
     serve.add_argument(
         "--trusted-proxies",
@@ -365,6 +381,12 @@ def _check_ssh_keys() -> None:
             raise _UsageError(f"${variable} {value}: no such file; expected an SSH key file")
 
 
+def _seconds(name: str, value: float) -> float:
+    if not value >= 0:
+        raise _UsageError(f"{name} {value:g}: must be 0 or more")
+    return value
+
+
 def _not_negative(name: str, value: int) -> int:
     if value < 0:
         raise _UsageError(f"{name} {value}: must be 0 or more")
@@ -427,6 +449,7 @@ _KUBE_FLAGS = (
     ("--build-cpu", "SLESS_BUILD_CPU", "CPU request of a build pod"),
     ("--build-memory", "SLESS_BUILD_MEMORY", "memory request and limit of a build pod"),
     ("--build-service-account", "SLESS_BUILD_SERVICE_ACCOUNT", "service account of build pods"),
+    ("--gateway", "SLESS_GATEWAY", "NAMESPACE/NAME of a Gateway that serves /fn/ (HTTPRoutes)"),
 )
 
 
@@ -609,6 +632,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
         gc_interval=_positive("--gc-interval", args.gc_interval),
+        gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
         trusted_proxies=_trusted_proxies(args.trusted_proxies),
         allow_empty=args.allow_empty,
         backend=args.backend,
@@ -700,7 +724,11 @@ def _render(args: argparse.Namespace) -> int:
         raise _UsageError(f"--env {args.env!r}: must be a DNS-1123 label of at most 40 characters")
     state = manifest.load(open_source(args.path, args.ref))
     _report_invalid(state)
-    config = renderer.RenderConfig(registry=args.registry)
+    try:
+        gateway = renderer.parse_gateway(args.gateway) if args.gateway else None
+    except ValueError as exc:
+        raise _UsageError(f"--gateway: {exc}") from exc
+    config = renderer.RenderConfig(registry=args.registry, gateway=gateway)
     rendered = renderer.render_environment(
         state, args.env, config, _job_results(args.job_result), builds=not args.no_builds
     )

@@ -75,7 +75,8 @@ class ServeConfig:
     log_format: str = "text"  # text | json (gitops_sless.logs)
     log_level: str = "info"
     keep_builds: int = 3  # builds kept per function folder beyond those in use
-    gc_interval: float = 3600.0  # seconds between garbage collections of the state folder
+    gc_interval: float = 3600.0  # seconds between garbage collections (state folder, cluster)
+    gc_min_age: float = 3600.0  # kubernetes: nothing younger is collected (kube/gc.py)
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose forwarding headers are kept
     allow_empty: bool = False  # a commit declaring no function may prune every function
     backend: str = "local"  # local | kubernetes
@@ -360,10 +361,12 @@ class Server:
             id="poll",
         )
         self.scheduler.add_job(self.invocations.flush, "interval", seconds=FLUSH_SEC, id="flush")
-        if isinstance(self.backend, LocalBackend):  # artifacts on disk are local only
-            self.scheduler.add_job(
-                self.collect_garbage, "interval", seconds=self.config.gc_interval, id="gc"
-            )
+        collect = (
+            self.collect_garbage
+            if isinstance(self.backend, LocalBackend)
+            else self.collect_cluster_garbage
+        )
+        self.scheduler.add_job(collect, "interval", seconds=self.config.gc_interval, id="gc")
         self.scheduler.start()
         self.reconciler.request_sync("startup")
 
@@ -406,6 +409,41 @@ class Server:
         METRICS.gc_runs.inc()
         METRICS.gc_reclaimed.inc(collected.reclaimed_bytes)
         return collected
+
+    def collect_cluster_garbage(self) -> Any:
+        """Kubernetes: delete build records, contexts and images nothing uses (the leader
+        only, between passes of the tracked branch; kube/gc.py says what is kept)."""
+        if self.elector is None or not self.elector.is_leader():
+            return None
+        return self.reconciler.exclusively(self._collect_cluster_garbage)
+
+    def _collect_cluster_garbage(self) -> Any:
+        from .kube.gc import ClusterGC  # the kubernetes client loads only for this backend
+
+        collector = ClusterGC(
+            self.backend.client,
+            self.backend.builds.contexts,
+            self.backend.config,
+            keep=self.config.keep_builds,
+            min_age_sec=self.config.gc_min_age,
+        )
+        collected = collector.collect(
+            self._wanted_tags, self._tags_building, self.elector.is_leader
+        )
+        self.backend.builds.refresh()  # forget what went before a preview's pass asks
+        return collected
+
+    def _wanted_tags(self) -> set[str]:
+        """Every tag an environment (previews too) wants or serves, from the store."""
+        records = [r for env in self.store.environments() for r in self.store.functions(env)]
+        return {r[k] for r in records for k in ("build_tag", "wanted_tag") if r.get(k)}
+
+    def _tags_building(self) -> set[str]:
+        return {
+            key[1]
+            for key in self.work.under_way()
+            if isinstance(key, tuple) and len(key) > 1 and key[0] == "build"
+        }
 
     def close(self) -> None:
         """Stop the loop and every process this server started (safe to call twice)."""

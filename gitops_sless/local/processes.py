@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +441,7 @@ class Supervisor:
                         replica.withdrawn = True
                         unit.last_exit = reason
                         self._publish(key)
+                        _note(replica.log_path, f"replica pid {pid} killed: {reason}")
                         return
 
     def _notify(self, key: tuple[str, str], kind: str, reason: str | None) -> None:
@@ -624,3 +626,14 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
     # the process may have exited since it was last looked at
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def _note(path: Path, line: str) -> None:
+    """A line of the reconciler's own in a replica's log: what the replica cannot say
+    itself, such as being killed for its memory."""
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    try:
+        with path.open("a", encoding="utf-8") as out:
+            out.write(f"{stamp} [gitops-sless] {line}\n")
+    except OSError as exc:
+        log.warning("%s: cannot note %r: %s", path, line, exc)
