@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -25,6 +26,7 @@ from . import mirror as mirror_mod
 from . import proxy as proxy_mod
 from .api import create_api
 from .backend import Backend, CronRun
+from .errors import SlessError
 from .forge import forge_for
 from .inflight import InFlight
 from .local import gc
@@ -415,7 +417,11 @@ class Server:
         only, between passes of the tracked branch; kube/gc.py says what is kept)."""
         if self.elector is None or not self.elector.is_leader():
             return None
-        return self.reconciler.exclusively(self._collect_cluster_garbage)
+        try:
+            return self.reconciler.exclusively(self._collect_cluster_garbage)
+        except SlessError as exc:  # S3, the registry or the API down: the next run retries
+            log.warning("garbage collection in the cluster stopped: %s", exc)
+            return None
 
     def _collect_cluster_garbage(self) -> Any:
         from .kube.gc import ClusterGC  # the kubernetes client loads only for this backend
@@ -479,9 +485,9 @@ class Server:
         for fn in self.store.functions(self.config.env):
             target = f"curl {fn['url']}" if fn["url"] else f"{fn['name']} (no http trigger)"
             why = next(iter((fn["message"] or "").splitlines()), "")
-            why = "" if fn["phase"] == "Ready" else why
-            why = why if len(why) <= 90 else why[:89] + "…"
-            lines.append(f"  {fn['phase']:<9} {target}" + (f"  ({why})" if why else ""))
+            lines.append(f"  {fn['phase']:<9} {target}")
+            if why and fn["phase"] != "Ready":
+                lines += _wrapped(why, indent=12)
         reader = "SLESS_READ_TOKEN" if self.config.read_token else "SLESS_API_TOKEN"
         tokens = self.config.api_token or self.config.read_token
         needs = tokens and not self.config.anonymous_read
@@ -498,3 +504,17 @@ class Server:
                 f"  (polled every {self.config.poll_interval:g}s)",
             ]
         print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def _wrapped(text: str, indent: int, width: int = 100) -> list[str]:
+    """``text`` whole, on lines of at most ``width`` broken between words: a reason cut
+    short loses its end, and often a closing parenthesis with it."""
+    pad = " " * indent
+    return textwrap.wrap(
+        text,
+        width=width,
+        initial_indent=pad,
+        subsequent_indent=pad,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
