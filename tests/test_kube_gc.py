@@ -8,17 +8,19 @@ Time is moved forward by the collector's clock, never waited for.
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gitops_sless.kube.builds import RECORD_LABEL, _record_name
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.gc import ClusterGC, Collected
-from gitops_sless.kube.registry import Registry
+from gitops_sless.kube.registry import Registry, credentials_from_docker_config
 from gitops_sless.metrics import METRICS
 from gitops_sless.renderer import BUILD_LABEL, MANAGED_BY, pinned_image
 
@@ -289,3 +291,33 @@ def build_job(tag: str, image: str) -> dict[str, Any]:
             },
         },
     }
+
+
+# --- the registry client's credentials -------------------------------------------------------
+
+
+def test_the_registry_client_answers_a_token_challenge_with_the_push_secret_credentials():
+    auth = base64.b64encode(b"robot:s3cret").decode()
+    credentials = credentials_from_docker_config(
+        {"auths": {"registry.example": {"auth": auth}}}, "registry.example"
+    )
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path} {request.url.params.get('scope', '')}")
+        if request.url.host == "auth.example":
+            assert request.headers["Authorization"] == f"Basic {auth}"
+            return httpx.Response(200, json={"token": "t0ken"})
+        if request.headers.get("Authorization") != "Bearer t0ken":
+            challenge = 'Bearer realm="https://auth.example/token",service="registry.example"'
+            return httpx.Response(401, headers={"WWW-Authenticate": challenge})
+        return httpx.Response(202)
+
+    registry = Registry("registry.example", credentials, transport=httpx.MockTransport(answer))
+    assert registry.base_url == "https://registry.example"
+    assert registry.delete(REPOSITORY, "sha256:" + "0" * 64)
+    registry.close()
+    assert seen[1] == f"GET /token repository:{REPOSITORY}:delete,pull"
+    loopback = Registry("127.0.0.1:5000")
+    assert loopback.base_url == "http://127.0.0.1:5000"  # as kaniko's library: plain HTTP
+    loopback.close()
