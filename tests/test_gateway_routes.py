@@ -11,13 +11,16 @@ gateway-api-crds.yaml and validates what is written against them.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from gitops_sless import manifest, renderer
+from gitops_sless import cli, manifest, renderer
 from gitops_sless.backend import deployment_for
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.gateway import gateway_url
@@ -141,6 +144,44 @@ def test_a_bad_gateway_is_a_one_line_start_up_error(value, said):
     assert message.startswith("SLESS_GATEWAY: ") and said in message and "\n" not in message
     with pytest.raises(StartupError, match=r"^--gateway: "):
         KubeSettings.from_env(BASE_ENV, gateway=value)
+
+
+def test_serve_refuses_a_bad_gateway_flag_before_it_contacts_anything(tmp_path):
+    env = {
+        **os.environ,
+        "SLESS_S3_ENDPOINT": "http://127.0.0.1:9",
+        "SLESS_S3_BUCKET": "contexts",
+        "KUBECONFIG": str(tmp_path / "missing"),
+    }
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gitops_sless", "serve", "--backend", "kubernetes"),
+            *("--repo", "https://git.example.invalid/team/functions.git"),
+            *("--state-dir", str(tmp_path / "state"), "--gateway", "edge"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "gitops-sless serve: --gateway: 'edge' is not NAMESPACE/NAME "
+        "(e.g. envoy-gateway-system/sless)"
+    ]
+
+
+def test_render_shows_the_routes_with_a_gateway_and_refuses_a_bad_one(capsys):
+    assert cli.main(["render", str(ROOT / "sample-repo"), "--gateway", "edge/public"]) == 0
+    objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    routes = _routes(objects)
+    assert routes and set(routes) <= {
+        o["metadata"]["name"] for o in objects if o["kind"] == "Service"
+    }
+    assert_valid(routes.values())
+    assert cli.main(["render", str(ROOT / "sample-repo"), "--gateway", "Edge/public"]) == 2
+    assert "--gateway: 'Edge/public': the namespace 'Edge'" in capsys.readouterr().err
 
 
 # --- the public URL ------------------------------------------------------------------------
