@@ -1,26 +1,37 @@
-"""The README's sless.yaml reference is the schema's, and its commands exist."""
+"""The README and the docs say what is true: the sless.yaml reference is the schema's, and
+every command they show exists and parses."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import shlex
 from pathlib import Path
 
-from gitops_sless import reference
+import pytest
+
+from gitops_sless import cli, reference
 from gitops_sless.schema import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+REFERENCE_PAGE = ROOT / "docs" / "reference.md"
+# every page a user reads: the README and the docs site's own pages
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _reference_section() -> str:
-    match = re.search(r"<!-- reference:start -->\n(.*)<!-- reference:end -->", README, re.S)
-    assert match, "README lost its reference markers"
+    match = re.search(
+        r"<!-- reference:start -->\n(.*)<!-- reference:end -->", REFERENCE_PAGE.read_text(), re.S
+    )
+    assert match, "docs/reference.md lost its reference markers"
     return match.group(1)
 
 
-def test_readme_reference_is_generated_from_the_schema():
+def test_the_reference_page_is_generated_from_the_schema():
     assert _reference_section() == reference.markdown(), (
-        "README reference is stale: run "
+        "docs/reference.md is stale: run "
         "`python -m gitops_sless.reference` and paste it between the markers"
     )
 
@@ -37,11 +48,74 @@ def test_schema_runtimes_are_the_runtime_folders():
     assert sorted(enum) == folders
 
 
-def test_readme_commands_exist_and_ci_runs_the_test_command():
-    start = README.index("## The two commands")
-    two = README[start : README.index("\n## ", start + 1)]
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_two_commands_exist_and_ci_runs_the_test_command(page):
+    text = (ROOT / page).read_text()
+    start = text.index("## The two commands")
+    end = text.find("\n## ", start + 1)
+    two = text[start : end if end > 0 else None]
     commands = re.findall(r"^(scripts/\w+)\s+#", two, re.M)
     assert commands == ["scripts/run", "scripts/test"]
     for command in commands:
         assert (ROOT / command).stat().st_mode & 0o111
     assert "scripts/test" in (ROOT / ".ci/run").read_text()
+
+
+def _shell_blocks(text: str) -> list[str]:
+    return re.findall(r"^ *```(?:sh|bash|shell)\n(.*?)^ *```", text, re.M | re.S)
+
+
+def _command_lines(block: str) -> list[str]:
+    """The block's commands, a backslash-continued command joined into one line."""
+    return block.replace("\\\n", " ").splitlines()
+
+
+def _shown_commands() -> list[tuple[str, list[str]]]:
+    """(page, words) of every gitops-sless invocation in a shell block of any page."""
+    found = []
+    for page in PAGES:
+        for block in _shell_blocks(page.read_text()):
+            for line in _command_lines(block):
+                lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+                lexer.whitespace_split = True
+                words = list(lexer)
+                for at, word in enumerate(words):
+                    command = at == 0 or words[at - 1][-1] in "&|;(<"
+                    if command and (word == "gitops-sless" or word.endswith("/bin/gitops-sless")):
+                        args = words[at + 1 :]
+                        stop = next((i for i, w in enumerate(args) if w[0] in "&|;()<>"), None)
+                        found.append((page.name, args[:stop]))
+    return found
+
+
+def _scripts_shown() -> set[str]:
+    return {
+        match
+        for page in PAGES
+        for block in _shell_blocks(page.read_text())
+        for match in re.findall(r"(?<![\w./-])((?:scripts|bench)/[\w./-]+)", block)
+    }
+
+
+def test_the_pages_show_gitops_sless_commands():
+    # a guard for the collector below: the pages do show commands
+    assert len(_shown_commands()) > 20
+
+
+@pytest.mark.parametrize(
+    "args", [pytest.param(args, id=f"{page}: {' '.join(args)}") for page, args in _shown_commands()]
+)
+def test_every_command_shown_parses(args):
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            cli._parser().parse_args(args)
+        except SystemExit as exit:
+            assert exit.code == 0, errors.getvalue()  # --version and --help exit 0
+
+
+@pytest.mark.parametrize("path", sorted(_scripts_shown()))
+def test_every_script_shown_exists(path):
+    assert (ROOT / path).exists(), f"a page shows {path}, which does not exist"
+    if path.startswith("scripts/") or "." not in Path(path).name:
+        assert (ROOT / path).stat().st_mode & 0o111, f"{path} is not executable"
