@@ -24,6 +24,9 @@ from .test_serve import HTTP, git_daemon, git_root, handler, http_function, mani
 __all__ = ["git_daemon", "git_root", "setup"]  # fixtures, used by name
 
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull}
+# the gate, the job's start mark and the slow package are files of the host, which a
+# sandbox hides from jobs and installers (test_sandbox covers the sandbox itself)
+UNCONFINED = ["--sandbox", "off"]
 
 GATED_JOB = """
 import os, time
@@ -98,7 +101,7 @@ def test_a_slow_build_and_a_slow_job_hold_back_no_other_function(setup, tmp_path
     gate = Gate(tmp_path / "gate")
     package = Package(tmp_path / "gated", gate=gate.path)
     setup.push(http_function("quick", "v1"))
-    server = setup.serve(env=OFFLINE)
+    server = setup.serve(env=OFFLINE, args=UNCONFINED)
     assert message(server, "quick") == "v1"
 
     setup.push({**slow_build("heavy", package.path), **slow_job("chore", gate)})
@@ -129,7 +132,7 @@ def test_a_slow_build_and_a_slow_job_hold_back_no_other_function(setup, tmp_path
 def test_start_up_serves_what_served_before_an_interrupted_job_runs_again(setup, tmp_path):
     gate = Gate(tmp_path / "gate")
     setup.push({**http_function("bystander", "here"), **slow_job("chore", gate)})
-    server = SlessServer(setup.url, setup.tmp_path / "state")
+    server = SlessServer(setup.url, setup.tmp_path / "state", args=UNCONFINED)
     setup.servers.append(server)
     server.start(wait_for_sync=False)
     server.wait(lambda: gate.job_started.exists(), "the job to start")
@@ -137,7 +140,7 @@ def test_start_up_serves_what_served_before_an_interrupted_job_runs_again(setup,
     server.kill()
     gate.job_started.unlink()
 
-    again = SlessServer(setup.url, setup.tmp_path / "state")
+    again = SlessServer(setup.url, setup.tmp_path / "state", args=UNCONFINED)
     setup.servers.append(again)
     again.start(wait_for_sync=False)
     again.wait(lambda: gate.job_started.exists(), "the interrupted job to run again")
