@@ -22,7 +22,7 @@ import yaml
 
 from gitops_sless import cli, manifest, renderer
 from gitops_sless.backend import deployment_for
-from gitops_sless.kube.client import KubeClient
+from gitops_sless.kube.client import Invalid, KubeClient
 from gitops_sless.kube.gateway import gateway_url
 from gitops_sless.kube.settings import KubeSettings, StartupError
 from gitops_sless.renderer import RenderConfig
@@ -267,6 +267,8 @@ def cluster(fake_kube: FakeKube) -> KubeClient:
     """The test API server with the Gateway API's kinds, a Gateway and its address."""
     for crd in yaml.safe_load_all(CRDS.read_text(encoding="utf-8")):
         fake_kube.install_crd(crd)
+    # every HTTPRoute written is checked against the whole published schema too
+    fake_kube.api.admission["HTTPRoute"] = lambda obj: schema_errors([obj])[0]
     client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
     for namespace in (NAMESPACE, GATEWAY[0]):
         client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -323,6 +325,18 @@ def test_a_route_is_created_updated_and_pruned_with_its_function(cluster, harnes
     harness.sync()
     assert set(_live_routes(cluster)) == {"alpha"}
     assert [c["metadata"]["name"] for c in cluster.list("CronJob", PROD)] == ["gamma-cron-0"]
+
+
+def test_the_test_api_server_refuses_a_route_the_schema_refuses(cluster):
+    route = copy.deepcopy(next(iter(_routes(_sample()).values())))
+    match = route["spec"]["rules"][0]["matches"][0]
+    # header matches are kept as they come by tests/data's CRD: the published schema checks them
+    match["headers"] = [{"type": "Fuzzy", "name": "X-Env", "value": "prod"}]
+    cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROD}})
+    with pytest.raises(Invalid, match="headers/0/type must be equal to one of the allowed"):
+        cluster.apply(route)
+    match["headers"][0]["type"] = "Exact"
+    assert cluster.apply(route)["metadata"]["name"] == route["metadata"]["name"]
 
 
 def test_a_pass_with_no_change_writes_no_route(cluster, harness_for, tmp_path, fake_kube):
