@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import runtimes
+from .. import logs, runtimes
 from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobFailed, SecretUnavailable
 from ..manifest import Function, Job, SecretRef, is_preview
 from ..routes import Route, RouteTable
@@ -147,9 +147,12 @@ class LocalBackend(Backend):
         replicas = fn.replicas if fn.enabled and fn.http else 0
         self.supervisor.apply(spec, deployment.spec_hash, replicas)
         triggers = [(c.schedule, c.event) for c in fn.crons] if fn.enabled else []
-        self.crons.set(env, fn.name, triggers, self._cron_firing(spec))
+        schedules = [schedule for schedule, _ in triggers]
+        self.crons.set(env, fn.name, triggers, self._cron_firing(spec, schedules))
 
-    def _cron_firing(self, spec: ProcessSpec) -> Callable[[int, Mapping[str, Any]], None]:
+    def _cron_firing(
+        self, spec: ProcessSpec, schedules: list[str]
+    ) -> Callable[[int, Mapping[str, Any]], None]:
         def fire(index: int, event: Mapping[str, Any]) -> None:
             started = time.monotonic()
             try:
@@ -159,7 +162,7 @@ class LocalBackend(Backend):
             if not ok and self.supervisor.closing:
                 return  # stopped by the shutdown, or never started: not a run of the trigger
             elapsed = (time.monotonic() - started) * 1000
-            log.info("%s/%s: cron trigger %d ran (%s)", spec.env_name, spec.function, index, ok)
+            _log_cron(spec, schedules[index], ok, elapsed, output)
             if self._on_cron:
                 self._on_cron(CronRun(spec.env_name, spec.function, index, ok, elapsed, output))
 
@@ -183,6 +186,20 @@ class LocalBackend(Backend):
         self.builder.close()
         self.crons.close()
         self.supervisor.close()
+
+
+def _log_cron(spec: ProcessSpec, schedule: str, ok: bool, elapsed_ms: float, output: str) -> None:
+    """One line a person reads: which schedule ran, and how it went in words."""
+    outcome = "succeeded" if ok else "failed"
+    said = next(iter(output.strip().splitlines()), "") if not ok else ""
+    logs.event(
+        log,
+        f"cron.{outcome}",
+        f'cron "{schedule}" {outcome} in {elapsed_ms:.0f} ms' + (f": {said}" if said else ""),
+        level=logging.INFO if ok else logging.WARNING,
+        env=spec.env_name,
+        function=spec.function,
+    )
 
 
 def _health(unit: UnitStatus) -> Health:
