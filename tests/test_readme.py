@@ -119,3 +119,15 @@ def test_every_script_shown_exists(path):
     assert (ROOT / path).exists(), f"a page shows {path}, which does not exist"
     if path.startswith("scripts/") or "." not in Path(path).name:
         assert (ROOT / path).stat().st_mode & 0o111, f"{path} is not executable"
+
+
+def test_the_readme_is_a_front_page_that_links_every_docs_page():
+    assert len(README.splitlines()) < 200
+    links = set(re.findall(r"\]\(([^)#\s]+)", README))
+    for link in links - {"docs/"}:
+        if "://" not in link:
+            assert (ROOT / link).exists(), f"README links {link}, which does not exist"
+    # index.md is the site's copy of this front page; changelog.md includes CHANGELOG.md
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages - {"docs/index.md", "docs/changelog.md"} <= links
+    assert "CHANGELOG.md" in links
