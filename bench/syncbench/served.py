@@ -8,8 +8,10 @@ import hashlib
 import hmac
 import json
 import sys
+import threading
 import time
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,11 @@ import base64
 import hashlib
 import os
 import time
+import urllib.request
 import zipfile
 
 SLEEP = {sleep!r}
-MARKER = {marker!r}  # one line per install, for the benchmark to count
+COUNTER = {counter!r}  # the benchmark counts installs: one POST each
 VERSION = {version!r}
 DIST = "sless_slowdep-" + VERSION
 
@@ -41,11 +44,9 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     time.sleep(SLEEP)
-    try:
-        with open(MARKER, "a") as marker:
-            marker.write(VERSION + "\\n")
-    except OSError:
-        pass
+    # over loopback: a sandboxed installer writes no file of the host, but keeps the network;
+    # an install it cannot count fails the build, so the count is never silently short
+    urllib.request.urlopen(COUNTER, data=VERSION.encode(), timeout=10).close()
     files = {{
         "sless_slowdep/__init__.py": ("VERSION = %r\\n" % VERSION).encode(),
         DIST + ".dist-info/METADATA": (
@@ -69,7 +70,33 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 '''
 
 
-def slow_dependency(folder: str, sleep: float, marker: Path, version: str) -> dict[str, str]:
+class InstallCounter:
+    """Counts the slow package's installs, each reported by its build over loopback HTTP."""
+
+    def __init__(self) -> None:
+        self.versions: list[str] = []
+        counter = self
+
+        class Report(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                counter.versions.append(body.decode())
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Report)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/install"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def slow_dependency(folder: str, sleep: float, counter: str, version: str) -> dict[str, str]:
     """A requirements.txt that installs a local package whose build takes ``sleep`` s."""
     pkg = f"{folder}/vendored/slowdep"
     return {
@@ -78,9 +105,7 @@ def slow_dependency(folder: str, sleep: float, marker: Path, version: str) -> di
             '[build-system]\nrequires = []\nbuild-backend = "slow_build"\nbackend-path = ["."]\n'
             f'\n[project]\nname = "sless-slowdep"\nversion = "{version}"\n'
         ),
-        f"{pkg}/slow_build.py": SLOW_BACKEND.format(
-            sleep=sleep, marker=str(marker), version=version
-        ),
+        f"{pkg}/slow_build.py": SLOW_BACKEND.format(sleep=sleep, counter=counter, version=version),
     }
 
 
@@ -127,7 +152,7 @@ class Served:
 
     def __init__(self, tmp: Path, args: argparse.Namespace) -> None:
         self.args = args
-        self.installs = tmp / "installs.log"
+        self.installs = InstallCounter()
         self.push_seconds: list[float] = []  # `git push` alone, the baseline of the idle push
         self.bare = str(init_bare(tmp / "origin.git"))
         self.work = WorkRepo(tmp / "work")
@@ -138,11 +163,11 @@ class Served:
                 **greet_yaml("g0"),
                 **heavy_yaml("g0", 0),
                 "heavy/handler.py": HEAVY,
-                **slow_dependency("heavy", args.heavy_sec, self.installs, "0"),
+                **slow_dependency("heavy", args.heavy_sec, self.installs.url, "0"),
                 # the slow build and job are made slow round by round, not at start
                 "slowbuild/sless.yaml": sless_yaml("slowbuild"),
                 "slowbuild/handler.py": SLEEPER,
-                **slow_dependency("slowbuild", 0, self.installs, "0"),
+                **slow_dependency("slowbuild", 0, self.installs.url, "0"),
                 **slow_job_yaml(0, 0),
                 "slowjob/handler.py": SLEEPER,
             },
@@ -160,11 +185,19 @@ class Served:
         self.server.start(wait_for_sync=False)
         self.answers("greet", "text", "v0", 120 + self.args.heavy_sec)
         self.answers("heavy", "greeting", "g0", 120 + self.args.heavy_sec)
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        if not self.install_count():  # heavy was installed: a counter that saw nothing is broken
+            raise SystemExit("no install was counted: the slow package could not report it")
+        return took
+
+    def sandbox(self) -> str:
+        """How serve confines function processes (issue 17's figures are with bubblewrap)."""
+        return str(self.client.get("/api/v1/status").json().get("sandbox"))
 
     def close(self) -> None:
         self.client.close()
         self.server.stop()
+        self.installs.close()
 
     # --- talking to it ---------------------------------------------------------------
 
@@ -209,7 +242,7 @@ class Served:
         )
 
     def install_count(self) -> int:
-        return len(self.installs.read_text().splitlines()) if self.installs.exists() else 0
+        return len(self.installs.versions)
 
     # --- 1 and 2 -------------------------------------------------------------------------
 
@@ -228,7 +261,7 @@ class Served:
         self.push(
             f"slow work {k}",
             {
-                **slow_dependency("slowbuild", slow, self.installs, str(k)),
+                **slow_dependency("slowbuild", slow, self.installs.url, str(k)),
                 **slow_job_yaml(k, slow),
             },
         )
@@ -303,6 +336,7 @@ def scenarios(tmp: Path, args: argparse.Namespace, report: Report) -> None:
     try:
         took = served.start()
         print(f"serve answered greet and heavy after {took:.1f} s (one install of heavy)")
+        print(f"function processes run in the sandbox: {served.sandbox()}")
         idle, busy = [], []
         print(f"\n## Push to serving: idle, and while a {args.slow_sec:g} s build and job run")
         for k in range(1, args.pushes + 1):
