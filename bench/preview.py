@@ -136,6 +136,8 @@ def runtime_processes(state: Path) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
+            if (entry / "comm").read_text().strip() == "bwrap":
+                continue  # the sandbox around a runtime (it has the runtime's environment)
             raw = (entry / "environ").read_bytes()
         except OSError:
             continue
