@@ -103,19 +103,30 @@ class Diff:
 
 
 def job_results(jobs: Mapping[str, Job], runs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """The result each job hands on: its current runId's, else the newest that succeeded.
+    """The result each job hands on: its current runId's once it succeeded.
+
+    While the current run is still to come (not started, ``Pending`` or
+    ``Running``) a job hands on nothing, so its dependents keep serving what
+    they serve and are replaced once, with the new result; handing on the
+    older result meanwhile replaced them twice (issue 19). A current run that
+    ``Failed`` or was ``Skipped``, or ``runId: 0``, hands on the newest result
+    that succeeded: a failed rerun keeps the last good one.
 
     The rule the reconciler deploys by, for the runs of one environment.
     """
     runs = list(runs)
     results: dict[str, str] = {}
-    current = {job.name: job.run_id for job in jobs.values()}
     for run in sorted(runs, key=lambda r: r["run_id"]):  # newest wins
         if run["phase"] == "Succeeded" and run["result"] is not None:
             results[run["name"]] = run["result"]
-    for run in runs:
-        if run["phase"] == "Succeeded" and current.get(run["name"]) == run["run_id"]:
-            results[run["name"]] = run["result"]
+    current = {job.name: job.run_id for job in jobs.values()}
+    now = {r["name"]: r for r in runs if current.get(r["name"]) == r["run_id"]}
+    for name, run_id in current.items():
+        run = now.get(name)
+        if run is not None and run["phase"] == "Succeeded":
+            results[name] = run["result"]
+        elif run_id > 0 and (run is None or run["phase"] in ("Pending", "Running")):
+            results.pop(name, None)  # the new result is coming: nothing older meanwhile
     return results
 
 
