@@ -24,14 +24,19 @@ from .kubeapi import FakeKube
 from .s3server import start_weed
 
 NAMESPACE = "gitops-sless"
+PROD = "sless-prod"  # the namespace of the environment `prod`
+CRD = "deploy/crd-functions.yaml"  # the Function resources, as `kubectl apply -f deploy/` has it
 
 
 def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     with tempfile.TemporaryDirectory(prefix="sless-kube-") as scratch:
-        kube = FakeKube().start()
+        # HTTPS: kubectl sends the token only over TLS, and the kubeconfig is for kubectl too
+        kube = FakeKube(tls=True).start()
         try:
-            kubeconfig = kube.write_kubeconfig(Path(scratch) / "kubeconfig")
+            kube.install_crd(root / CRD)
+            # `kubectl get fn` shows the tracked branch's functions without -n
+            kubeconfig = kube.write_kubeconfig(Path(scratch) / "kubeconfig", namespace=PROD)
             client = KubeClient.from_config(str(kubeconfig), calls=None)
             client.create(
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
@@ -50,7 +55,8 @@ def main(argv: list[str]) -> int:
                 }
                 print(
                     f"test API server: {kube.url} (kubeconfig {kubeconfig})\n"
-                    f"S3: {s3.endpoint}, bucket {s3.bucket}",
+                    f"S3: {s3.endpoint}, bucket {s3.bucket}\n"
+                    f"kubectl: export KUBECONFIG={kubeconfig}; kubectl get fn",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -4,16 +4,18 @@
 services with ``/proxy``, pods with ``/log``; apps/v1 deployments; batch/v1 jobs and cronjobs;
 networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases;
 apiextensions.k8s.io/v1 customresourcedefinitions and, once a CRD is established, its custom
-resources with their ``/status`` subresource; discovery and ``/version``) over HTTP on
-127.0.0.1 with bearer-token auth, and runs controllers and a kubelet so Deployments become
+resources with their ``/status`` subresource; discovery and ``/version``) over HTTP (or
+HTTPS, ``tls=True``) on 127.0.0.1 with bearer-token auth, and runs controllers and a kubelet
+so Deployments become
 available, Jobs run and kaniko builds read their context from S3. Modules: ``server`` (HTTP),
 ``routes`` (paths, discovery), ``store`` (objects, resourceVersion, selectors), ``resources``
 (kinds, the registry of served kinds, errors), ``apply`` (server-side apply), ``patches``
 (bodies, patch formats), ``validate`` (cached strict schemas), ``defaults``, ``ops`` (the
 verbs), ``status`` (status subresource writes), ``crds`` (CustomResourceDefinitions),
 ``custom`` (pruning, defaulting, validation of custom resources), ``controllers``,
-``cronjobs``, ``kubelet``, ``kaniko``, ``fake`` (``FakeKube``, ``install_crd``), ``fixtures``
-(the ``fake_kube`` fixture); ``python -m tests.kubeapi`` runs it standalone.
+``cronjobs``, ``kubelet``, ``kaniko``, ``tables`` (what ``kubectl get`` prints), ``tls``
+(HTTPS with a CA of its own, for ``kubectl``), ``fake`` (``FakeKube``, ``install_crd``),
+``fixtures`` (the ``fake_kube`` fixture); ``python -m tests.kubeapi`` runs it standalone.
 
 Where it differs from a real cluster (the rest is meant to match it):
 
@@ -34,7 +36,8 @@ Where it differs from a real cluster (the rest is meant to match it):
   refuses them) while built-in kinds answer 422 for them (strict schemas); CEL rules
   (``x-kubernetes-validations``), ``format`` and list types/map keys are not checked, and
   server-side apply merges their lists like any other (by ``name`` only); printer columns are
-  stored, never rendered (no Table output); no scale subresource. CRDs: see ``crds`` (objects
+  rendered for ``kubectl get`` with simple ``.a.b`` paths only (see ``tables``); no scale
+  subresource. CRDs: see ``crds`` (objects
   stored by kind, so a kind already served is not accepted; conversion is always None).
 * ``limit``/``continue`` are ignored (lists are whole); a watch filters events by selector
   but does not turn an object that stops matching into a DELETED event.

@@ -1,6 +1,7 @@
 """Run the fake API server as its own process (for benchmarks):
 
-    python -m tests.kubeapi --port 0 --kubeconfig PATH [--token T] [--preload IMAGE ...]
+    python -m tests.kubeapi --port 0 --kubeconfig PATH [--token T] [--tls] [--crd FILE ...]
+        [--preload IMAGE ...]
 
 prints ``listening http://127.0.0.1:PORT`` on one line and serves until SIGTERM/SIGINT."""
 
@@ -10,6 +11,7 @@ import argparse
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from .fake import FakeKube
 
@@ -21,10 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token", default="test-token")
     parser.add_argument("--kubeconfig", help="write a kubeconfig for the server here")
     parser.add_argument("--namespace", default="default", help="the kubeconfig's namespace")
+    parser.add_argument(
+        "--tls", action="store_true", help="serve HTTPS with a CA of its own (for kubectl)"
+    )
+    parser.add_argument("--crd", nargs="*", default=[], help="CRD files to install at start")
     parser.add_argument("--preload", nargs="*", default=[], help="images that pull without a build")
     args = parser.parse_args(argv)
-    kube = FakeKube(token=args.token, host=args.host, port=args.port)
+    kube = FakeKube(token=args.token, host=args.host, port=args.port, tls=args.tls)
     kube.preloaded_images = set(args.preload)
+    for crd in args.crd:
+        kube.install_crd(Path(crd))
     kube.start()
     if args.kubeconfig:
         kube.write_kubeconfig(args.kubeconfig, namespace=args.namespace)

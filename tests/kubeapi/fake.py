@@ -4,6 +4,8 @@ inspection and fault-injection hooks, also served as JSON under ``/_test/``)."""
 from __future__ import annotations
 
 import json
+import ssl
+import sys
 import threading
 from collections import Counter
 from http.server import ThreadingHTTPServer
@@ -19,6 +21,7 @@ from .patches import APPLY
 from .resources import BY_KIND, ApiError, bad_request, clone, not_found
 from .server import Handler
 from .store import Store
+from .tls import ServerTLS
 
 REASONS = {
     400: "BadRequest",
@@ -49,14 +52,26 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     fake: FakeKube
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError)):
+            return  # a client that gave up on the handshake is the client's business
+        super().handle_error(request, client_address)
+
 
 class FakeKube:
     """A strict in-process double of the Kubernetes REST API (see the package docs)."""
 
     def __init__(
-        self, token: str = "test-token", host: str = "127.0.0.1", port: int = 0, tick: float = 0.05
+        self,
+        token: str = "test-token",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tick: float = 0.05,
+        tls: bool = False,
     ) -> None:
+        """``tls``: serve HTTPS with a CA of its own (``kubectl`` needs it, see ``tls``)."""
         self.token = token
+        self.tls = ServerTLS() if tls else None
         self.store = Store()
         self.api = Api(self.store)
         self.controllers = Controllers(self.store, self.api, tick)
@@ -78,6 +93,8 @@ class FakeKube:
     def start(self) -> FakeKube:
         self._server = _Server(self._address, Handler)
         self._server.fake = self
+        if self.tls is not None:
+            self._server.socket = self.tls.wrap(self._server.socket)
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="fake-kube", daemon=True
         )
@@ -106,14 +123,17 @@ class FakeKube:
         if self._server is None:
             raise RuntimeError("FakeKube is not started")
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
         """A kubeconfig whose current context reaches this server with the bearer token."""
+        cluster: dict[str, Any] = {"server": self.url}
+        if self.tls is not None:
+            cluster.update(self.tls.cluster_fields())
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "fake", "cluster": cluster}],
             "users": [{"name": "fake", "user": {"token": self.token}}],
             "contexts": [
                 {

@@ -17,6 +17,7 @@ from .patches import APPLY, parse_body
 from .resources import BY_KIND, VERSION_INFO, ApiError, Res, bad_request, not_found
 from .routes import Route, discovery_versions, route
 from .store import match_field, matches, parse_field_selector, parse_label_selector
+from .tables import table, wants_table
 
 if TYPE_CHECKING:
     from .fake import FakeKube
@@ -170,10 +171,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if verb == "list":
             body = api.list(res, r.ns, query.get("labelSelector"), query.get("fieldSelector"))
-            self.send(200, body)
+            self.send(200, self.printed(res, body, query))
             return
         if verb == "get":
-            self.send(200, present(res, api.get(res, ns, r.name or "")))
+            self.send(200, self.printed(res, present(res, api.get(res, ns, r.name or "")), query))
             return
         name = r.name or ""
         code = 200
@@ -217,6 +218,12 @@ class Handler(BaseHTTPRequestHandler):
         if warnings:
             headers["Warning"] = ", ".join(_warning(w) for w in warnings)
         self.send(code, present(res, out), headers)
+
+    def printed(self, res: Res, body: Any, query: dict[str, str]) -> Any:
+        """``body``, or the Table of it that ``kubectl get`` asks for (see ``tables``)."""
+        if not wants_table(self.headers.get("Accept")):
+            return body
+        return table(self.fake.store, res, body, query.get("includeObject"))
 
     def _ua_manager(self) -> str:
         agent = self.headers.get("User-Agent") or ""
