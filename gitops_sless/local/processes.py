@@ -16,6 +16,11 @@ orphans when it starts again.
 Every process runs in the supervisor's ``sandbox`` (see ``sandbox``): a
 replica is stopped by SIGTERM to what runs inside it, so it drains as it
 would unconfined, and then by SIGKILL to its whole process group.
+
+What replicas print goes through a pipe to ``replica_logs``, which puts a
+timestamp on every line of ``<state>/logs/<env>/<function>.log``; the
+supervisor adds lines of its own there: a kill for memory, a replica that
+ended, each after the replica's last line.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
 from . import memory
 from .orphans import ProcessGroups
+from .replica_logs import LogPump, Stream, unstamped
 from .sandbox import Sandbox
 
 __all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "UnitStatus", "Upstreams", "exit_reason"]
@@ -50,6 +55,7 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_SEC = 20.0
 STOP_GRACE_SEC = 5.0
 DRAIN_SEC = 1.0
+OUTPUT_WAIT_SEC = 2.0  # for what a replica printed last, still in its pipe
 WATCH_SEC = 0.1
 LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
@@ -100,13 +106,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _tail(path: Path, since: int) -> str:
-    """What was written to ``path`` after offset ``since`` (its last LOG_TAIL_BYTES)."""
+    """What was written to ``path`` after offset ``since`` (its last LOG_TAIL_BYTES),
+    without the timestamps: as the runtime printed it, for ``failure.cause``."""
     try:
         with path.open("rb") as f:
             end = f.seek(0, os.SEEK_END)
             since = since if since <= end else 0  # the file was truncated meanwhile
             f.seek(max(since, end - LOG_TAIL_BYTES))
-            return f.read().decode("utf-8", "replace")
+            return unstamped(f.read()).decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -158,6 +165,7 @@ class _Replica:
     child: _Child
     port: int
     log_path: Path
+    output: Stream
     started: float = field(default_factory=time.monotonic)
     withdrawn: bool = False  # being killed: out of the route before it dies
 
@@ -201,6 +209,7 @@ class Supervisor:
         self.host = host
         self.sandbox = sandbox or Sandbox()
         self.logs = state_dir / "logs"
+        self.output = LogPump()
         self.pids = ProcessGroups(state_dir / "pids" / "servers")
         orphans = self.pids.stop_orphans()
         if orphans:
@@ -341,6 +350,7 @@ class Supervisor:
         self._closed.set()
         self._stop(children)
         self.memory.close()
+        self.output.close()
 
     # --- processes ----------------------------------------------------------------------
 
@@ -441,7 +451,7 @@ class Supervisor:
                         replica.withdrawn = True
                         unit.last_exit = reason
                         self._publish(key)
-                        _note(replica.log_path, f"replica pid {pid} killed: {reason}")
+                        self.output.note(replica.log_path, f"replica pid {pid} killed: {reason}")
                         return
 
     def _notify(self, key: tuple[str, str], kind: str, reason: str | None) -> None:
@@ -460,15 +470,17 @@ class Supervisor:
         log_path = log_dir / f"{spec.function}.log"
         with log_path.open("ab") as out:
             since = out.seek(0, os.SEEK_END)  # the log goes on across starts: read only ours
-            child = self._start(
-                spec,
-                spec.command("server"),
-                self._shutting_down(spec),
-                env=spec.environ({"PORT": str(port), "SLESS_HOST": self.host}),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+        child = self._start(
+            spec,
+            spec.command("server"),
+            self._shutting_down(spec),
+            env=spec.environ({"PORT": str(port), "SLESS_HOST": self.host}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert child.process.stdout is not None
+        output = self.output.attach(child.process.stdout, log_path)
         deadline = time.monotonic() + HEALTH_TIMEOUT_SEC
         while time.monotonic() < deadline:
             if self._closing:
@@ -476,7 +488,11 @@ class Supervisor:
                 raise self._shutting_down(spec)
             if child.process.poll() is not None:
                 reason = self._reap(child)
+                output.wait(OUTPUT_WAIT_SEC)  # its last lines say why
                 why = failure.cause(_tail(log_path, since), spec.artifact) or "no output"
+                self.output.note(
+                    log_path, f"replica pid {child.pid} ended before it was healthy: {reason}"
+                )
                 raise _StartFailed(
                     f"{spec.function}: the runtime ended before it was healthy ({reason}): {why}",
                     reason,
@@ -490,7 +506,7 @@ class Supervisor:
                     env=spec.env_name,
                     function=spec.function,
                 )
-                return _Replica(child, port, log_path)
+                return _Replica(child, port, log_path, output)
             time.sleep(0.02)
         self._stop([child])
         raise _StartFailed(
@@ -532,6 +548,11 @@ class Supervisor:
                 self._publish(key)
             for replica, reason in zip(dead, reasons, strict=True):
                 message = f"replica on port {replica.port}: {reason}; restarting in {wait:.1f}s"
+                self.output.note_after(
+                    replica.output,
+                    f"replica pid {replica.child.pid} on port {replica.port} ended: {reason}; "
+                    f"restarting in {wait:.1f}s",
+                )
                 self._exited(key, "replica.exited", message, reason, wait)
         with self._lock:
             if self._units.get(key) is not unit or self._closing:
@@ -626,14 +647,3 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
     # the process may have exited since it was last looked at
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-
-
-def _note(path: Path, line: str) -> None:
-    """A line of the reconciler's own in a replica's log: what the replica cannot say
-    itself, such as being killed for its memory."""
-    stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    try:
-        with path.open("a", encoding="utf-8") as out:
-            out.write(f"{stamp} [gitops-sless] {line}\n")
-    except OSError as exc:
-        log.warning("%s: cannot note %r: %s", path, line, exc)
