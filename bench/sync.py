@@ -37,7 +37,8 @@ backend; the reconciler's loop runs, nothing polls; passes are started with the 
    source, ``manifest.load`` and ``planner.plan`` (exclusive time, summed over threads).
 5. **No-change pass**: ``--passes`` passes at the same commit, fetch excluded (the
    source's fetch is timed and subtracted): median and max, builds and process starts
-   (runtime processes are counted in /proc), in wall and CPU time. Baseline:
+   (runtime processes are counted in /proc), in wall and CPU time (of the thread that
+   runs the pass). Baseline:
    ``manifest.load`` of the same snapshot without a cache. Targets: <= 0.02 x that,
    <= 100 ms, 0 builds, 0 starts; and from the smallest to the largest N, CPU time that
    grows no faster than N (wall time moves with the load from elsewhere).
