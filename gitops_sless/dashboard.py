@@ -521,7 +521,7 @@ class Pages:
         if routes is None:
             return str(spec.get("replicas", 1))
         route = routes.get(env, row["name"])
-        return f"{len(route.upstreams) if route else 0}/{spec.get('replicas', 1)}"
+        return f"{route.serving if route else 0}/{spec.get('replicas', 1)}"
 
     def _syncs(self, now: float, envs: Sequence[str], only: str | None) -> Html:
         only = only if only in envs else None

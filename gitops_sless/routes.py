@@ -117,7 +117,15 @@ class Route:
     last_exit: str | None = None
     # None: calls connect to the upstream picked; else to the gateway (see Gateway)
     gateway: Gateway | None = None
+    # replicas serving when one upstream stands for several (a Service, the API server's
+    # proxy): the backend counts them; None: one replica per upstream
+    available: int | None = None
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
+
+    @property
+    def serving(self) -> int:
+        """How many replicas serve the function."""
+        return len(self.upstreams) if self.available is None else self.available
 
     def pick(self) -> Upstream | None:
         """The next upstream, round robin; None when nothing is ready."""

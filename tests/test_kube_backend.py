@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from gitops_sless.dashboard import Pages
 from gitops_sless.kube.client import Forbidden, KubeClient
 from gitops_sless.renderer import build_job_name
 
@@ -462,3 +463,20 @@ def test_a_build_pod_that_cannot_start_fails_with_the_kubelets_reason(kube, s3_s
         assert kube.get("Deployment", PROD, "alpha") is None
     finally:
         harness.close()
+
+
+def test_the_dashboard_counts_the_replicas_the_deployment_has_available(
+    kube, harness_for, tmp_path
+):
+    """One route through the API server stands for every pod: the count is the cluster's."""
+    folder = function_folder("pair")
+    folder["pair/sless.yaml"] += "    replicas: 2\n"
+    repo = WorkRepo(tmp_path / "functions")
+    repo.commit("two replicas", folder)
+    harness = harness_for(repo)
+    wait_for(lambda: harness.sync() and harness.function("pair")["phase"] == "Ready", "Ready")
+    available = kube.get("Deployment", PROD, "pair")["status"]["availableReplicas"]
+    assert available == 2
+    pages = Pages(harness.reconciler, harness.store, str(repo.path), "main", None)
+    row = re.search(r'<tr id="fn-prod-pair".*?</tr>', pages.index().body.decode(), re.S)
+    assert row is not None and 'data-label="Replicas">2/2</td>' in row.group(0), row.group(0)

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
@@ -33,7 +34,7 @@ from .client import KubeClient, NotFound
 from .functions import FunctionWriter
 from .gateway import gateway_url
 from .jobs import JobRunner, finished_runs
-from .status import health, needs_pods, rolled_out
+from .status import available_replicas, health, needs_pods, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
 
 __all__ = ["KubeBackend"]
@@ -135,16 +136,17 @@ class KubeBackend(Backend):
         serving = set()
         for deployment in view.all("Deployment"):
             name = label(deployment, FUNCTION_LABEL)
-            status = deployment.get("status") or {}
-            if not name or not int(status.get("availableReplicas") or 0):
+            available = available_replicas(deployment)
+            if not name or not available:
                 continue
             if view.get("Service", name) is None:
                 continue
             serving.add(name)
             timeout = _timeout(deployment)
             current = self.routes.get(view.env, name)
-            if current is None or current.timeout_sec != timeout:
-                self.routes.set(self.route_for(view.env, name, view.namespace, timeout))
+            if current is None or (current.timeout_sec, current.available) != (timeout, available):
+                route = self.route_for(view.env, name, view.namespace, timeout)
+                self.routes.set(replace(route, available=available))
         for name in self.routes.names(view.env):
             if name not in serving:
                 self.routes.remove(view.env, name)

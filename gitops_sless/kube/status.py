@@ -16,7 +16,7 @@ from ..backend import Health
 from ..renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
 from .view import View, annotation, label
 
-__all__ = ["STUCK", "health", "needs_pods", "stuck_reason"]
+__all__ = ["STUCK", "available_replicas", "health", "needs_pods", "stuck_reason"]
 
 # waiting reasons that will not fix themselves without a change (kubelet's names)
 STUCK = ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff", "InvalidImageName")
@@ -39,6 +39,12 @@ def rolled_out(deployment: dict[str, Any]) -> bool:
         int(status.get(field) or 0) >= wanted
         for field in ("updatedReplicas", "availableReplicas", "readyReplicas")
     )
+
+
+def available_replicas(deployment: dict[str, Any]) -> int:
+    """Replicas that serve, as the Deployment's controller counts them (ready for
+    minReadySeconds): what a user compares with the replicas the manifest asks for."""
+    return int((deployment.get("status") or {}).get("availableReplicas") or 0)
 
 
 def needs_pods(view: View) -> bool:
@@ -95,7 +101,6 @@ def health(view: View, name: str) -> Health | None:
     if rolled_out(deployment):
         phase = "Ready" if wanted else "Disabled"
         return Health(phase, None, revision=revision, build_tag=tag)
-    status = deployment.get("status") or {}
     pods = [p for p in view.pods or [] if label(p, FUNCTION_LABEL) == name]
     problem = _pod_problem(pods)
     progressing = _condition(deployment, "Progressing")
@@ -107,8 +112,7 @@ def health(view: View, name: str) -> Health | None:
     if problem:
         phase, message, last_exit, restarts = problem
         return Health(phase, message, last_exit, restarts, revision, tag, settling=True)
-    available = int(status.get("availableReplicas") or 0)
-    message = f"rolling out: {available}/{wanted} replicas available"
+    message = f"rolling out: {available_replicas(deployment)}/{wanted} replicas available"
     return Health("Pending", message, revision=revision, build_tag=tag, settling=True)
 
 
