@@ -66,6 +66,7 @@ class Harness:
 
     def close(self) -> None:
         self.reconciler.stop()
+        self.backend.close()  # its watches
         self.store.close()
 
 

@@ -81,7 +81,7 @@ class Applier:
                 return
             objects = environment_objects(view.env, self.config)
             if not view.namespace_exists:
-                self.client.apply(objects[0])
+                view.put(self.client.apply(objects[0]))
                 view.namespace_exists = True
             self.apply(view, objects[1:])
             if self.config.image_pull_secret:

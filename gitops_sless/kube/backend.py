@@ -1,9 +1,10 @@
 """The Kubernetes backend: images built by kaniko, objects kept true by server-side apply.
 
-Each environment is a namespace (``<prefix><env>``). Before every plan the
-backend reads the namespace once per kind (:class:`View`); what is built,
-deployed and finished is answered from that read and from records in the
-cluster, so the reconciler's state folder is only a cache here.
+Each environment is a namespace (``<prefix><env>``), kept in memory by one
+informer per kind (:class:`View`: a LIST, then a WATCH); what is built,
+deployed and finished is answered from it and from records in the cluster, so
+the reconciler's state folder is only a cache here. Before every plan the
+view is made fresh, which costs no request unless a watch failed.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .builds import Builds
 from .client import KubeClient, NotFound
 from .functions import FunctionWriter
 from .gateway import gateway_url
+from .informer import Informer
 from .jobs import JobRunner, finished_runs
 from .status import available_replicas, health, needs_pods, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
@@ -46,6 +48,7 @@ class KubeBackend(Backend):
     publishes = True  # the Function resources
     trusted = True  # runs only what trusted builds pushed
     gateway_read_sec = 60.0  # how often the Gateway's address is read again (--gateway)
+    informer_options: Mapping[str, Any] = {}  # Informer's watch and resync times (tests)
 
     def __init__(
         self,
@@ -67,6 +70,7 @@ class KubeBackend(Backend):
         self.jobs = JobRunner(client, config)
         self.functions = FunctionWriter(client, config)
         self._crd_missing = False
+        self._namespaces: Informer | None = None
         self._views: dict[str, View] = {}
         self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
         self._on_cron = on_cron
@@ -79,24 +83,36 @@ class KubeBackend(Backend):
 
     def view(self, env: str) -> View:
         with self._lock:
+            if self._namespaces is None:
+                self._namespaces = Informer(
+                    self.client,
+                    "Namespace",
+                    None,
+                    {MANAGED_BY: "gitops-sless"},
+                    **self.informer_options,
+                )
             if env not in self._views:
                 kinds = (*LISTED, "HTTPRoute") if self.config.gateway else LISTED
-                self._views[env] = View(env, self.config.namespace(env), kinds)
+                self._views[env] = View(
+                    env,
+                    self.config.namespace(env),
+                    kinds,
+                    self.client,
+                    self._namespaces,
+                    **self.informer_options,
+                )
             return self._views[env]
 
     def refresh(self, env: str) -> None:
+        """The view of ``env`` made fresh: no request when its watches are sound."""
         view = self.view(env)
-        namespaces = {
-            ns["metadata"]["name"]
-            for ns in self.client.list("Namespace", None, {MANAGED_BY: "gitops-sless"})
-        }
-        view.read(self.client, namespaces)
+        view.sync()
         if needs_pods(view):
             view.pods = self.client.list(
                 "Pod", view.namespace, {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
             )
         self.applier.forget(env)
-        self.builds.refresh()
+        self.builds.sync()
         self._publish_routes(view)
         self._report_cron_runs(view)
         self._read_gateway()
@@ -261,9 +277,21 @@ class KubeBackend(Backend):
         """The namespace goes, with anything left in it (Jobs, Function resources)."""
         view = self.view(env)
         self.client.delete("Namespace", None, view.namespace)
+        view.drop("Namespace", view.namespace)
+        view.stop()
         with self._lock:
             self._views.pop(env, None)
             self._job_only = {k: v for k, v in self._job_only.items() if k[0] != env}
+
+    def close(self) -> None:
+        """Stop every watch."""
+        with self._lock:
+            views, self._views = list(self._views.values()), {}
+            if self._namespaces is not None:
+                self._namespaces.stop()
+        for view in views:
+            view.stop()
+        self.builds.close()
 
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         view = self.view(env)

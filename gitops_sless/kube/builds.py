@@ -39,6 +39,7 @@ from ..timestamps import epoch
 from . import runs
 from .client import AlreadyExists, Invalid, KubeClient, NotFound
 from .contexts import build_context
+from .informer import Informer
 from .status import stuck_reason
 from .storage import ContextStore
 
@@ -117,6 +118,7 @@ class Builds:
         retry_sec: float = 300.0,
         start_timeout_sec: float = 300.0,
         poll_sec: float = 2.0,
+        **informer_options: Any,
     ) -> None:
         self.client = client
         self.contexts = contexts
@@ -127,11 +129,26 @@ class Builds:
         self.poll_sec = poll_sec
         self._digests: dict[tuple[str, bool], str] = {}  # (tag, trusted) -> digest
         self._lock = threading.Lock()
+        self._records = Informer(
+            client, "ConfigMap", self.namespace, {RECORD_LABEL: "built"}, **informer_options
+        )
 
     # --- what is built -----------------------------------------------------------------
 
+    def sync(self) -> None:
+        """What is built, from the records' informer: no request while its watch is sound."""
+        self._records.sync()
+        self._read(self._records.items())
+
     def refresh(self) -> None:
-        records = self.client.list("ConfigMap", self.namespace, {RECORD_LABEL: "built"})
+        """What is built, from a fresh LIST of the records (after garbage collection)."""
+        self._records.fresh = False
+        self.sync()
+
+    def close(self) -> None:
+        self._records.stop()
+
+    def _read(self, records: list[dict[str, Any]]) -> None:
         digests = {}
         for record in records:
             data = record.get("data") or {}
@@ -182,7 +199,7 @@ class Builds:
         }
         # AlreadyExists: built by an earlier attempt that stopped before it knew
         with contextlib.suppress(AlreadyExists):
-            self.client.create(record)
+            self._records.put(self.client.create(record))
         with self._lock:
             self._digests = {**self._digests, (fn.build_tag, trusted): digest}
 

@@ -13,6 +13,7 @@ with backoff (honouring ``Retry-After``) and end as :class:`KubeUnavailable`;
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..errors import PermanentError, TransientError
 __all__ = [
     "FIELD_MANAGER",
     "AlreadyExists",
+    "Expired",
     "Forbidden",
     "Invalid",
     "KubeClient",
@@ -102,18 +104,19 @@ KINDS = {
 CALLS: dict[str, frozenset[str]] = {
     kind: frozenset(verbs.split())
     for kind, verbs in {
-        "Namespace": "get list apply delete",
+        "Namespace": "get list watch apply delete",
         "Secret": "get apply",
-        "ConfigMap": "list create delete",  # build records; delete: garbage collection
-        "Service": "list apply delete",
+        # build records; delete: garbage collection
+        "ConfigMap": "list watch create delete",
+        "Service": "list watch apply delete",
         "Pod": "list log",
-        "Deployment": "list apply delete",
-        "Job": "get list create patch delete",
-        "CronJob": "list apply delete",
-        "NetworkPolicy": "list apply",  # gone with their namespace, never deleted alone
+        "Deployment": "list watch apply delete",
+        "Job": "get list watch create patch delete",
+        "CronJob": "list watch apply delete",
+        "NetworkPolicy": "list watch apply",  # gone with their namespace, never deleted alone
         "Lease": "get create update",
         "Function": "list watch apply delete status",
-        "HTTPRoute": "list apply delete",  # --gateway: one per http function
+        "HTTPRoute": "list watch apply delete",  # --gateway: one per http function
         "Gateway": "get",  # --gateway: its address is the functions' public URL
     }.items()
 }
@@ -150,6 +153,12 @@ class Forbidden(KubeError, PermanentError):
 
 class KubeUnavailable(KubeError, TransientError):
     """The API server could not be reached, or kept answering 409/429/5xx."""
+
+
+class Expired(KubeError, TransientError):
+    """410 Gone: the resourceVersion a watch asked for is older than the server's history."""
+
+    status = 410
 
 
 class NotLeader(KubeError, TransientError):
@@ -196,6 +205,7 @@ class KubeClient:
         self._sleep = sleep
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, str]] = Counter()  # (verb, kind) -> count
+        self._watches: k8s.rest.RESTClientObject | None = None
 
     @classmethod
     def from_config(
@@ -320,22 +330,81 @@ class KubeClient:
         self, kind: str, namespace: str | None, selector: Mapping[str, str] | str | None = None
     ) -> list[dict[str, Any]]:
         """Every object of ``kind`` in ``namespace`` (None: every namespace) matching the labels."""
-        query = {}
-        if selector:
-            query["labelSelector"] = (
-                selector
-                if isinstance(selector, str)
-                else ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-            )
+        return self.list_versioned(kind, namespace, selector)[0]
+
+    def list_versioned(
+        self, kind: str, namespace: str | None, selector: Mapping[str, str] | str | None = None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """:meth:`list`, and the list's ``resourceVersion``: where a watch of it starts."""
+        query = {"labelSelector": _selector(selector)} if selector else {}
         try:
             body = self._json("list", kind, "GET", KINDS[kind].path(namespace), query)
         except NotFound:
-            return []  # the namespace is not there (yet): nothing in it
+            return [], ""  # the namespace is not there (yet): nothing in it
         items: list[dict[str, Any]] = body.get("items") or []
         for item in items:  # list items come without kind and apiVersion
             item.setdefault("kind", kind)
             item.setdefault("apiVersion", KINDS[kind].api_version)
-        return items
+        return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch(
+        self,
+        kind: str,
+        namespace: str | None,
+        selector: Mapping[str, str] | str | None,
+        resource_version: str,
+        timeout_sec: float,
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a WATCH from ``resource_version`` (bookmarks asked for), until the
+        server ends it after ``timeout_sec``. A 410 (an ``ERROR`` event or the answer) raises
+        :class:`Expired`; a cut stream or an unreachable server, :class:`KubeUnavailable`."""
+        if self.calls is not None and "watch" not in self.calls.get(kind, ()):
+            raise Forbidden(
+                f"watch {kind}: not a call this reconciler makes (kube/client.py CALLS)"
+            )
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(int(timeout_sec)),
+        }
+        if selector:
+            query["labelSelector"] = _selector(selector)
+        path = KINDS[kind].path(namespace)
+        headers = {"Accept": "application/json"}
+        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, "GET", None)
+        with self._lock:
+            self.requests[("watch", kind)] += 1
+        try:
+            # the read timeout outlasts the server's own end of the stream, bookmarks included
+            response = self._watch_pool().request(
+                "GET",
+                f"{self.host}{path}?{urlencode(query)}",
+                headers=headers,
+                preload_content=False,
+                timeout=urllib3.Timeout(connect=self.timeout_sec, read=timeout_sec + 30),
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"watch {kind} at {self.host}: {_reason(exc)}") from exc
+        try:
+            if response.status != 200:
+                reason, message = _message(response.status, response.data or b"")
+                if response.status == 410:
+                    raise Expired(message or "410 Gone")
+                raise _error(response.status, reason, message or f"watch {path}: {response.status}")
+            yield from _events(response, kind)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeUnavailable(f"watch {kind} cut: {_reason(exc)}") from exc
+        finally:
+            response.release_conn()
+
+    def _watch_pool(self) -> urllib3.PoolManager:
+        """Watches hold a connection each for minutes: their own pool, so they never starve
+        the requests of a pass (and the pool is as big as the watches)."""
+        with self._lock:
+            if self._watches is None:
+                self._watches = k8s.rest.RESTClientObject(_watch_configuration(self.api))
+            return self._watches.pool_manager
 
     def apply(self, obj: Mapping[str, Any], force: bool = True) -> dict[str, Any]:
         """Server-side apply of ``obj`` as the ``gitops-sless`` field manager."""
@@ -401,6 +470,37 @@ class KubeClient:
     def counts(self) -> dict[tuple[str, str], int]:
         with self._lock:
             return dict(self.requests)
+
+
+def _selector(selector: Mapping[str, str] | str) -> str:
+    if isinstance(selector, str):
+        return selector
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def _watch_configuration(api: k8s.ApiClient) -> k8s.Configuration:
+    configuration = copy.copy(api.configuration)
+    configuration.connection_pool_maxsize = 1024
+    return configuration
+
+
+def _events(response: Any, kind: str) -> Iterator[dict[str, Any]]:
+    """Parsed lines of a watch stream; an ``ERROR`` event raises."""
+    pending = b""
+    for chunk in response.stream(64 * 1024):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") == "ERROR":
+                status = event.get("object") or {}
+                code, message = int(status.get("code") or 0), str(status.get("message") or "")
+                if code == 410:
+                    raise Expired(message or "410 Gone")
+                raise _error(code or 500, str(status.get("reason") or ""), message)
+            yield event
 
 
 def _error(status: int, reason: str, message: str) -> KubeError:

@@ -1,7 +1,8 @@
-"""What one environment's namespace holds, read with one LIST per kind per pass.
+"""What one environment's namespace holds, kept by one informer per kind (LIST, then WATCH).
 
 Every question the planner asks between two reads (is it deployed, with which
-spec, is it healthy) is answered from here, never with a GET per function.
+spec, is it healthy) is answered from here, never with a GET per function, and
+a pass in which nothing changed makes no request at all (see ``informer``).
 Writes made during the pass update the view with the object the API server
 returned, so the next round of the same pass sees them.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 from .client import KubeClient
+from .informer import Informer
 
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 
@@ -36,60 +38,103 @@ def annotation(obj: dict[str, Any], key: str) -> str | None:
 class View:
     """The managed objects of one environment's namespace."""
 
-    def __init__(self, env: str, namespace: str, kinds: Iterable[str] = LISTED) -> None:
+    def __init__(
+        self,
+        env: str,
+        namespace: str,
+        kinds: Iterable[str] = LISTED,
+        client: KubeClient | None = None,
+        namespaces: Informer | None = None,
+        **informer_options: Any,
+    ) -> None:
+        """``client``: where the informers read (None: a view only written to, for tests);
+        ``namespaces``: the managed namespaces (shared by the views), where a namespace this
+        view writes is put; ``informer_options``: passed to each :class:`Informer`."""
         self.env = env
         self.namespace = namespace
         self.kinds = tuple(kinds)
         self.namespace_exists = False
-        self._objects: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) -> object
+        self.namespaces = namespaces
         self._by_function: dict[str, set[tuple[str, str]]] = {}  # function -> its keys
         self.pods: list[dict[str, Any]] | None = None  # read only when some rollout is unsettled
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the informers' too: the index moves with the objects
+        selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
+        self._informers = {
+            kind: Informer(
+                client,  # type: ignore[arg-type]
+                kind,
+                namespace,
+                selector,
+                on_change=self._changed,
+                transform=_compact,
+                lock=self._lock,
+                **informer_options,
+            )
+            for kind in self.kinds
+        }
 
-    def read(self, client: KubeClient, namespaces: Iterable[str]) -> None:
-        self.namespace_exists = self.namespace in namespaces
-        with self._lock:  # the old read goes first: two copies of a big namespace is the peak
-            self._objects, self._by_function = {}, {}
-            self.pods = None
-        if not self.namespace_exists:
-            return
-        selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: self.env}
-        for kind in self.kinds:
-            objects = client.list(kind, self.namespace, selector)
-            with self._lock:
-                for obj in objects:
-                    self._add(_compact(obj))
+    def sync(self) -> None:
+        """Ready for a pass: each kind's cache fresh (a LIST only where it is not)."""
+        if self.namespaces is not None:
+            self.namespaces.sync()
+            self.namespace_exists = self.namespaces.get(self.namespace) is not None
+        self.pods = None
+        if self.namespace_exists:  # an environment not created yet holds nothing to watch
+            for informer in self._informers.values():
+                informer.sync()
 
-    def _add(self, obj: dict[str, Any]) -> None:
-        key = (obj["kind"], obj["metadata"]["name"])
-        self._objects[key] = obj
-        function = label(obj, FUNCTION_LABEL)
-        if function:
-            self._by_function.setdefault(function, set()).add(key)
+    def stop(self) -> None:
+        for informer in self._informers.values():
+            informer.stop()
+
+    def relists(self) -> int:
+        """LISTs made so far, all kinds together (the first one of each included)."""
+        return sum(informer.relists for informer in self._informers.values())
+
+    def _changed(self, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        for obj, add in ((old, False), (new, True)):
+            function = label(obj, FUNCTION_LABEL) if obj else None
+            if not obj or not function:
+                continue
+            key = (obj["kind"], obj["metadata"]["name"])
+            if add:
+                self._by_function.setdefault(function, set()).add(key)
+            else:
+                self._by_function.get(function, set()).discard(key)
+
+    def _informer(self, kind: str) -> Informer | None:
+        return self._informers.get(kind)
 
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
-        return self._objects.get((kind, name))
+        informer = self._informer(kind)
+        return informer.get(name) if informer else None
 
     def put(self, obj: dict[str, Any]) -> None:
-        with self._lock:
-            self._add(obj)
+        if obj.get("kind") == "Namespace" and self.namespaces is not None:
+            self.namespaces.put(obj)
+            return
+        informer = self._informer(obj["kind"])
+        if informer is not None:
+            informer.put(obj)
 
     def drop(self, kind: str, name: str) -> None:
-        with self._lock:
-            obj = self._objects.pop((kind, name), None)
-            function = label(obj, FUNCTION_LABEL) if obj else None
-            if function:
-                self._by_function.get(function, set()).discard((kind, name))
+        if kind == "Namespace" and self.namespaces is not None:
+            self.namespaces.drop(name)
+            return
+        informer = self._informer(kind)
+        if informer is not None:
+            informer.drop(name)
 
     def all(self, kind: str) -> list[dict[str, Any]]:
-        with self._lock:
-            return [obj for (k, _), obj in self._objects.items() if k == kind]
+        informer = self._informer(kind)
+        return informer.items() if informer else []
 
     def of_function(self, name: str, kinds: Iterable[str] = FUNCTION_KINDS) -> list[dict[str, Any]]:
         wanted = set(kinds)
         with self._lock:
             keys = sorted(self._by_function.get(name, ()))
-            return [self._objects[key] for key in keys if key[0] in wanted]
+            found = (self.get(kind, obj) for kind, obj in keys if kind in wanted)
+            return [obj for obj in found if obj is not None]
 
     def functions(self) -> set[str]:
         """Functions with running objects (a ``Function`` resource alone is not one)."""

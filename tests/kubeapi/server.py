@@ -7,16 +7,16 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import time
 import traceback
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from . import watch
 from .patches import APPLY, parse_body
-from .resources import BY_KIND, VERSION_INFO, ApiError, Res, bad_request, not_found
+from .resources import BY_KIND, VERSION_INFO, ApiError, Res, not_found
 from .routes import Route, discovery_versions, route
-from .store import match_field, matches, parse_field_selector, parse_label_selector
+from .store import matches
 from .tables import table, wants_table
 
 if TYPE_CHECKING:
@@ -306,64 +306,4 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- watch
     def watch(self, r: Route, query: dict[str, str]) -> None:
-        store, res = self.fake.store, r.res
-        labels = parse_label_selector(query["labelSelector"]) if query.get("labelSelector") else []
-        fields = (
-            parse_field_selector(res.kind, query["fieldSelector"])
-            if query.get("fieldSelector")
-            else []
-        )
-        timeout = min(float(query.get("timeoutSeconds") or 1800), 3600)
-        rv_text = query.get("resourceVersion") or "0"
-        if not rv_text.isdigit():
-            raise bad_request(f"invalid resource version: {rv_text}")
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-        def wanted(obj: dict[str, Any]) -> bool:
-            meta = obj["metadata"]
-            return (
-                (r.ns is None or meta.get("namespace") == r.ns)
-                and matches(labels, meta.get("labels") or {})
-                and all(match_field(obj, f) for f in fields)
-            )
-
-        def emit(etype: str, obj: dict[str, Any]) -> None:
-            event = {"type": etype, "object": present(res, obj)}
-            line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
-            self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-
-        with store.lock:
-            if rv_text == "0":
-                objs, rv_now = store.scan(res.kind, r.ns), int(store.resource_version)
-                initial = [o for o in objs if wanted(o)]
-            else:
-                rv_now, initial = int(rv_text), []
-        try:
-            for obj in initial:
-                emit("ADDED", obj)
-            end = time.monotonic() + timeout
-            key = (res.group, res.version, res.plural)
-            while not store.closed and time.monotonic() < end:
-                gone = key not in store.kinds.paths  # its CRD was deleted: the watch ends
-                try:
-                    events = store.events_after(rv_now, [res.kind])
-                except ApiError as err:
-                    emit("ERROR", err.status())
-                    break
-                for rv, etype, _, obj in events:
-                    rv_now = rv
-                    if wanted(obj):
-                        emit(etype, obj)
-                if gone:
-                    break
-                if not events:
-                    with store.changed:
-                        if not store.events or store.events[-1][0] <= rv_now:
-                            store.changed.wait(min(1.0, max(0.0, end - time.monotonic())))
-            self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        self.close_connection = True
+        watch.serve(self, r, query)

@@ -52,6 +52,12 @@ class Store:
         self._owned: dict[str, set[Key]] = defaultdict(set)
         self.listeners: list[Listener] = []
         self.closed = False
+        self._compacted = 0  # resourceVersions before this are gone from history (410)
+        # watch behaviour (tests/kubeapi/watch.py): how often an idle watch gets a BOOKMARK
+        # (the real server: about once a minute, and shortly before its timeout), and a
+        # counter that, when bumped, cuts every open watch mid-stream
+        self.bookmark_sec = 60.0
+        self.watch_drops = 0
 
     # ---- reading
     @property
@@ -184,9 +190,25 @@ class Store:
         """Events newer than ``rv``; ``ApiError`` 410 when the log no longer reaches back."""
         wanted = set(kinds)
         with self.lock:
-            if self.events and rv < self.events[0][0] - 1:
+            too_old = rv < self._compacted or (self.events and rv < self.events[0][0] - 1)
+            if too_old:
                 raise ApiError(410, "Expired", f"too old resource version: {rv} ({self._rv})")
             return [e for e in self.events if e[0] > rv and e[2] in wanted]
+
+    def compact(self) -> None:
+        """Forget the history of changes, as etcd's compaction does: a watch from any
+        resourceVersion before now gets ``410 Gone``."""
+        with self.lock:
+            self.events.clear()
+            self._compacted = self._rv
+            self.changed.notify_all()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch mid-stream (no final chunk), as a proxy or a restarting API
+        server would."""
+        with self.lock:
+            self.watch_drops += 1
+            self.changed.notify_all()
 
 
 # ---- label selectors
