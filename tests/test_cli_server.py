@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from gitops_sless import cli
+from gitops_sless.cli import completion
 
 from . import gitserver
 from .gitserver import GitDaemon, WorkRepo, free_port, init_bare
@@ -563,7 +564,7 @@ def bash_complete(
     line: str, server: SlessServer | None = None, read_token: str | None = None
 ) -> list[str]:
     """What the bash completion offers for ``line`` (completing its last word)."""
-    script = cli._bash_script(cli._parser())  # what `gitops-sless completion bash` prints
+    script = completion.bash_script(cli.parser())  # what `gitops-sless completion bash` prints
     words = line.split(" ")
     program = (
         script
@@ -584,7 +585,7 @@ def bash_complete(
 
 
 def test_bash_completes_commands_options_choices_and_names_from_the_server(stack):
-    assert run("completion", "bash").stdout == cli._bash_script(cli._parser())
+    assert run("completion", "bash").stdout == completion.bash_script(cli.parser())
     assert bash_complete("gitops-sless s") == ["serve", "status", "sync"]
     assert bash_complete("gitops-sless logs --") == [
         "--build",
@@ -605,8 +606,8 @@ def test_bash_completes_commands_options_choices_and_names_from_the_server(stack
 def test_the_zsh_script_declares_every_command_and_option():
     script = run("completion", "zsh").stdout
     assert script.startswith("#compdef gitops-sless\n")
-    parser = cli._parser()
-    for name, sub in cli._commands(parser).items():
+    parser = cli.parser()
+    for name, sub in completion.commands_of(parser).items():
         assert f"\n    '{name}:" in script
         for action in sub._actions:
             for flag in action.option_strings:

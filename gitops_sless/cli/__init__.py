@@ -1,0 +1,74 @@
+"""The ``gitops-sless`` command line.
+
+``validate``, ``render`` and ``import`` work on files on disk (local.py); ``serve``
+follows a repository (serve.py); ``status``, ``diff``, ``logs``, ``invoke`` and
+``sync`` talk to a running server (remote.py); ``completion`` prints shell scripts
+(completion.py). What they share: common.py (exit codes, usage errors, arguments)
+and output.py (colours, tables).
+
+Exit codes, in short (common.EXIT_CODES has each verb's, docs/operating.md the
+table): 0 success; 1 the answer is not what was hoped for (invalid manifests, a
+function not Ready, a difference, a non-2xx answer, a failed sync, no such
+function); 2 an error: bad arguments, a path or ref that cannot be read, a server
+that cannot be reached or refuses the token, an environment it does not have;
+3 serve cannot listen; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+import gitops_sless
+
+from ..client import ClientError
+from ..errors import SlessError
+from . import completion, local, remote, serve
+from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
+from .serve import TRUST_LEVELS as _TRUST_LEVELS  # noqa: F401 - tests hold it to trust's
+
+__all__ = ["main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: every verb, in the order ``--help`` lists them."""
+    root = argparse.ArgumentParser(
+        prog="gitops-sless", description="Serverless functions on Kubernetes, deployed by git push."
+    )
+    root.add_argument(
+        "--version", action="version", version=f"gitops-sless {gitops_sless.__version__}"
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+    local.add_parsers(commands)
+    serve.add_parser(commands)
+    remote.add_parsers(commands)
+    local.add_import_parser(commands)
+    completion.add_parser(commands, root)
+    return root
+
+
+_parser = parser  # the name tests and older callers use
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["__complete"]:
+        return completion.complete(argv[1:])
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, SlessError) as exc:
+        print(f"gitops-sless {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ClientError as exc:
+        print(f"gitops-sless {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # | head: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - no flush error at exit
+        return EXIT_OK

@@ -1,0 +1,174 @@
+"""What every verb shares: exit codes, usage errors, the source and server arguments.
+
+Exit codes are the command line's contract with scripts; ``EXIT_CODES`` says, for
+each verb, which codes it returns and what each means (``--help`` shows them, and
+docs/operating.md lists them in one table that tests/test_cli.py checks against
+this one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+from ..client import Client, server_url
+from ..source import DirectorySnapshot, Snapshot
+
+__all__ = [
+    "ENV_NAME",
+    "EXIT_CODES",
+    "EXIT_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_INVALID",
+    "EXIT_LISTEN",
+    "EXIT_NOT_OK",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "UsageError",
+    "add_server_args",
+    "add_source_args",
+    "check_env",
+    "connect",
+    "described",
+    "exit_epilog",
+    "positive",
+]
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_OK, EXIT_ERROR = 1, 2  # the answer is not what was hoped for / could not get one
+EXIT_LISTEN = 3  # serve: uvicorn's own code when it cannot bind --listen
+EXIT_INTERRUPTED = 130
+ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
+
+_USAGE = "bad arguments, or a path or ref that cannot be read"
+_UNREACHABLE = "the server cannot be reached, refuses the token, or {}"
+
+# verb -> exit code -> what it means; every verb returns 130 on Ctrl-C as well
+EXIT_CODES: dict[str, dict[int, str]] = {
+    "validate": {
+        0: "every sless.yaml is valid",
+        1: "a manifest is invalid (each problem on stderr)",
+        2: _USAGE,
+    },
+    "render": {
+        0: "every function rendered",
+        1: "a manifest is invalid: the valid ones are rendered",
+        2: _USAGE,
+    },
+    "serve": {
+        0: "stopped by SIGINT or SIGTERM",
+        2: "refused at start: a flag, an environment variable, --repo or the sandbox",
+        3: "cannot listen on --listen (the port is in use, or not permitted)",
+    },
+    "status": {
+        0: "every function Ready or Disabled, every last sync converged, no job run failed",
+        1: "a function is not Ready, a last sync failed or is still progressing, "
+        "or a job run failed",
+        2: _UNREACHABLE.format("has no environment --env"),
+    },
+    "diff": {
+        0: "no change",
+        1: "a change: something to build, run, deploy or remove, or an invalid manifest",
+        2: "bad arguments, a path or ref that cannot be read, "
+        + _UNREACHABLE.format("has no environment --env"),
+    },
+    "logs": {
+        0: "the log or the job runs were printed, or that the function has no replicas, "
+        "with its job runs",
+        1: "no such function or job, a job of another function, or no build yet",
+        2: _UNREACHABLE.format("bad arguments"),
+    },
+    "invoke": {
+        0: "the function answered 2xx",
+        1: "any other answer (the proxy's 404, 502, 503, 504 included)",
+        2: _UNREACHABLE.format("bad arguments"),
+    },
+    "sync": {
+        0: "the pass succeeded (or, with --wait 0, was requested)",
+        1: "the pass failed, or did not finish within --wait",
+        2: _UNREACHABLE.format("bad arguments"),
+    },
+    "import": {
+        0: "everything was converted",
+        1: "a refusal (nothing written), or a part left to do by hand",
+        2: _USAGE,
+    },
+    "completion": {0: "the script was printed", 2: "bad arguments"},
+}
+
+
+class UsageError(Exception):
+    """Arguments that cannot work: one line, exit 2."""
+
+
+def exit_epilog(verb: str) -> str:
+    """The verb's exit codes, for the end of its ``--help``."""
+    codes = EXIT_CODES[verb] | {EXIT_INTERRUPTED: "interrupted (Ctrl-C)"}
+    return "exit codes: " + "; ".join(f"{code} {text}" for code, text in codes.items())
+
+
+def check_env(flag: str, env: str) -> str:
+    if not ENV_NAME.fullmatch(env):
+        raise UsageError(f"{flag} {env!r}: must be a DNS-1123 label of at most 40 characters")
+    return env
+
+
+def positive(name: str, value: float) -> float:
+    if not value > 0:
+        raise UsageError(f"{name} {value:g}: must be greater than 0")
+    return value
+
+
+def add_source_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "path",
+        help="a functions repository: the files on disk of a directory or a git work tree "
+        "(any folder of it), .gitignore honoured; a bare repository is read at HEAD",
+    )
+    parser.add_argument(
+        "--ref",
+        help="read this branch, tag or commit instead of the files on disk "
+        "(PATH must be the root of a git repository)",
+    )
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="the gitops-sless serve to talk to (default: $SLESS_SERVER or "
+        "http://127.0.0.1:8080); reads send $SLESS_READ_TOKEN or $SLESS_API_TOKEN, "
+        "sync sends $SLESS_API_TOKEN",
+    )
+
+
+def connect(args: argparse.Namespace, timeout: float = 30.0) -> Client:
+    """The server of ``--server``, with the tokens of the environment."""
+    try:
+        url = server_url(args.server)
+    except ValueError as exc:
+        raise UsageError(f"--server {exc}") from None
+    return Client(
+        url,
+        os.environ.get("SLESS_API_TOKEN"),
+        timeout=timeout,
+        read_token=os.environ.get("SLESS_READ_TOKEN"),
+    )
+
+
+def described(snapshot: Snapshot, ref: str | None) -> str:
+    """What was read, in words: which files on disk, or which commit."""
+    if isinstance(snapshot, DirectorySnapshot):
+        tree = snapshot.work_tree
+        if tree is None:
+            where = f"{snapshot.root}, a plain directory"
+        elif tree == snapshot.root:
+            where = f"the git work tree {tree}"
+        else:
+            where = f"{snapshot.root}, in the git work tree {tree}"
+        changes = "uncommitted changes included, " if tree else ""
+        return f"files on disk in {where}: {changes}ignored files left out"
+    return f"commit {snapshot.revision}, " + (
+        f"--ref {ref}" if ref else "HEAD of a bare repository"
+    )

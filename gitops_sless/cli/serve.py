@@ -1,0 +1,499 @@
+"""``gitops-sless serve``: its flags, checked before anything starts, then the server.
+
+A flag or environment variable that cannot work is one line and exit 2 before any
+file is written; the server stack (FastAPI, uvicorn, the backends) loads only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import logs
+from .common import EXIT_OK, UsageError, check_env, exit_epilog, positive
+
+__all__ = ["TRUST_LEVELS", "add_parser"]
+
+# webhooks.FORGES, named here so that a command other than serve loads no pydantic
+WEBHOOK_FORGES = ("github", "gitea", "gitlab")
+# trust.TRUST_LEVELS, written again here: the server stack loads only for serve
+TRUST_LEVELS = ("same-repo", "approved", "all")
+# local.sandbox.MODES, for the same reason
+_SANDBOX_MODES = ("auto", "bubblewrap", "off")
+
+
+def add_parser(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="follow a repository, build what changed, run it locally, proxy /fn/",
+        epilog=exit_epilog("serve"),
+    )
+    serve.set_defaults(run=_serve)
+    serve.add_argument(
+        "--repo",
+        required=True,
+        help="URL (https://, ssh://, git://, file://) or local path; a plain directory is "
+        "turned into a repository you can push to",
+    )
+    serve.add_argument("--branch", default="main", help="branch to follow (default: main)")
+    serve.add_argument("--env", default="prod", help="environment name (default: prod)")
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--state-dir", default=".sless-state", help="status store, artifacts, logs (%(default)s)"
+    )
+    serve.add_argument(
+        "--poll-interval", type=float, default=30.0, help="seconds between polls (default: 30)"
+    )
+    serve.add_argument(
+        "--api-token",
+        default=os.environ.get("SLESS_API_TOKEN"),
+        help="bearer token that reads and writes (POST /api/v1/sync, DELETE) "
+        "(default: $SLESS_API_TOKEN)",
+    )
+    serve.add_argument(
+        "--read-token",
+        default=os.environ.get("SLESS_READ_TOKEN"),
+        help="bearer token that only reads: the dashboard, the status API, logs, /metrics "
+        "(default: $SLESS_READ_TOKEN)",
+    )
+    serve.add_argument(
+        "--anonymous-read",
+        action="store_true",
+        help="serve reads (job results, logs, the dashboard) to anyone, even with a token set "
+        "or off a loopback address",
+    )
+    serve.add_argument(
+        "--webhook-secret",
+        default=os.environ.get("SLESS_WEBHOOK_SECRET"),
+        help="webhook secret of every forge that has none of its own; weaker, as GitLab sends "
+        "its secret in clear (default: $SLESS_WEBHOOK_SECRET)",
+    )
+    for forge in WEBHOOK_FORGES:
+        variable = f"SLESS_WEBHOOK_SECRET_{forge.upper()}"
+        serve.add_argument(
+            f"--webhook-secret-{forge}",
+            default=os.environ.get(variable),
+            help=f"webhook secret of {forge} alone (default: ${variable})",
+        )
+    serve.add_argument(
+        "--secrets-dir", help="secrets for {secret: NAME, key: KEY}: one file per key, DIR/NAME/KEY"
+    )
+    serve.add_argument("--max-builds", type=int, default=2, help="concurrent builds (default: 2)")
+    serve.add_argument(
+        "--build-timeout",
+        type=float,
+        default=float(os.environ.get("SLESS_BUILD_TIMEOUT") or 600),
+        help="seconds per build (default: $SLESS_BUILD_TIMEOUT or 600)",
+    )
+    serve.add_argument(
+        "--sandbox",
+        choices=_SANDBOX_MODES,
+        default=_env_choice("SLESS_SANDBOX", "auto"),
+        help="local backend: every function process and installer in a bubblewrap sandbox: "
+        "auto (where bubblewrap works, else unconfined, with a warning), bubblewrap (or refuse "
+        "to start), off (default: $SLESS_SANDBOX or auto)",
+    )
+    serve.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="let a commit that declares no function prune every function (Argo CD's allowEmpty)",
+    )
+    _add_kube_flags(serve)
+    _add_preview_flags(serve)
+    serve.add_argument(
+        "--fetch-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="overall deadline of one fetch of the repository; a fetch still running then is "
+        "abandoned and the next pass tries again (default: $SLESS_FETCH_TIMEOUT or 120)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=_env_choice("SLESS_LOG_FORMAT", "text"),
+        help="one line per event as text or JSON (default: $SLESS_LOG_FORMAT or text)",
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        default=_env_choice("SLESS_LOG_LEVEL", "info"),
+        help="least severe level logged (default: $SLESS_LOG_LEVEL or info)",
+    )
+    serve.add_argument(
+        "--keep-builds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="builds kept per function folder beyond those an environment uses (default: 3)",
+    )
+    serve.add_argument(
+        "--gc-interval",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="seconds between garbage collections of the state folder, or of the cluster's "
+        "build records, contexts and images (default: 3600)",
+    )
+    serve.add_argument(
+        "--gc-min-age",
+        type=float,
+        default=float(os.environ.get("SLESS_GC_MIN_AGE") or 3600),
+        metavar="SECONDS",
+        help="Kubernetes backend: no build record, context or image younger than this "
+        "is garbage-collected (default: $SLESS_GC_MIN_AGE or 3600)",
+    )
+    serve.add_argument(
+        "--trusted-proxies",
+        default=os.environ.get("SLESS_TRUSTED_PROXIES", ""),
+        metavar="CIDR,...",
+        help="CIDRs of the proxies whose forwarding headers are trusted "
+        "(default: $SLESS_TRUSTED_PROXIES or none)",
+    )
+
+
+def _env_choice(name: str, default: str) -> str:
+    # argparse checks the choices of values given on the command line only: a value from
+    # the environment is checked by _choice, so a typo there is a usage error as well
+    return os.environ.get(name) or default
+
+
+def _deadline(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name} {value:g}: must be a number of seconds greater than 0")
+    return value
+
+
+def _fetch_timeout(value: float | None) -> float:
+    """``--fetch-timeout``, else ``$SLESS_FETCH_TIMEOUT``, else 120 seconds."""
+    if value is not None:
+        return _deadline("--fetch-timeout", value)
+    text = os.environ.get("SLESS_FETCH_TIMEOUT") or "120"
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(f"$SLESS_FETCH_TIMEOUT {text!r}: not a number of seconds") from None
+    return _deadline("$SLESS_FETCH_TIMEOUT", seconds)
+
+
+_REPO_EXPECTED = (
+    "expected a git repository, a folder of functions, or a URL (https://, ssh://, git://, file://)"
+)
+
+
+def _is_url(repo: str) -> bool:
+    # git's rule: a colon before any slash makes it a URL (host:path, user@host:path)
+    head, colon, _ = repo.partition(":")
+    return "://" in repo or bool(colon and "/" not in head)
+
+
+def _check_repo(repo: str) -> None:
+    """A local --repo must be there now; a URL's remote is checked by each fetch."""
+    if _is_url(repo):
+        return
+    path = Path(repo)
+    if not path.exists():
+        raise UsageError(f"--repo {repo}: no such file or directory; {_REPO_EXPECTED}")
+    if not path.is_dir():
+        raise UsageError(f"--repo {repo}: not a directory; {_REPO_EXPECTED}")
+
+
+def _check_ssh_keys() -> None:
+    for variable in ("SLESS_GIT_SSH_KEY", "SLESS_GIT_SSH_PUBKEY"):
+        value = os.environ.get(variable)
+        if value and not Path(value).is_file():
+            raise UsageError(f"${variable} {value}: no such file; expected an SSH key file")
+
+
+def _seconds(name: str, value: float) -> float:
+    if not value >= 0:
+        raise UsageError(f"{name} {value:g}: must be 0 or more")
+    return value
+
+
+def _not_negative(name: str, value: int) -> int:
+    if value < 0:
+        raise UsageError(f"{name} {value}: must be 0 or more")
+    return value
+
+
+def _choice(env: str, value: str, choices: Sequence[str]) -> str:
+    """A choice from the environment (argparse has checked the command line's)."""
+    if value not in choices:
+        raise UsageError(f"${env} {value!r}: use one of {', '.join(choices)}")
+    return value
+
+
+def _trusted_proxies(value: str) -> tuple[str, ...]:
+    networks = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError as exc:
+            raise UsageError(f"--trusted-proxies {item!r}: not an IP network (CIDR)") from exc
+    return tuple(networks)
+
+
+def _webhook_secrets(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """(forge, secret) for each forge given a secret of its own."""
+    pairs = ((forge, getattr(args, f"webhook_secret_{forge}")) for forge in WEBHOOK_FORGES)
+    return tuple((forge, secret) for forge, secret in pairs if secret)
+
+
+def _register_secrets(args: argparse.Namespace) -> None:
+    """Every secret this process knows of, redacted from log lines before any is written."""
+    for value in (
+        args.api_token,
+        args.read_token,
+        args.webhook_secret,
+        *dict(_webhook_secrets(args)).values(),
+        os.environ.get("SLESS_GIT_PASSWORD"),
+        os.environ.get("SLESS_GIT_SSH_PASSPHRASE"),
+        os.environ.get("SLESS_FORGE_TOKEN"),
+        os.environ.get("AWS_SECRET_ACCESS_KEY"),
+    ):
+        logs.register_secret(value)
+    with contextlib.suppress(ValueError):  # not a URL: the mirror says so later
+        logs.register_secret(urlsplit(args.repo).password)  # https://user:password@host/...
+
+
+# --flag, environment variable, help: the Kubernetes backend's settings (kube/settings.py)
+_KUBE_FLAGS = (
+    ("--kubeconfig", "KUBECONFIG", "kubeconfig file (in a pod: its service account)"),
+    ("--kube-context", None, "kubeconfig context (default: the current one)"),
+    ("--namespace", "SLESS_NAMESPACE", "the reconciler's namespace, where builds run"),
+    ("--namespace-prefix", "SLESS_NAMESPACE_PREFIX", "environment E lives in <prefix>E"),
+    ("--registry", "SLESS_REGISTRY", "image repository prefix, e.g. registry.example.com/team"),
+    ("--pull-secret", "SLESS_PULL_SECRET", "docker-registry Secret for pulls, copied to envs"),
+    ("--push-secret", "SLESS_PUSH_SECRET", "docker-registry Secret kaniko pushes with"),
+    ("--s3-endpoint", "SLESS_S3_ENDPOINT", "S3 endpoint for build contexts, with scheme"),
+    ("--s3-bucket", "SLESS_S3_BUCKET", "S3 bucket for build contexts"),
+    ("--s3-region", "SLESS_S3_REGION", "S3 region"),
+    ("--kaniko-image", "SLESS_KANIKO_IMAGE", "kaniko executor image, pinned"),
+    ("--build-cpu", "SLESS_BUILD_CPU", "CPU request of a build pod"),
+    ("--build-memory", "SLESS_BUILD_MEMORY", "memory request and limit of a build pod"),
+    ("--build-service-account", "SLESS_BUILD_SERVICE_ACCOUNT", "service account of build pods"),
+    ("--gateway", "SLESS_GATEWAY", "NAMESPACE/NAME of a Gateway that serves /fn/ (HTTPRoutes)"),
+)
+
+
+def _add_kube_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        default=_env_choice("SLESS_BACKEND", "local"),
+        help="where functions run (default: $SLESS_BACKEND or local)",
+    )
+    group = serve.add_argument_group("Kubernetes backend (--backend kubernetes)")
+    for flag, variable, text in _KUBE_FLAGS:
+        where = f" (default: ${variable})" if variable else ""
+        group.add_argument(flag, default=None, help=text + where)
+
+
+def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("pull-request previews (--previews)")
+    group.add_argument(
+        "--previews", action="store_true", help="one environment pr-N per open pull request"
+    )
+    group.add_argument(
+        "--preview-filter",
+        default=os.environ.get("SLESS_PREVIEW_FILTER", ""),
+        metavar="KEY=VALUE,...",
+        help="base=BRANCH (default: --branch), label=NAME, branch=PATTERN (head branch)",
+    )
+    group.add_argument(
+        "--preview-trust",
+        choices=TRUST_LEVELS,
+        default=_env_choice("SLESS_PREVIEW_TRUST", "same-repo"),
+        help="whose pull requests run: same-repo (heads in this repository), approved (also "
+        "forks, each commit approved by a user with write access), all (every PR: private "
+        "repositories only) (default: $SLESS_PREVIEW_TRUST or same-repo)",
+    )
+    group.add_argument(
+        "--preview-approve-label",
+        default=os.environ.get("SLESS_PREVIEW_APPROVE_LABEL") or "preview",
+        metavar="LABEL",
+        help="with --preview-trust approved: the label a user with write access adds to "
+        "approve a fork's current commit (default: $SLESS_PREVIEW_APPROVE_LABEL or preview)",
+    )
+    group.add_argument(
+        "--preview-secrets-dir",
+        default=os.environ.get("SLESS_PREVIEW_SECRETS_DIR") or None,
+        metavar="DIR",
+        help="the previews' secrets, DIR/NAME/KEY; production's are never given to a "
+        "preview (default: $SLESS_PREVIEW_SECRETS_DIR; none: previews get no secret)",
+    )
+    group.add_argument(
+        "--max-previews", type=int, default=10, help="previews at once; more wait (default: 10)"
+    )
+    group.add_argument(
+        "--preview-ttl",
+        default="7d",
+        metavar="DURATION",
+        help="a preview with no new commit for this long is removed: 90s, 30m, 12h, 7d",
+    )
+    group.add_argument(
+        "--instance-name",
+        default=os.environ.get("SLESS_INSTANCE_NAME", "gitops-sless"),
+        help="names this reconciler in commit statuses and PR comments (default: gitops-sless)",
+    )
+    group.add_argument(
+        "--forge",
+        choices=("github", "gitea", "gitlab"),
+        default=os.environ.get("SLESS_FORGE") or None,
+        help="the forge's kind, when its host does not say (default: $SLESS_FORGE)",
+    )
+    group.add_argument(
+        "--forge-api",
+        default=os.environ.get("SLESS_FORGE_API") or None,
+        help="the forge's API base URL (default: from the repository URL)",
+    )
+
+
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
+
+
+def _duration(flag: str, text: str) -> float:
+    match = _DURATION.fullmatch(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"{flag} {text!r}: expected a positive duration such as 90s, 12h, 7d")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return float(match.group(1)) * unit
+
+
+def _preview_filter(text: str) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key not in ("base", "label", "branch") or not value:
+            raise UsageError(
+                f"--preview-filter {part!r}: expected base=BRANCH, label=NAME or branch=PATTERN"
+            )
+        found[key] = value
+    return found
+
+
+def _approve_label(label: str) -> str:
+    if not label.strip():
+        raise UsageError("--preview-approve-label: must not be empty")
+    return label.strip()
+
+
+def _preview_secrets_dir(value: str | None, secrets_dir: str | None) -> Path | None:
+    """The previews' secrets folder; production's own would hand its secrets to any PR."""
+    if not value:
+        return None
+    path = Path(value).resolve()
+    if secrets_dir and Path(secrets_dir).resolve() in (path, *path.parents):
+        raise UsageError(
+            f"--preview-secrets-dir {value!r} is in --secrets-dir: previews run code from pull "
+            "requests, give them a folder of their own"
+        )
+    return path
+
+
+def _kube_settings(args: argparse.Namespace) -> Any:
+    from ..kube.settings import KubeSettings
+
+    overrides = {
+        flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+        for flag, _, _ in _KUBE_FLAGS
+    }
+    overrides["context"] = overrides.pop("kube_context")
+    s3 = {k: overrides.pop(f"s3_{k}") for k in ("endpoint", "bucket", "region")}
+    settings = KubeSettings.from_env(os.environ, build_timeout=int(args.build_timeout), **overrides)
+    s3_values = {k: v for k, v in s3.items() if v}
+    if s3_values:
+        settings = dataclasses.replace(settings, s3=dataclasses.replace(settings.s3, **s3_values))
+    return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..access import open_reads_refusal
+    from ..serve import ServeConfig, Server  # the server stack loads only for this command
+
+    _register_secrets(args)
+    _check_repo(args.repo)
+    _check_ssh_keys()
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
+    refusal = open_reads_refusal(
+        args.listen,
+        host.strip("[]") or "127.0.0.1",
+        args.api_token,
+        args.read_token,
+        args.anonymous_read,
+    )
+    if refusal:
+        raise UsageError(refusal)
+    check_env("--env", args.env)
+    preview_filter = _preview_filter(args.preview_filter)
+    config = ServeConfig(
+        repo=args.repo,
+        state_dir=Path(args.state_dir).resolve(),
+        branch=args.branch,
+        env=args.env,
+        host=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        poll_interval=positive("--poll-interval", args.poll_interval),
+        api_token=args.api_token or None,
+        read_token=args.read_token or None,
+        anonymous_read=args.anonymous_read,
+        webhook_secret=args.webhook_secret or None,
+        webhook_secrets=_webhook_secrets(args),
+        secrets_dir=Path(args.secrets_dir) if args.secrets_dir else None,
+        max_builds=int(positive("--max-builds", args.max_builds)),
+        build_timeout=positive("--build-timeout", args.build_timeout),
+        fetch_timeout=_fetch_timeout(args.fetch_timeout),
+        log_format=_choice("SLESS_LOG_FORMAT", args.log_format, logs.FORMATS),
+        log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
+        keep_builds=_not_negative("--keep-builds", args.keep_builds),
+        gc_interval=positive("--gc-interval", args.gc_interval),
+        gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
+        trusted_proxies=_trusted_proxies(args.trusted_proxies),
+        allow_empty=args.allow_empty,
+        backend=args.backend,
+        sandbox=_choice("SLESS_SANDBOX", args.sandbox, _SANDBOX_MODES),
+        kube=_kube_settings(args) if args.backend == "kubernetes" else None,
+        previews=args.previews,
+        preview_base=preview_filter.get("base"),
+        preview_label=preview_filter.get("label"),
+        preview_branch=preview_filter.get("branch"),
+        max_previews=int(positive("--max-previews", args.max_previews)),
+        preview_ttl=_duration("--preview-ttl", args.preview_ttl),
+        preview_trust=_choice("SLESS_PREVIEW_TRUST", args.preview_trust, TRUST_LEVELS),
+        preview_approve_label=_approve_label(args.preview_approve_label),
+        preview_secrets_dir=_preview_secrets_dir(args.preview_secrets_dir, args.secrets_dir),
+        instance_name=args.instance_name,
+        forge_token=os.environ.get("SLESS_FORGE_TOKEN") or None,
+        forge_kind=args.forge,
+        forge_api=args.forge_api,
+    )
+    logs.configure(config.log_format, config.log_level)
+    if config.backend == "local":
+        _check_sandbox(config)
+    Server(config).run()
+    return EXIT_OK
+
+
+def _check_sandbox(config: Any) -> None:
+    """Probe the sandbox once, before anything starts; previews need one, or trust in all."""
+    from ..serve import local_sandbox
+
+    sandbox = local_sandbox(config.sandbox)  # SandboxUnavailable: one line, exit 2
+    if config.previews and not sandbox.enabled and config.preview_trust != "all":
+        raise UsageError(
+            "--previews: pull requests' code would run unconfined on the local backend "
+            "(sandbox off); use --sandbox bubblewrap, or --preview-trust all to accept it"
+        )
