@@ -347,7 +347,7 @@ def test_logs_of_a_build_and_of_a_job(stack, capsys, monkeypatch):
     code, out, _ = in_process(capsys, monkeypatch, stack.server, "logs", "greet", "--build")
     tag = stack.server.function("greet")["buildTag"]
     assert code == 0
-    assert f"build {tag}: function greet (python3.11) from greet" in out
+    assert f"build {tag}: folder greet (python3.11): function greet at " in out
     assert f"built {tag} in" in out
 
     code, out, _ = in_process(
@@ -364,6 +364,20 @@ def test_logs_of_a_build_and_of_a_job(stack, capsys, monkeypatch):
     assert (code, err) == (
         1,
         "gitops-sless logs: job 'stamp' belongs to function 'worker', not 'greet'\n",
+    )
+
+
+def test_a_build_log_shared_by_a_folder_names_the_folder_and_every_function(
+    stack, capsys, monkeypatch
+):
+    tag = stack.server.function("shower")["buildTag"]
+    assert stack.server.function("worker")["buildTag"] == tag  # one folder, one build
+    code, out, _ = in_process(capsys, monkeypatch, stack.server, "logs", "prod/shower", "--build")
+    assert code == 0
+    first = out.splitlines()[0].split("] ", 1)[-1]  # after the line's timestamp
+    assert first == (
+        f"build {tag}: folder worker (python3.11): functions resting, shower, worker "
+        f"at {stack.work.head()}"
     )
 
 

@@ -47,10 +47,12 @@ from typing import Any
 from ..backend import BuildFailed
 from ..dependencies import Dependencies, dependencies, input_paths
 from ..errors import TransientError
-from ..identity import is_manifest, source_id
+from ..identity import MANIFEST_NAME, is_manifest, source_id
 from ..manifest import Function
 from ..paths import stays_inside
 from ..source import Snapshot
+from ..yamldoc import YamlProblem
+from ..yamldoc import load as load_yaml
 from .depcache import DependencyCache, link_tree
 from .installers import BuildCancelled, BuildLog, Installers, build_environment, group_alive, now
 from .orphans import ProcessGroups
@@ -300,10 +302,7 @@ class LocalBuilder:
         tmp: Path | None = None
         try:
             self.installers.check_open(tag)
-            log.line(
-                f"build {tag}: function {fn.name} ({fn.runtime}) from "
-                f"{fn.folder or '.'} at {snapshot.revision}"
-            )
+            log.line(f"build {tag}: {_what_is_built(fn, snapshot)} at {snapshot.revision}")
             deps = dependencies(fn, snapshot)
             tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-", dir=self.root))
             tmp.chmod(0o755)
@@ -547,3 +546,21 @@ def _remove_path(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def _what_is_built(fn: Function, snapshot: Snapshot) -> str:
+    """The folder and every function the build serves: each function of the folder's
+    manifest with ``fn``'s runtime shares its tag, so one log is all of theirs."""
+    names = _sharing(fn, snapshot) or [fn.name]
+    word = "function" if len(names) == 1 else "functions"
+    return f"folder {fn.folder or '.'} ({fn.runtime}): {word} {', '.join(names)}"
+
+
+def _sharing(fn: Function, snapshot: Snapshot) -> list[str]:
+    try:
+        raw = snapshot.read(posixpath.join(fn.folder, MANIFEST_NAME))
+        declared = load_yaml(raw).data["functions"]
+        names = [f["name"] for f in declared if f.get("runtime") == fn.runtime]
+    except (OSError, KeyError, TypeError, AttributeError, YamlProblem):
+        return []  # it was valid when fn was loaded from it; the log still names fn
+    return sorted(n for n in names if isinstance(n, str)) if fn.name in names else []
