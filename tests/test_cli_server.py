@@ -223,12 +223,14 @@ def test_status_lists_every_function_and_exits_zero_when_all_are_ready_or_disabl
     assert (as_json["server"], as_json["status"]["branch"]) == (stack.server.base, "main")
     (prod,) = as_json["environments"]
     assert prod["name"] == "prod"
+    assert prod["jobs"] == []  # stamp run 1 succeeded: nothing to show
+    assert "JOB" not in result.stdout
     assert {fn["name"]: fn["phase"] for fn in prod["functions"]}["resting"] == "Disabled"
 
 
 def test_status_of_an_unknown_environment_says_which_there_are(stack):
     result = run("status", "--env", "staging", server=stack.server)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert one_line_error(result) == (
         "gitops-sless status: the server has no environment 'staging' (it has: prod)"
     )
@@ -321,6 +323,15 @@ def test_diff_reports_an_invalid_manifest_as_a_change_with_its_problems(stack, t
     assert result.stdout.splitlines()[-1] == "changes: 1 invalid manifest; 3 unchanged"
 
 
+def test_diff_against_an_unknown_environment_is_exit_two_with_the_known_ones(stack):
+    result = run("diff", "sample-repo", "--env", "nope", server=stack.server)
+    assert result.returncode == 2, result.stdout  # never a diff that adds every function
+    assert result.stdout == ""
+    assert one_line_error(result) == (
+        "gitops-sless diff: the server has no environment 'nope' (it has: prod)"
+    )
+
+
 def test_diff_of_a_folder_that_is_not_there_is_an_error(stack, tmp_path):
     result = run("diff", str(tmp_path / "missing"), server=stack.server)
     assert result.returncode == 2
@@ -364,6 +375,26 @@ def test_logs_of_a_build_and_of_a_job(stack, capsys, monkeypatch):
     assert (code, err) == (
         1,
         "gitops-sless logs: job 'stamp' belongs to function 'worker', not 'greet'\n",
+    )
+
+
+def test_logs_of_a_function_without_replicas_say_so_and_show_its_job_runs(
+    stack, capsys, monkeypatch
+):
+    code, out, err = in_process(capsys, monkeypatch, stack.server, "logs", "prod/worker")
+    assert code == 0
+    assert err == (
+        "gitops-sless logs: prod/worker has no replicas (no http trigger), so no replica log; "
+        "its job runs follow (--job JOB for one of them, --build for its build log)\n"
+    )
+    head, *result = out.splitlines()
+    assert head.startswith("stamp run 1: Succeeded (attempt 1, ")
+    assert json.loads("\n".join(result)) == {"mark": "run-1"}
+
+    code, out, err = in_process(capsys, monkeypatch, stack.server, "logs", "prod/resting")
+    assert (code, out) == (0, "")
+    assert err.endswith(
+        "so no replica log; it has no job runs either (--build shows its build log)\n"
     )
 
 
@@ -569,6 +600,44 @@ def test_a_broken_push_fails_sync_and_status_and_shows_in_diff(setup, tmp_path):
     diff = run("diff", str(setup.work.path), server=server)
     assert diff.returncode == 1
     assert "! invalid ok/sless.yaml: keeps the last good version of ok (Invalid)" in diff.stdout
+
+
+FAILING_JOB = """
+def main(event):
+    raise RuntimeError("the table cannot be created: " + event["table"])
+"""
+
+
+def test_status_shows_a_job_run_that_failed_and_exits_one(setup):
+    setup.push(
+        {
+            "ok/handler.py": GREET,
+            "ok/sless.yaml": manifest("ok", HTTP, "    env: {GREETING: hi}"),
+            "db/handler.py": FAILING_JOB,
+            "db/sless.yaml": manifest(
+                "db", "    jobs: [{name: create-table, runId: 1, event: {table: notes}}]"
+            ),
+        }
+    )
+    server = setup.serve()
+    server.wait(lambda: any(run["phase"] == "Failed" for run in server.jobs()), "the job to fail")
+
+    status = run("status", server=server)
+    assert status.returncode == 1, status.stdout
+    lines = status.stdout.splitlines()
+    assert re.search(r"^db +Ready +", status.stdout, re.M)  # the function itself serves
+    header = lines.index(next(line for line in lines if line.startswith("JOB ")))
+    assert lines[header].split() == ["JOB", "RUN", "FUNCTION", "PHASE", "MESSAGE"]
+    failed = lines[header + 1]
+    assert failed.split()[:4] == ["create-table", "1", "db", "Failed"]
+    assert "the table cannot be created: notes" in failed
+
+    as_json = json.loads(run("status", "-o", "json", server=server).stdout)
+    assert as_json["ok"] is False
+    (prod,) = as_json["environments"]
+    assert [(r["name"], r["runId"], r["phase"]) for r in prod["jobs"]] == [
+        ("create-table", 1, "Failed")
+    ]
 
 
 # --- shell completion ----------------------------------------------------------------------------

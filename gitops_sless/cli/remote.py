@@ -159,27 +159,54 @@ def _message(fn: dict[str, Any]) -> str:
     return text
 
 
+def _known_environments(client: Client, wanted: str | None) -> dict[str, dict[str, Any]]:
+    """The server's environments by name; a ``wanted`` one it does not have is exit 2."""
+    environments = {e["name"]: e for e in client.get("/api/v1/environments")}
+    if wanted and wanted not in environments:
+        known = ", ".join(sorted(environments)) or "none yet"
+        raise UsageError(f"the server has no environment {wanted!r} (it has: {known})")
+    return environments
+
+
+def _open_runs(runs: list[dict[str, Any]], functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest run of each job of a function still there, unless it succeeded."""
+    names = {fn["name"] for fn in functions}
+    newest: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if run["function"] in names and run["runId"] >= newest.get(run["name"], run)["runId"]:
+            newest[run["name"]] = run
+    return [run for _, run in sorted(newest.items()) if run["phase"] != "Succeeded"]
+
+
+def _environment(client: Client, name: str, row: dict[str, Any] | None) -> dict[str, Any]:
+    where = f"/api/v1/environments/{segment(name)}"
+    functions = client.get(f"{where}/functions")
+    return {
+        "name": name,
+        "lastSync": (row or {}).get("lastSync"),
+        "functions": functions,
+        "jobs": _open_runs(client.get(f"{where}/jobs"), functions),
+    }
+
+
+def _all_good(listing: list[dict[str, Any]]) -> bool:
+    """Every function serves (or is off), every last pass converged, no job run failed."""
+    return (
+        all(fn["phase"] in GOOD_PHASES for env in listing for fn in env["functions"])
+        and not any(
+            env["lastSync"] and env["lastSync"]["result"] in NOT_CONVERGED for env in listing
+        )
+        and not any(run["phase"] == "Failed" for env in listing for run in env["jobs"])
+    )
+
+
 def _status(args: argparse.Namespace) -> int:
     with connect(args) as client:
         status = client.get("/api/v1/status")
-        environments = {e["name"]: e for e in client.get("/api/v1/environments")}
-        if args.env and args.env not in environments:
-            known = ", ".join(sorted(environments)) or "none yet"
-            print(
-                f"gitops-sless status: the server has no environment {args.env!r} "
-                f"(it has: {known})",
-                file=sys.stderr,
-            )
-            return EXIT_NOT_OK
+        environments = _known_environments(client, args.env)
         names = [args.env] if args.env else sorted(environments) or [status["environment"]]
-        listing = []
-        for name in names:
-            functions = client.get(f"/api/v1/environments/{segment(name)}/functions")
-            last = environments.get(name, {}).get("lastSync")
-            listing.append({"name": name, "lastSync": last, "functions": functions})
-    ok = all(fn["phase"] in GOOD_PHASES for env in listing for fn in env["functions"]) and not any(
-        env["lastSync"] and env["lastSync"]["result"] in NOT_CONVERGED for env in listing
-    )
+        listing = [_environment(client, name, environments.get(name)) for name in names]
+    ok = _all_good(listing)
     if args.output == "json":
         answer = {"server": client.server, "ok": ok, "status": status, "environments": listing}
         print(json.dumps(answer, indent=2))
@@ -224,7 +251,31 @@ def _status(args: argparse.Namespace) -> int:
                 room = max(width - prefix, 20)
                 row[4] = row[4] if len(row[4]) <= room else row[4][: room - 1] + "…"
         print(table(rows, styles, paint))
+        _print_open_runs(env["jobs"], paint)
     return EXIT_OK if ok else EXIT_NOT_OK
+
+
+def _print_open_runs(runs: list[dict[str, Any]], paint: Paint) -> None:
+    """Job runs that did not succeed, under the functions: a failed one is no secret."""
+    if not runs:
+        return
+    rows = [["JOB", "RUN", "FUNCTION", "PHASE", "MESSAGE"]]
+    styles = [["dim"] * 5]
+    for run in runs:
+        error = (run["error"] or "").strip().splitlines()
+        attempts = f"attempt {run['attempts']}" if run["attempts"] else "not started"
+        rows.append(
+            [
+                run["name"],
+                str(run["runId"]),
+                run["function"],
+                run["phase"],
+                error[0] if error else attempts,
+            ]
+        )
+        styles.append(["", "", "", PHASE_STYLE.get(run["phase"], ""), ""])
+    print()
+    print(table(rows, styles, paint))
 
 
 # --- diff -----------------------------------------------------------------------------------------
@@ -239,6 +290,8 @@ def _diff(args: argparse.Namespace) -> int:
     with connect(args, timeout=120.0) as client:
         env = args.env or client.get("/api/v1/status")["environment"]
         check_env("--env", env)
+        if args.env:  # else every function would show as added to an environment not there
+            _known_environments(client, env)
         answer = client.api("POST", f"/api/v1/environments/{segment(env)}/diff", json=body)
     if args.output == "json":
         print(json.dumps(answer, indent=2))
@@ -391,9 +444,12 @@ def _logs(args: argparse.Namespace) -> int:
             if args.job:
                 return _print_job(client, env, name, args.job, args.follow)
             where = f"/api/v1/environments/{segment(env)}/functions/{segment(name)}"
+            detail = client.get(where)
+            if not args.build and detail["url"] is None:
+                return _print_no_replicas(env, detail)
             if not args.build:
                 return _print_log(client, f"{where}/logs", args.follow)
-            tag = client.get(where)["buildTag"]
+            tag = detail["buildTag"]
             if not tag:
                 print(f"gitops-sless logs: {env}/{name} has no build yet", file=sys.stderr)
                 return EXIT_NOT_OK
@@ -401,6 +457,26 @@ def _logs(args: argparse.Namespace) -> int:
         except NotFound as exc:
             print(f"gitops-sless logs: {exc}", file=sys.stderr)
             return EXIT_NOT_OK
+
+
+def _print_no_replicas(env: str, detail: dict[str, Any]) -> int:
+    """A function with no http trigger runs no replica, so has no log: say so, show its
+    job runs instead (what it printed as a job is their result or error)."""
+    runs = sorted(detail["jobs"], key=lambda run: (run["name"], run["runId"]))
+    then = (
+        "its job runs follow (--job JOB for one of them, --build for its build log)"
+        if runs
+        else "it has no job runs either (--build shows its build log)"
+    )
+    print(
+        f"gitops-sless logs: {env}/{detail['name']} has no replicas (no http trigger), "
+        f"so no replica log; {then}",
+        file=sys.stderr,
+    )
+    paint = colour(sys.stdout)
+    for run in runs:
+        _print_run(run, paint)
+    return EXIT_OK
 
 
 # --- invoke ---------------------------------------------------------------------------------------
