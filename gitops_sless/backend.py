@@ -162,6 +162,11 @@ class Backend(ABC):
         """Deployed functions whose phase the backend observes; empty: the reconciler's own."""
         return {}
 
+    def settling(self, env: str) -> bool:
+        """Whether what runs in ``env`` is expected to change on its own soon (a rollout in
+        progress): the reconciler then looks again shortly."""
+        return any(h.settling for h in self.health(env).values())
+
     def health_version(self, env: str) -> object | None:
         """Something that changes whenever :meth:`health` may answer differently, or None
         when the backend cannot tell (then the reconciler derives phases on every pass)."""

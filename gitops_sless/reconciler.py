@@ -911,9 +911,7 @@ class Reconciler:
     def _settle_later(self) -> None:
         """Look again soon while the backend reports a rollout in progress."""
         starting = any(r["message"] == STARTING for r in self._records.unsettled().values())
-        if self._stopping.is_set() or not (
-            starting or any(h.settling for h in self.backend.health(self.env).values())
-        ):
+        if self._stopping.is_set() or not (starting or self.backend.settling(self.env)):
             return
         if self._settle is None or not self._settle.is_alive():
             self._settle = threading.Timer(SETTLE_SEC, self.request_sync, args=("settle",))

@@ -23,6 +23,7 @@ class Records:
         self.env = env
         self._lock = threading.Lock()
         self._rows: dict[str, dict[str, Any]] = {}
+        self._unsettled: set[str] = set()  # names whose phase is neither Ready nor Disabled
         self.version = 0  # moves on every write: whoever shows the records looks again
         self.reload()
 
@@ -30,6 +31,7 @@ class Records:
         rows = {row["name"]: row for row in self.store.functions(self.env)}
         with self._lock:
             self._rows = rows
+            self._unsettled = {name for name, row in rows.items() if not _settled(row)}
             self.version += 1
 
     def names(self) -> list[str]:
@@ -43,13 +45,9 @@ class Records:
 
     def unsettled(self) -> dict[str, dict[str, Any]]:
         """Records of functions that are not Ready or Disabled, by name (a pass's result
-        depends on these only; there are few)."""
+        depends on these only; there are few: they are kept apart on every write)."""
         with self._lock:
-            return {
-                name: dict(row)
-                for name, row in self._rows.items()
-                if row["phase"] not in ("Ready", "Disabled")
-            }
+            return {name: dict(self._rows[name]) for name in sorted(self._unsettled)}
 
     def update(self, name: str, **fields: Any) -> bool:
         """Write the fields that differ from the record (creating it); True if any did."""
@@ -64,6 +62,10 @@ class Records:
             fresh = self.store.function(self.env, name)
             if fresh is not None:
                 self._rows[name] = fresh
+                if _settled(fresh):
+                    self._unsettled.discard(name)
+                else:
+                    self._unsettled.add(name)
             self.version += 1
             return True
 
@@ -71,4 +73,9 @@ class Records:
         with self._lock:
             self.store.delete_function(self.env, name)
             self._rows.pop(name, None)
+            self._unsettled.discard(name)
             self.version += 1
+
+
+def _settled(row: dict[str, Any]) -> bool:
+    return row["phase"] in ("Ready", "Disabled")

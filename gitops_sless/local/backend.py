@@ -120,6 +120,9 @@ class LocalBackend(Backend):
             self._health[env] = cached
         return cached[1]
 
+    def settling(self, env: str) -> bool:
+        return False  # a replica is healthy before apply returns; one that ends says so
+
     def health_version(self, env: str) -> object:
         return self.supervisor.version
 
