@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ import yaml
 
 import gitops_sless
 from gitops_sless import cli, logs
+from gitops_sless.cli import completion
+from gitops_sless.cli.common import EXIT_CODES
 
 from .gitserver import WorkRepo, git, git_env
 
@@ -388,3 +391,44 @@ def test_serve_flag_defaults(serve_main):
     (config,) = serve_main.started
     assert (config.log_format, config.log_level) == ("text", "info")
     assert (config.keep_builds, config.gc_interval, config.trusted_proxies) == (3, 3600.0, ())
+
+
+def _documented_exit_codes() -> dict[str, dict[int, str]]:
+    """The exit-code table of docs/operating.md: verb -> code -> text (no backticks)."""
+    text = (ROOT / "docs" / "operating.md").read_text()
+    section = text.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    codes = [int(cell.removeprefix("exit ")) for cell in header[1:]]
+    table: dict[str, dict[int, str]] = {}
+    for row in rows[1:]:
+        verb, *cells = (cell.strip().replace("`", "") for cell in row.strip("|").split("|"))
+        table[verb] = {code: cell for code, cell in zip(codes, cells, strict=True) if cell != "—"}
+    return table
+
+
+def test_the_exit_code_table_has_every_verb_with_the_codes_its_code_returns():
+    documented = _documented_exit_codes()
+    verbs = set(completion.commands_of(cli.parser()))
+    assert set(documented) == verbs  # one row per verb, none missing, none left over
+    assert documented == EXIT_CODES  # the same codes, said the same way
+
+
+def test_each_verbs_help_ends_with_its_exit_codes():
+    for verb, codes in EXIT_CODES.items():
+        shown = " ".join(_cli(verb, "--help").stdout.split())
+        assert f"exit codes: 0 {codes[0]}" in shown, verb
+        assert "130 interrupted (Ctrl-C)" in shown, verb
+
+
+def test_serve_on_a_port_in_use_exits_three(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _cli(
+            "serve", "--repo", str(SAMPLE), "--state-dir", str(tmp_path / "state"),
+            "--listen", f"127.0.0.1:{port}", "--sandbox", "off", "--poll-interval", "3600",
+        )  # fmt: skip
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "address already in use" in result.stderr.lower()

@@ -42,9 +42,10 @@ EXIT_INTERRUPTED = 130
 ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 
 _USAGE = "bad arguments, or a path or ref that cannot be read"
-_UNREACHABLE = "the server cannot be reached, refuses the token, or {}"
+_SERVER = "a server that cannot be reached or refuses the token"
 
-# verb -> exit code -> what it means; every verb returns 130 on Ctrl-C as well
+# verb -> exit code -> what it means (docs/operating.md shows this table, with the
+# text in backticks where it names a flag); every verb returns 130 on Ctrl-C as well
 EXIT_CODES: dict[str, dict[int, str]] = {
     "validate": {
         0: "every sless.yaml is valid",
@@ -63,36 +64,35 @@ EXIT_CODES: dict[str, dict[int, str]] = {
     },
     "status": {
         0: "every function Ready or Disabled, every last sync converged, no job run failed",
-        1: "a function is not Ready, a last sync failed or is still progressing, "
-        "or a job run failed",
-        2: _UNREACHABLE.format("has no environment --env"),
+        1: "a function not Ready, a last sync failed or still progressing, or a job run failed",
+        2: f"bad arguments, {_SERVER}, or an --env it does not have",
     },
     "diff": {
         0: "no change",
         1: "a change: something to build, run, deploy or remove, or an invalid manifest",
-        2: "bad arguments, a path or ref that cannot be read, "
-        + _UNREACHABLE.format("has no environment --env"),
+        2: f"bad arguments, a path or ref that cannot be read, {_SERVER}, or an --env it "
+        "does not have",
     },
     "logs": {
-        0: "the log or the job runs were printed, or that the function has no replicas, "
-        "with its job runs",
+        0: "printed: the log, the job's runs, or (no http trigger) that it has no replicas, "
+        "then its job runs",
         1: "no such function or job, a job of another function, or no build yet",
-        2: _UNREACHABLE.format("bad arguments"),
+        2: f"bad arguments, or {_SERVER}",
     },
     "invoke": {
         0: "the function answered 2xx",
         1: "any other answer (the proxy's 404, 502, 503, 504 included)",
-        2: _UNREACHABLE.format("bad arguments"),
+        2: f"bad arguments, or {_SERVER}",
     },
     "sync": {
-        0: "the pass succeeded (or, with --wait 0, was requested)",
+        0: "the pass succeeded (with --wait 0: was requested)",
         1: "the pass failed, or did not finish within --wait",
-        2: _UNREACHABLE.format("bad arguments"),
+        2: f"bad arguments, or {_SERVER}",
     },
     "import": {
         0: "everything was converted",
-        1: "a refusal (nothing written), or a part left to do by hand",
-        2: _USAGE,
+        1: "a refusal (nothing written), or a part left to convert by hand",
+        2: "bad arguments, or a folder that cannot be read",
     },
     "completion": {0: "the script was printed", 2: "bad arguments"},
 }
