@@ -3,8 +3,9 @@
 One server for the module follows a plain folder (seeded into a bare
 repository): ``echo`` answers with its process's instance id, the calls it
 has run and what it was sent, ``paused`` is disabled and ``broken`` has an
-invalid manifest (both declared, neither served). The server's limits are shortened through the ``SLESS_PROXY_*``
-variables ``proxy.config()`` reads, so timeouts take about a second.
+invalid manifest (both declared, neither served). The server's limits are
+shortened through the ``SLESS_PROXY_*`` variables ``proxy.config()`` reads,
+so timeouts take about a second.
 
 The first part covers what the edge refuses or bounds (each failed before
 the limits existed); the second part is a regression suite for what already

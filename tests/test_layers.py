@@ -61,6 +61,7 @@ RANKS = {
     "local.depcache": 6,
     "local.installers": 6,
     "local.sandbox": 6,
+    "local.replica_logs": 6,
     "kube": 6,
     "kube.contexts": 6,
     "kube.storage": 6,
