@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
@@ -53,7 +54,9 @@ class Gateway:
     dropped: the gateway would take it for credentials. The client's Host still
     makes ``X-Forwarded-Host``; hop-by-hop and forwarding headers are as without
     a gateway. ``headers`` are left out of ``repr``, so a token in them never
-    reaches a log line that way.
+    reaches a log line that way. ``authorization``, when given, is asked for the
+    ``Authorization`` header on every call (a token that is renewed while the
+    proxy runs); it must answer at once, without I/O.
 
     Calls of every route through the same gateway share connections: they are
     pooled by :attr:`address`.
@@ -65,6 +68,7 @@ class Gateway:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     ssl: SSLContext | None = None
     server_hostname: str | None = None
+    authorization: Callable[[], str | None] | None = field(default=None, repr=False, compare=False)
     # worked out once: the path prefix and header lines the proxy writes, and where it connects
     prefix: bytes = field(init=False, repr=False, compare=False)
     head: bytes = field(init=False, repr=False, compare=False)
@@ -92,6 +96,13 @@ class Gateway:
         object.__setattr__(self, "prefix", prefix.encode("ascii"))
         object.__setattr__(self, "head", lines.encode("latin-1"))
         object.__setattr__(self, "address", address)
+
+    def lines(self) -> bytes:
+        """The header lines of a call through the gateway, its current Authorization included."""
+        value = self.authorization() if self.authorization is not None else None
+        if not value or "\r" in value or "\n" in value:
+            return self.head
+        return self.head + b"authorization: " + value.encode("latin-1") + b"\r\n"
 
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

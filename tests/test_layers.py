@@ -66,6 +66,7 @@ RANKS = {
     "kube.contexts": 6,
     "kube.storage": 6,
     "kube.client": 6,
+    "kube.credentials": 6,
     "kube.informer": 6,
     "kube.view": 6,
     "kube.status": 6,

@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from ..errors import PermanentError, TransientError
+from .credentials import Credentials
 
 __all__ = [
     "FIELD_MANAGER",
@@ -45,6 +46,7 @@ __all__ = [
     "KubeUnavailable",
     "NotFound",
     "NotLeader",
+    "Unauthorized",
     "kind_of",
 ]
 
@@ -151,6 +153,12 @@ class Forbidden(KubeError, PermanentError):
     """401/403: the credentials are wrong or lack a permission (RBAC)."""
 
 
+class Unauthorized(Forbidden):
+    """401: the server does not take the credentials (any more): they are loaded again once."""
+
+    status = 401
+
+
 class KubeUnavailable(KubeError, TransientError):
     """The API server could not be reached, or kept answering 409/429/5xx."""
 
@@ -190,9 +198,12 @@ class KubeClient:
         timeout_sec: float = 30.0,
         sleep: Callable[[float], None] = time.sleep,
         calls: Mapping[str, frozenset[str]] | None = CALLS,
+        credentials: Credentials | None = None,
     ) -> None:
-        """``calls``: the calls allowed (None: any, for tests that set a cluster up)."""
+        """``calls``: the calls allowed (None: any, for tests that set a cluster up);
+        ``credentials``: the Authorization header (default: the configuration's, as it is)."""
         self.api = api
+        self.credentials = credentials or Credentials(api.configuration)
         self.calls = calls
         # asked before every write: a replica that is not the leader (any more) writes nothing
         self.may_write: Callable[[], bool] = lambda: True
@@ -217,19 +228,30 @@ class KubeClient:
         """In a pod without a kubeconfig: the service account; else the kubeconfig file."""
         configuration = k8s.Configuration()
         in_cluster = not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ
-        try:
+
+        def load(configuration: k8s.Configuration) -> None:
             if in_cluster:
                 k8s_config.load_incluster_config(client_configuration=configuration)
             else:
                 k8s_config.load_kube_config(
                     config_file=kubeconfig, context=context, client_configuration=configuration
                 )
+
+        try:
+            load(configuration)
         except (ConfigException, OSError, ValueError, TypeError) as exc:
             where = "in-cluster service account" if in_cluster else (kubeconfig or "~/.kube/config")
             raise Forbidden(f"cannot load Kubernetes credentials from {where}: {exc}") from exc
         configuration.retries = False  # retries are ours: with backoff, typed errors, counted
         configuration.connection_pool_maxsize = 32  # the reconciler's workers share it
-        return cls(k8s.ApiClient(configuration), in_cluster=in_cluster, calls=calls)
+        # asked per request, and loaded again on a 401: exec plugins issue expiring tokens
+        credentials = Credentials(configuration, load)
+        return cls(
+            k8s.ApiClient(configuration),
+            in_cluster=in_cluster,
+            calls=calls,
+            credentials=credentials,
+        )
 
     @property
     def host(self) -> str:
@@ -262,8 +284,30 @@ class KubeClient:
             )
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
         headers = {"Accept": "application/json", "Content-Type": content_type}
-        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, method, body)
         attempts = attempts or self.attempts
+        authorization = self.credentials.header()
+        try:
+            return self._send(verb, kind, method, path, url, headers, body, attempts, authorization)
+        except Unauthorized:
+            renewed = self.credentials.renew(authorization)
+            if renewed == authorization:
+                raise
+            return self._send(verb, kind, method, path, url, headers, body, attempts, renewed)
+
+    def _send(
+        self,
+        verb: str,
+        kind: str,
+        method: str,
+        path: str,
+        url: str,
+        headers: dict[str, str],
+        body: Any,
+        attempts: int,
+        authorization: str | None,
+    ) -> bytes:
+        if authorization:
+            headers = {**headers, "Authorization": authorization}
         for attempt in range(1, attempts + 1):
             with self._lock:
                 self.requests[(verb, kind)] += 1
@@ -372,7 +416,9 @@ class KubeClient:
             query["labelSelector"] = _selector(selector)
         path = KINDS[kind].path(namespace)
         headers = {"Accept": "application/json"}
-        self.api.update_params_for_auth(headers, [], ["BearerToken"], path, "GET", None)
+        authorization = self.credentials.header()
+        if authorization:
+            headers["Authorization"] = authorization
         with self._lock:
             self.requests[("watch", kind)] += 1
         try:
@@ -391,6 +437,11 @@ class KubeClient:
                 reason, message = _message(response.status, response.data or b"")
                 if response.status == 410:
                     raise Expired(message or "410 Gone")
+                if (
+                    response.status == 401
+                    and self.credentials.renew(authorization) != authorization
+                ):
+                    raise KubeUnavailable(f"watch {kind}: the token was refused; renewed")
                 raise _error(response.status, reason, message or f"watch {path}: {response.status}")
             yield from _events(response, kind)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -508,7 +559,9 @@ def _error(status: int, reason: str, message: str) -> KubeError:
         return NotFound(message)
     if status == 422:
         return Invalid(message)
-    if status in (401, 403):
+    if status == 401:
+        return Unauthorized(f"{reason or 'Unauthorized'}: {message}")
+    if status == 403:
         return Forbidden(f"{reason or 'Forbidden'}: {message}")
     if status in (409, 429) or status >= 500:
         return KubeUnavailable(f"HTTP {status} {reason}: {message}")

@@ -35,12 +35,9 @@ def route_maker(client: KubeClient) -> Callable[[str, str, str, float], Route]:
         return direct
     host, port, tls = api_host(client)
     configuration = client.api.configuration
-    headers: list[tuple[str, str]] = []
-    # read once: a kubeconfig whose token expires (exec plugins) needs a restart, as kubectl
-    # proxy would
-    token = configuration.auth_settings().get("BearerToken", {}).get("value")
-    if token:
-        headers.append(("Authorization", token))
+    # asked on every call, never waiting: the reconciler's own requests renew a token that
+    # expires or is refused, and the proxy takes the renewed one from the next call on
+    authorization = client.credentials.cached
     context = _ssl_context(configuration) if tls else None
 
     def through_api_server(env: str, name: str, namespace: str, timeout: float) -> Route:
@@ -48,7 +45,7 @@ def route_maker(client: KubeClient) -> Callable[[str, str, str, float], Route]:
             host=host,
             port=port,
             path_prefix=f"/api/v1/namespaces/{namespace}/services/{name}:{SERVICE_PORT}/proxy",
-            headers=tuple(headers),
+            authorization=authorization,
             ssl=context,
             server_hostname=configuration.tls_server_name or host,
         )

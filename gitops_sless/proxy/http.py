@@ -378,7 +378,7 @@ def request_head(
     if connection is not None:
         parts = _without_connection_tokens(parts, connection)
     if gateway is not None:  # after: the client's Connection cannot name these away
-        parts.append(gateway.head)
+        parts.append(gateway.lines())
     if body_mode == CHUNKED:
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):

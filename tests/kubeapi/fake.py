@@ -8,6 +8,7 @@ import ssl
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,8 @@ class FakeKube:
     ) -> None:
         """``tls``: serve HTTPS with a CA of its own (``kubectl`` needs it, see ``tls``)."""
         self.token = token
+        # when set, decides alone which Authorization headers are taken (expiring tokens)
+        self.authenticate: Callable[[str | None], bool] | None = None
         self.tls = ServerTLS() if tls else None
         self.store = Store()
         self.api = Api(self.store)
@@ -88,6 +91,11 @@ class FakeKube:
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             self.api.create(BY_KIND["Namespace"], "", body, "kube-apiserver")
         self.controllers.process()
+
+    def accepts(self, authorization: str | None) -> bool:
+        if self.authenticate is not None:
+            return self.authenticate(authorization)
+        return authorization == f"Bearer {self.token}"
 
     # ---- lifecycle
     def start(self) -> FakeKube:

@@ -123,7 +123,7 @@ class Handler(BaseHTTPRequestHandler):
                     200, b"ok", ctype="text/plain"
                 )
                 return
-            if self.headers.get("Authorization") != f"Bearer {self.fake.token}":
+            if not self.fake.accepts(self.headers.get("Authorization")):
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             found = route(path, self.fake.store.kinds)
             if isinstance(found, dict):
