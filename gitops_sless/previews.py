@@ -543,7 +543,8 @@ class Previews:
         result = reconciler.sync("preview")
         if (self.store.preview(number) or {}).get("state") in ("TearingDown", CLOSED):
             return  # closed or deleted while the pass ran: the teardown wins
-        state, failures = self._state_of(env, result.result in ("Failed", "Degraded", "Invalid"))
+        failed = result.result in ("Failed", "Degraded", "Invalid")
+        state, failures = self._state_of(env, failed, reconciler.busy())
         notes = [self._why(number, head, decision)] if decision.reason else []
         self._set_state(number, state, "; ".join(notes + failures) or None)
         if decision.pinned:  # the head hears that it waits; the approved commit said its part
@@ -551,14 +552,20 @@ class Previews:
         else:
             self._report(number, commit, state, None)
 
-    def _state_of(self, env: str, failed: bool) -> tuple[str, list[str]]:
-        """The preview's state, and what failed by name (never a message: see _report)."""
+    def _state_of(self, env: str, failed: bool, busy: bool) -> tuple[str, list[str]]:
+        """The preview's state, and what failed or waits by name (never a message: see
+        _report). Functions that are Pending while no build or job of the preview is under
+        way wait for something outside it (a secret): the preview waits too, it is not
+        building."""
         failures = self._failures(env)
         if failures or failed:
             return "Failed", failures or ["sync failed"]
-        phases = [r["phase"] for r in self.store.functions(env)]
-        if any(p in ("Pending", "Building") for p in phases):
+        records = self.store.functions(env)
+        pending = [r["name"] for r in records if r["phase"] == "Pending"]
+        if any(r["phase"] == "Building" for r in records) or (pending and busy):
             return "Building", []
+        if pending:
+            return "Waiting", [f"{name} is Pending" for name in pending]
         return "Ready", []
 
     def _failures(self, env: str) -> list[str]:

@@ -242,6 +242,10 @@ class Reconciler:
             finally:
                 self._built.clear()  # it may have removed artifacts
 
+    def busy(self) -> bool:
+        """Builds or job runs this environment waits for are under way."""
+        return self._under_way()
+
     def _under_way(self) -> bool:
         """Work this environment waits for: its jobs, and builds of tags it wants."""
         tags = {fn.build_tag for fn in self._desired_functions()}

@@ -705,7 +705,8 @@ def test_statuses_in_order_and_one_comment_edited_in_place(setup, fake_github):
     until(in_state(server, 7, "Ready", head), "pr-7 Ready", server)
     assert answer(server, "pr-7") == "pr v1"
     reported(fake, head, server)
-    until(lambda: comments(fake, 7), "the comment", server)
+    # the status goes first, then the comment (reporter.py): wait for the comment's edit
+    until(lambda: url in "".join(c["body"] for c in comments(fake, 7)), "the comment", server)
     sent = statuses(fake, head)
     assert {s["context"] for s in sent} == {"ci-previews"}
     states = [s["state"] for s in sent]
@@ -874,6 +875,9 @@ class ReconcilerDouble:
         if self.during is not None:
             self.during()
         return SimpleNamespace(error=None, result="Succeeded")
+
+    def busy(self) -> bool:
+        return False
 
     def stop(self) -> None:
         pass
@@ -1122,3 +1126,26 @@ def test_kubernetes_preview_namespace_is_made_and_deleted_on_close(
             reconciler.stop()
         backend.close()
         store.close()
+
+
+def test_a_preview_whose_functions_wait_for_a_secret_waits_then_serves_once_it_is_given(setup):
+    """A function waiting for a preview secret that is not there holds its preview in
+    Waiting (naming it), not Building forever; writing the secret makes it Ready, no push."""
+    setup.push_main(repository("main", count=2))
+    preview_secrets = setup.tmp_path / "preview-secrets"
+    preview_secrets.mkdir()
+    server = setup.serve(args=["--preview-secrets-dir", str(preview_secrets)], poll_interval=1)
+    needs = function(
+        "needs-db",
+        "needs",
+        "    preview: {env: {DSN: {secret: db-preview, key: dsn}}}",
+    )
+    head = setup.open(server, 4, {**change("v4"), **needs})
+    waits = in_state(server, 4, "Waiting", head)
+    row = until(lambda: (row := waits()) and row["reason"] and row, "pr-4 waits", server)
+    assert row["reason"] == "needs-db is Pending"
+    assert answer(server, "pr-4") == "v4"  # the rest of the preview serves meanwhile
+    (preview_secrets / "db-preview").mkdir()
+    (preview_secrets / "db-preview" / "dsn").write_text("postgres://preview\n")
+    until(in_state(server, 4, "Ready", head), "pr-4 Ready once the secret exists", server)
+    assert answer(server, "pr-4", "needs-db") == "needs"
