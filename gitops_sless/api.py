@@ -260,6 +260,8 @@ def create_api(
     webhook_secrets: Mapping[str, str | None] | None = None,
     sandbox: str | None = None,
     forge: str | None = None,
+    forward_webhook: Callable[[str, Mapping[str, str], bytes], tuple[int, dict[str, Any]] | None]
+    | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -268,6 +270,8 @@ def create_api(
     is believed (a session cookie is ``Secure`` behind https). ``sandbox``: how the local
     backend confines function processes (``bubblewrap`` | ``off``), for the status.
     ``forge`` (github | gitea | gitlab, else guessed from ``repo``) links previews to their PRs.
+    ``forward_webhook(forge, headers, body)``: hands a verified delivery to the replica that
+    leads, whose (status, reply) it returns; None when this replica must act on it itself.
     """
     access = Access(
         api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
@@ -486,6 +490,12 @@ def create_api(
         if pull is None and (push.event != "push" or push.branch != branch):
             response.status_code = 200
             return WebhookReply(accepted=False, ignored=_ignored(push))
+        # signed: the leader verifies it again, and de-duplicates it in its own store
+        if forward_webhook is not None and webhooks.FORWARDED_BY.lower() not in headers:
+            forwarded = await run_in_threadpool(forward_webhook, forge, headers, body)
+            if forwarded is not None:
+                response.status_code = forwarded[0]
+                return WebhookReply.model_validate(forwarded[1])
         # only now, signed: an unsigned request never marks a delivery as seen
         digest = webhooks.body_digest(body) if pull is not None else None
         reply = await run_in_threadpool(deliver, forge, push, pull, delivery, digest)

@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from . import logs, runtimes, seed
+from . import logs, runtimes, seed, webhooks
 from . import mirror as mirror_mod
 from . import proxy as proxy_mod
 from .api import create_api
@@ -233,6 +235,7 @@ class Server:
             previews=self.previews,
             sandbox=self.sandbox.kind if isinstance(self.backend, LocalBackend) else None,
             forge=config.forge_kind,
+            forward_webhook=self._forward_webhook if self.elector else None,
         )
         self.app = _dispatch(api, self.proxy)
         self._closed = threading.Event()
@@ -250,7 +253,10 @@ class Server:
 
             backend = connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
             self.elector = LeaderElector(
-                backend.client, config.kube.namespace, on_change=self._leadership
+                backend.client,
+                config.kube.namespace,
+                on_change=self._leadership,
+                address=self._address(),
             )
             # checked before every write batch: a replica that lost the lease writes nothing
             backend.client.may_write = self.elector.is_leader
@@ -331,6 +337,47 @@ class Server:
         previews = getattr(self, "previews", None)  # the first pass may end before it exists
         if previews is not None:
             previews.request()
+
+    def _address(self) -> str | None:
+        """Where the other replicas reach this one: SLESS_ADVERTISE_URL, else the pod's IP
+        (POD_IP, from the downward API) or the address it listens on, with its port."""
+        given = os.environ.get("SLESS_ADVERTISE_URL")
+        if given:
+            return given.rstrip("/")
+        host = os.environ.get("POD_IP") or self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            return None  # every address, so none in particular: webhooks are not handed on
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.config.port}"
+
+    def _forward_webhook(
+        self, forge: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, Any]] | None:
+        """A verified delivery handed to the leader as the forge sent it (it verifies the
+        signature again); None, and this replica acts on it, when there is no leader to
+        reach or it did not take the delivery."""
+        url = None if self.elector.is_leader() else self.elector.leader_url()
+        if not url:
+            return None
+        sent = {**webhooks.forwardable(headers), webhooks.FORWARDED_BY: self.elector.holder}
+        try:
+            answer = httpx.post(
+                f"{url}/api/v1/webhooks/{forge}", content=body, headers=sent, timeout=10
+            )
+            if answer.status_code in (200, 202):
+                logs.event(
+                    log, "webhook.forwarded", f"{forge} webhook: handed to the leader at {url}"
+                )
+                return answer.status_code, answer.json()
+            reason = f"HTTP {answer.status_code}"
+        except (httpx.HTTPError, ValueError) as exc:
+            reason = str(exc) or type(exc).__name__
+        logs.event(
+            log,
+            "webhook.unforwarded",
+            f"{forge} webhook: the leader at {url} did not take it ({reason}); acting on it here",
+            level=logging.WARNING,
+        )
+        return None
 
     def _leadership(self, leading: bool) -> None:
         if leading:

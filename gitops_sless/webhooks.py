@@ -26,12 +26,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 __all__ = [
     "DELIVERY_HEADERS",
     "FORGES",
+    "FORWARDED_BY",
     "PayloadError",
     "Push",
     "PushPayload",
     "SignatureError",
     "body_digest",
     "delivery_id",
+    "forwardable",
     "parse_payload",
     "parse_push",
     "secret_for",
@@ -46,6 +48,9 @@ DELIVERY_HEADERS = {
     "gitlab": "X-Gitlab-Event-UUID",
 }
 MAX_DELIVERY_ID = 200  # forges send a UUID (36 characters)
+# set on a delivery a replica that does not lead hands to the leader: never handed on again
+FORWARDED_BY = "X-Sless-Forwarded-By"
+_FORGE_HEADER_PREFIXES = ("x-github-", "x-hub-", "x-gitea-", "x-gogs-", "x-gitlab-")
 
 
 class SignatureError(Exception):
@@ -122,6 +127,16 @@ def delivery_id(forge: str, headers: Mapping[str, str]) -> str | None:
     if len(given) > MAX_DELIVERY_ID:
         raise PayloadError(f"{DELIVERY_HEADERS[forge]} is longer than {MAX_DELIVERY_ID} characters")
     return given or None
+
+
+def forwardable(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers of a delivery that the leader needs to verify and read it again: the
+    forge's own (signature, event, delivery id) and the content type, nothing else."""
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower() == "content-type" or name.lower().startswith(_FORGE_HEADER_PREFIXES)
+    }
 
 
 def body_digest(body: bytes) -> str:

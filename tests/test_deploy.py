@@ -417,7 +417,11 @@ def test_the_deployment_serves_the_kubernetes_backend_from_a_pinned_image():
         for e in container["env"]
         if "valueFrom" in e
     }
-    assert from_fields == {"SLESS_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
+    assert from_fields == {
+        "SLESS_NAMESPACE": "metadata.namespace",
+        "POD_NAME": "metadata.name",
+        "POD_IP": "status.podIP",
+    }
 
 
 def test_the_deployment_runs_as_non_root_with_a_read_only_root():

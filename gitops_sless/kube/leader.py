@@ -10,6 +10,10 @@ replicas racing, one gets 409 and stays a follower.
 The holder may write only until its renew deadline (``renew_deadline_sec``
 after its last successful renewal, shorter than the lease): a replica that
 cannot renew stops writing before another can take over.
+
+The holder writes where it answers HTTP (``address``) into the annotation
+``gitops-sless.dev/leader-url``: a replica that does not lead hands the
+webhooks it receives to that address (see :meth:`LeaderElector.leader_url`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ __all__ = ["LeaderElector", "identity"]
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "gitops-sless"
+LEADER_URL = "gitops-sless.dev/leader-url"
 
 
 def identity() -> str:
@@ -58,7 +63,11 @@ class LeaderElector:
         renew_deadline_sec: float = 10.0,
         retry_sec: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
+        address: str | None = None,
     ) -> None:
+        """``address``: this replica's base URL as the others reach it (None: not reachable)."""
+        self.address = address
+        self._leader_url: str | None = None  # the holder's address, while another holds it
         self.client = client
         self.namespace = namespace
         self.name = name
@@ -77,6 +86,11 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._deadline
+
+    def leader_url(self) -> str | None:
+        """Where the replica that leads answers HTTP, as its lease last said; None while
+        this replica leads, no one does, or the holder wrote no address."""
+        return None if self.is_leader() else self._leader_url
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sless-lease", daemon=True)
@@ -127,6 +141,8 @@ class LeaderElector:
             self._observed, self._observed_at = (holder, renewed), started
         duration = float(spec.get("leaseDurationSeconds") or self.lease_sec)
         expired = not holder or started - self._observed_at > duration
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        self._seen_leader(holder if not expired else None, annotations.get(LEADER_URL))
         if holder != self.holder and not expired:
             self._deadline = 0.0
             return False
@@ -141,6 +157,12 @@ class LeaderElector:
         self._deadline = started + self.renew_deadline_sec
         return True
 
+    def _seen_leader(self, holder: str | None, url: str | None) -> None:
+        url = url if holder and holder != self.holder else None
+        if url != self._leader_url and url:
+            logs.event(log, "lease.leader", f"{self.name} held by {holder}: webhooks go to {url}")
+        self._leader_url = url
+
     def _lease(
         self, live: dict[str, Any] | None, transitions: int, acquired: str | None = None
     ) -> dict[str, Any]:
@@ -148,6 +170,8 @@ class LeaderElector:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if live is not None:
             metadata["resourceVersion"] = live["metadata"]["resourceVersion"]
+        if self.address:
+            metadata["annotations"] = {LEADER_URL: self.address}
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
