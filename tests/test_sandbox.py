@@ -126,18 +126,21 @@ def other_function_environ(t):
     return "failed: no process with the victim's environment"
 
 
-def _append(path):
+def _append(path, text):
     with open(path, "a") as f:
-        f.write("\n\ndef main(event):\n    return {'code': 'owned'}\n")
+        f.write(text)
     return "succeeded: appended to " + path
 
 
 def own_artifact(t):
-    return _append(os.path.join(os.environ["SLESS_FUNCTION_DIR"], "handler.py"))
+    # a mark, not code: unconfined, the job would change what the hostile replica serves
+    # when it runs before that replica imports this file
+    return _append(os.path.join(os.environ["SLESS_FUNCTION_DIR"], "handler.py"), "\n# owned\n")
 
 
 def other_artifact(t):
-    return _append(os.path.join(t["victim"], "handler.py"))
+    code = "\n\ndef main(event):\n    return {'code': 'owned'}\n"
+    return _append(os.path.join(t["victim"], "handler.py"), code)
 
 
 def signal_reconciler(t):
