@@ -71,6 +71,7 @@ class CronRun:
     ok: bool
     duration_ms: float
     output: str
+    at: float | None = None  # when it ended, if not just now (a run seen after a restart)
 
 
 @dataclass(frozen=True)

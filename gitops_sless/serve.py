@@ -138,7 +138,7 @@ class InvocationBuffer:
                 f"cron/{run.index}",
                 status,
                 run.duration_ms,
-                time.time(),
+                run.at or time.time(),
                 f"cron-{run.index}",
             )
         )

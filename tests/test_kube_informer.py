@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -286,6 +287,14 @@ def test_a_pass_after_a_cut_watch_lists_afresh_and_repairs(kube, harness_for, tm
     assert kube.get("Deployment", PROD, "alpha") is not None
     wait_for(lambda: harness.sync() and harness.function("alpha")["phase"] == "Ready", "Ready")
     wait_for(lambda: all(i.fresh for i in informers), "the watches to be sound again")
+    wait_for(lambda: quiet(kube), "every cut watch (builds' too) to be open again")
     kube.reset_counts()
     harness.sync()
     assert requests(kube) == 0, kube.counts()["requests"]
+
+
+def quiet(server: FakeKube, sec: float = 0.5) -> bool:
+    """No request for ``sec``: the watchers that resumed, relisted or backed off are done."""
+    before = dict(server.counts()["requests"])
+    time.sleep(sec)
+    return dict(server.counts()["requests"]) == before

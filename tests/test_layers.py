@@ -83,6 +83,7 @@ RANKS = {
     "kube.gateway": 6,
     "kube.registry": 6,
     "kube.gc": 6,
+    "kube.cronruns": 6,
     # the proxy package's modules import one way: http, upstream, fast, app, the package
     "proxy.http": 7.1,
     "proxy.upstream": 7.2,

@@ -28,10 +28,10 @@ from ..renderer import (
 )
 from ..routes import Route, RouteTable
 from ..source import Snapshot
-from ..timestamps import epoch
 from .apply import Applier
 from .builds import Builds
 from .client import KubeClient, NotFound
+from .cronruns import CronRuns
 from .functions import FunctionWriter
 from .gateway import gateway_url
 from .informer import Informer
@@ -73,8 +73,7 @@ class KubeBackend(Backend):
         self._namespaces: Informer | None = None
         self._views: dict[str, View] = {}
         self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
-        self._on_cron = on_cron
-        self._seen_cron_runs: set[str] | None = None
+        self._cron_runs = CronRuns(client, on_cron)
         self._gateway_url: str | None = None
         self._gateway_read_at: float | None = None
         self._lock = threading.Lock()
@@ -114,7 +113,7 @@ class KubeBackend(Backend):
         self.applier.forget(env)
         self.builds.sync()
         self._publish_routes(view)
-        self._report_cron_runs(view)
+        self._cron_runs.report(view)
         self._read_gateway()
 
     def public_url(self) -> str | None:
@@ -166,28 +165,6 @@ class KubeBackend(Backend):
         for name in self.routes.names(view.env):
             if name not in serving:
                 self.routes.remove(view.env, name)
-
-    def _report_cron_runs(self, view: View) -> None:
-        """CronJob runs that finished since the last look, as invocations."""
-        runs = [
-            job
-            for job in view.all("Job")
-            if any(o.get("kind") == "CronJob" for o in job["metadata"].get("ownerReferences") or [])
-        ]
-        finished = {
-            job["metadata"]["uid"]: job
-            for job in runs
-            if (job.get("status") or {}).get("succeeded") or (job.get("status") or {}).get("failed")
-        }
-        if self._seen_cron_runs is None:  # runs from before this process started are history
-            self._seen_cron_runs = set(finished)
-            return
-        for uid, job in finished.items():
-            if uid in self._seen_cron_runs:
-                continue
-            self._seen_cron_runs.add(uid)
-            if self._on_cron is not None:
-                self._on_cron(_cron_run(view.env, job))
 
     def health(self, env: str) -> Mapping[str, Health]:
         return _Health(self.view(env))
@@ -339,21 +316,3 @@ def _timeout(deployment: dict[str, Any]) -> float:
             except ValueError:
                 break
     return 30.0
-
-
-def _cron_run(env: str, job: dict[str, Any]) -> CronRun:
-    status = job.get("status") or {}
-    started = epoch(status.get("startTime"))
-    done = epoch(status.get("completionTime")) or started
-    owner = next(
-        o["name"] for o in job["metadata"]["ownerReferences"] if o.get("kind") == "CronJob"
-    )
-    index = owner.rsplit("-", 1)[-1]  # CronJobs are named <function>-cron-<index>
-    return CronRun(
-        env,
-        label(job, FUNCTION_LABEL) or owner,
-        int(index) if index.isdigit() else 0,
-        bool(status.get("succeeded")),
-        (done - started) * 1000 if started and done else 0.0,
-        "",
-    )

@@ -7,6 +7,13 @@ finished image is recorded in a ConfigMap in the reconciler's namespace, so
 a reconciler with an empty state folder knows what is built without asking
 a registry.
 
+A build is followed by watch, not polled: one informer on the build Jobs and
+one on their pods in each build namespace (the reconciler's, the untrusted
+one), started at its first build. A build costs the API server its Job's
+create, its log's GET and its record's create; the Job's completion, the pod's
+termination message (the digest) and a pod that cannot start (the kubelet's
+reason) are all read from the caches.
+
 The record keeps the digest kaniko pushed (its termination message), and
 what runs is that digest: a tag pushed again, by anyone, changes no pod.
 Builds of untrusted code (a fork's preview) run in their own namespace and
@@ -28,6 +35,7 @@ from ..manifest import Function
 from ..renderer import (
     BUILD_LABEL,
     MANAGED_BY,
+    TRUST_LABEL,
     RenderConfig,
     build_job,
     build_job_name,
@@ -53,6 +61,7 @@ FETCH_CONTAINER = "fetch-context"
 KANIKO_CONTAINER = "kaniko"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _PUSHED = re.compile(r"Pushed \S+@(sha256:[0-9a-f]{64})")
+POD_SETTLE_SEC = 5.0  # how long an ended Job's pod may lag behind it in the pods' cache
 
 
 def _record_name(tag: str, trusted: bool) -> str:
@@ -129,9 +138,11 @@ class Builds:
         self.poll_sec = poll_sec
         self._digests: dict[tuple[str, bool], str] = {}  # (tag, trusted) -> digest
         self._lock = threading.Lock()
+        self._informer_options = informer_options
         self._records = Informer(
             client, "ConfigMap", self.namespace, {RECORD_LABEL: "built"}, **informer_options
         )
+        self._followed: dict[str, _BuildWatch] = {}  # namespace -> its build Jobs and pods
 
     # --- what is built -----------------------------------------------------------------
 
@@ -147,6 +158,20 @@ class Builds:
 
     def close(self) -> None:
         self._records.stop()
+        with self._lock:
+            followed, self._followed = list(self._followed.values()), {}
+        for watch in followed:
+            watch.stop()
+
+    def _follow(self, namespace: str, trusted: bool) -> _BuildWatch:
+        """The build Jobs and pods of ``namespace``, watched from its first build on."""
+        with self._lock:
+            watch = self._followed.get(namespace)
+            if watch is None:
+                watch = _BuildWatch(self.client, namespace, trusted, self._informer_options)
+                self._followed[namespace] = watch
+        watch.sync()
+        return watch
 
     def _read(self, records: list[dict[str, Any]]) -> None:
         digests = {}
@@ -210,18 +235,19 @@ class Builds:
         tag, started = fn.build_tag, time.monotonic()
         namespace = self.namespace if trusted else self.config.untrusted_namespace
         name = build_job_name(tag)
-        job = self.client.get("Job", namespace, name)
+        watch = self._start_watch(tag, namespace, trusted)
+        job = watch.jobs.get(name)
         if job is not None and "Failed" in runs.conditions(job):
             if time.time() - _finished_at(job) < self.retry_sec:
-                raise self._failed(tag, namespace, name, job)
-            self.client.delete("Job", namespace, name, "Background")  # a retry, later
+                raise self._failed(tag, watch, name, job, watch.pods_of(name))
+            self._delete(watch, name)  # a retry, later
             job = None
         if job is None:
-            job = self._start(fn, snapshot, namespace, trusted)
-        job = self._wait(tag, namespace, name, job)
+            watch.jobs.put(self._start(fn, snapshot, namespace, trusted))
+        job = self._wait(tag, watch, name)
         if "Complete" not in runs.conditions(job):
-            raise self._failed(tag, namespace, name, job)
-        pods = runs.pods(self.client, namespace, name)
+            raise self._failed(tag, watch, name, job, watch.ended_pods(name))
+        pods = watch.ended_pods(name)
         build_log = self._log(namespace, pods)
         digest = pushed_digest(pods, build_log)
         if digest is None:
@@ -231,6 +257,16 @@ class Builds:
         self._record(fn, digest, trusted, time.monotonic() - started)
         # the build's status (the API's build log) names what runs: the image by its digest
         return f"{build_log.rstrip()}\nrecorded {pinned_image(self.config, digest, trusted)}\n"
+
+    def _start_watch(self, tag: str, namespace: str, trusted: bool) -> _BuildWatch:
+        try:
+            return self._follow(namespace, trusted)
+        except NotFound:
+            raise BuildFailed(tag, _no_namespace(namespace)) from None
+
+    def _delete(self, watch: _BuildWatch, name: str) -> None:
+        self.client.delete("Job", watch.namespace, name, "Background")
+        watch.jobs.drop(name)
 
     def _start(
         self, fn: Function, snapshot: Snapshot, namespace: str, trusted: bool
@@ -246,47 +282,51 @@ class Builds:
         except AlreadyExists:  # another replica or an earlier attempt made it: adopt it
             return self.client.get("Job", namespace, build_job_name(tag)) or {}
         except NotFound:
-            raise BuildFailed(
-                tag,
-                f"namespace {namespace} does not exist: create it (kubectl create namespace "
-                f"{namespace}) or set SLESS_UNTRUSTED_BUILD_NAMESPACE",
-            ) from None
+            raise BuildFailed(tag, _no_namespace(namespace)) from None
 
-    def _wait(self, tag: str, namespace: str, name: str, job: dict[str, Any]) -> dict[str, Any]:
+    def _wait(self, tag: str, watch: _BuildWatch, name: str) -> dict[str, Any]:
         def check(job: dict[str, Any], waited: float) -> None:
             if waited > 2 and not (job.get("status") or {}).get("succeeded"):
-                self._check_start(tag, namespace, name, waited)
+                self._check_start(tag, watch, name, waited)
 
         timeout = self.config.build_timeout_sec
         try:
-            return runs.wait(self.client, namespace, name, job, timeout + 60, self.poll_sec, check)
+            return runs.wait(watch.jobs, name, timeout + 60, self.poll_sec, check)
         except runs.JobTimedOut:
             raise BuildFailed(tag, f"no result after {timeout} s") from None
         except runs.JobGone:
             raise BuildFailed(tag, f"build Job {name} was deleted while it ran") from None
+        except runs.WaitStopped:
+            raise BuildFailed(tag, "the reconciler stopped while it waited") from None
 
-    def _check_start(self, tag: str, namespace: str, name: str, waited: float) -> None:
+    def _check_start(self, tag: str, watch: _BuildWatch, name: str, waited: float) -> None:
         """A pod that cannot start fails the build with the kubelet's reason."""
-        pods = runs.pods(self.client, namespace, name)
+        pods = watch.pods_of(name)
         reason = stuck_reason(pods)
         if reason:
-            self.client.delete("Job", namespace, name, "Background")
+            self._delete(watch, name)
             raise BuildFailed(tag, f"build pod cannot start: {reason}")
         pending = any((pod.get("status") or {}).get("phase") == "Pending" for pod in pods)
         if pending and waited > self.start_timeout_sec:
-            self.client.delete("Job", namespace, name, "Background")
+            self._delete(watch, name)
             raise BuildFailed(tag, f"build pod still Pending after {self.start_timeout_sec:.0f} s")
 
-    def _failed(self, tag: str, namespace: str, name: str, job: dict[str, Any]) -> BuildFailed:
+    def _failed(
+        self,
+        tag: str,
+        watch: _BuildWatch,
+        name: str,
+        job: dict[str, Any],
+        pods: list[dict[str, Any]],
+    ) -> BuildFailed:
         """The failure of an ended Job: its exit code as the summary, its log kept apart."""
         cond = runs.conditions(job).get("Failed") or {}
         reason = cond.get("reason") or "Failed"
-        pods = runs.pods(self.client, namespace, name)
         summary = exit_summary(pods)
         if reason == "DeadlineExceeded":
             summary = f"build timed out after {self.config.build_timeout_sec} s"
         summary = summary or f"build failed ({reason})"
-        return BuildFailed(tag, summary, self._log(namespace, pods), summary)
+        return BuildFailed(tag, summary, self._log(watch.namespace, pods), summary)
 
     def _log(self, namespace: str, pods: list[dict[str, Any]]) -> str:
         """The newest pod's kaniko log ("" when there is none)."""
@@ -297,3 +337,91 @@ class Builds:
             return self.client.pod_log(namespace, pod, LOG_TAIL_LINES)
         except (Invalid, NotFound):  # kaniko never started (its context was not fetched)
             return ""
+
+
+def _no_namespace(namespace: str) -> str:
+    return (
+        f"namespace {namespace} does not exist: create it (kubectl create namespace "
+        f"{namespace}) or set SLESS_UNTRUSTED_BUILD_NAMESPACE"
+    )
+
+
+class _BuildWatch:
+    """The build Jobs of one namespace and their pods, each kept by an informer; the pods
+    indexed by their Job. Both keep only metadata and status (a pod spec is most of it)."""
+
+    def __init__(
+        self, client: KubeClient, namespace: str, trusted: bool, options: dict[str, Any]
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        selector = {
+            MANAGED_BY: "gitops-sless",
+            TRUST_LABEL: "trusted" if trusted else "untrusted",
+        }
+        self._by_job: dict[str, dict[str, dict[str, Any]]] = {}  # job -> pod name -> pod
+        self._lock = threading.RLock()
+        self.jobs = Informer(client, "Job", namespace, selector, transform=_status_only, **options)
+        self.pods = Informer(
+            client,
+            "Pod",
+            namespace,
+            selector,
+            transform=_status_only,
+            on_change=self._indexed,
+            lock=self._lock,
+            **options,
+        )
+
+    def sync(self) -> None:
+        self.jobs.sync()
+        self.pods.sync()
+
+    def stop(self) -> None:
+        self.jobs.stop()
+        self.pods.stop()
+
+    def _indexed(self, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        for obj, add in ((old, False), (new, True)):
+            job = ((obj or {}).get("metadata") or {}).get("labels", {}).get("job-name")
+            if not obj or not job:
+                continue
+            pods = self._by_job.setdefault(job, {})
+            if add:
+                pods[obj["metadata"]["name"]] = obj
+            else:
+                pods.pop(obj["metadata"]["name"], None)
+                if not pods:
+                    del self._by_job[job]
+
+    def pods_of(self, job: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._by_job.get(job, {}).values())
+
+    def ended_pods(self, job: str) -> list[dict[str, Any]]:
+        """The pods of an ended Job once their end is in the cache (a pod's events may come
+        after its Job's on the other watch); a LIST if they lag more than ``POD_SETTLE_SEC``."""
+        deadline = time.monotonic() + POD_SETTLE_SEC
+        while True:
+            seen = self.pods.version()
+            pods = self.pods_of(job)
+            if any(_settled(pod) for pod in pods):
+                return pods
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return runs.pods(self.client, self.namespace, job)
+            self.pods.wait_change(seen, left)
+
+
+def _settled(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _status_only(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "labels")
+    return {
+        "kind": obj.get("kind"),
+        "metadata": {key: meta[key] for key in kept if key in meta},
+        "status": obj.get("status") or {},
+    }

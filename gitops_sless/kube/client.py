@@ -111,7 +111,7 @@ CALLS: dict[str, frozenset[str]] = {
         # build records; delete: garbage collection
         "ConfigMap": "list watch create delete",
         "Service": "list watch apply delete",
-        "Pod": "list log",
+        "Pod": "list watch log",  # watch: the build pods (kube/builds.py)
         "Deployment": "list watch apply delete",
         "Job": "get list watch create patch delete",
         "CronJob": "list watch apply delete",

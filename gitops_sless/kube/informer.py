@@ -89,6 +89,8 @@ class Informer:
         self._list_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._changes = threading.Condition()  # its own lock: waiters never hold ``_lock``
+        self._seq = 0  # bumped by every change to the cache or to its freshness
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -103,6 +105,24 @@ class Informer:
     def __len__(self) -> int:
         return len(self._objects)
 
+    # --- waiting ---------------------------------------------------------------------------
+
+    def version(self) -> int:
+        """A number that changes with the cache: pass it to :meth:`wait_change`."""
+        with self._changes:
+            return self._seq
+
+    def wait_change(self, since: int, timeout: float) -> bool:
+        """Wait until the cache changed after ``version() == since``; False on timeout."""
+        with self._changes:
+            return self._changes.wait_for(lambda: self._seq != since, timeout)
+
+    def _notify(self) -> None:
+        # called after ``_lock`` is released: a waiter reads the cache between two waits
+        with self._changes:
+            self._seq += 1
+            self._changes.notify_all()
+
     # --- keeping it true -------------------------------------------------------------------
 
     def sync(self) -> None:
@@ -110,14 +130,19 @@ class Informer:
         with self._list_lock:
             if not self.fresh:
                 self._relist()
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"sless-watch-{self.kind}", daemon=True
-            )
-            self._thread.start()
+            if self._thread is None:  # under the lock: two first passes start one watcher
+                self._thread = threading.Thread(
+                    target=self._run, name=f"sless-watch-{self.kind}", daemon=True
+                )
+                self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._notify()  # a wait on it ends (see ``stopped``)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
 
     def put(self, obj: Obj) -> None:
         """``obj`` as a write returned it (never older than what is cached)."""
@@ -129,6 +154,7 @@ class Informer:
             old = self._objects.pop(name, None)
             if old is not None and self.on_change:
                 self.on_change(None, old)
+        self._notify()
 
     def _relist(self) -> None:
         items, rv = self.client.list_versioned(self.kind, self.namespace, self.selector)
@@ -144,6 +170,7 @@ class Informer:
                     self.on_change(None, old[name])
                 for name, obj in fresh.items():
                     self.on_change(obj, old.get(name))
+        self._notify()
 
     def _upsert(self, obj: Obj, epoch: int | None = None) -> None:
         """Cache ``obj`` unless the cache holds a newer version, or a LIST came since the
@@ -153,11 +180,12 @@ class Informer:
             old = self._objects.get(name)
             if epoch is not None and epoch != self._epoch:
                 return
-            if old is not None and _rv(old) > _rv(obj):
-                return  # an event from before a write whose answer is already here
+            if old is not None and _rv(old) >= _rv(obj) >= 0:
+                return  # an event from before a write whose answer is already here (or the same)
             self._objects[name] = obj
             if self.on_change:
                 self.on_change(obj, old)
+        self._notify()
 
     def _delete(self, obj: Obj, epoch: int) -> None:
         name = obj["metadata"]["name"]
@@ -168,6 +196,7 @@ class Informer:
             del self._objects[name]
             if self.on_change:
                 self.on_change(None, old)
+        self._notify()
 
     # --- the watcher thread ----------------------------------------------------------------
 
@@ -249,6 +278,7 @@ class Informer:
             with self._lock:
                 if self._epoch == epoch:
                     self.fresh = True
+            self._notify()
         return False
 
     def _advance(self, obj: Obj, epoch: int) -> None:

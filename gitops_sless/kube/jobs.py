@@ -1,5 +1,9 @@
 """Job runs as Kubernetes Jobs: one per ``(name, runId)``, the result read from the pod's log.
 
+The Job is followed by the view's watch on Jobs (:func:`runs.wait`): its end
+is an event, not the answer to a GET; its pods are listed only while it has no
+ready pod, at most every ``poll_sec``, to fail a run whose pod cannot start.
+
 The Job's name holds the runId, so a run is created once whoever asks; a
 reconciler that restarts while it runs waits for the same Job. When a run
 ends, its result (or error) is written onto the Job as an annotation: the
@@ -10,6 +14,7 @@ returned, so a reconciler with an empty state folder runs nothing again.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,22 +80,20 @@ class JobRunner:
                 live = self.client.create(obj)
             except AlreadyExists:
                 live = self.client.get("Job", namespace, name) or {}
+            if live:
+                view.put(live)
         recorded = annotation(live, RESULT), annotation(live, ERROR)
         if recorded[0] is not None:
             return recorded[0]
         if recorded[1] is not None:
             raise JobFailed(recorded[1])
         try:
-            live = self._wait(namespace, name, live, fn.timeout_sec)
+            live = self._wait(view, name, fn.timeout_sec)
         except _Stuck as stuck:
             # a missing Secret fails the run as on the local backend (fix it, bump runId);
             # suspending the Job stops a pod that would otherwise start once it appears
-            self.client.patch(
-                "Job",
-                namespace,
-                name,
-                {"metadata": {"annotations": {ERROR: str(stuck)}}, "spec": {"suspend": True}},
-            )
+            patch = {"metadata": {"annotations": {ERROR: str(stuck)}}, "spec": {"suspend": True}}
+            view.put(self.client.patch("Job", namespace, name, patch))
             raise JobFailed(str(stuck)) from None
         output = self._log(namespace, name)
         if "Complete" in runs.conditions(live):
@@ -99,35 +102,46 @@ class JobRunner:
             result = lines[-1].strip() if lines else ""
             problem = _bad_result(result)
             if problem is None:
-                self._record(namespace, name, {RESULT: result})
+                self._record(view, name, {RESULT: result})
                 return result
         else:
             reason = _failure(live)
             tail = "\n".join(output.splitlines()[-LOG_TAIL_LINES:])
             problem = f"{reason}: {tail}" if tail else reason
-        self._record(namespace, name, {ERROR: problem})
+        self._record(view, name, {ERROR: problem})
         raise JobFailed(problem)
 
-    def _wait(self, namespace: str, name: str, job: dict[str, Any], timeout: int) -> dict[str, Any]:
+    def _wait(self, view: View, name: str, timeout: int) -> dict[str, Any]:
+        namespace, listed = view.namespace, [0.0]
+
         def check(job: dict[str, Any], waited: float) -> None:
-            if waited > 1 and not (job.get("status") or {}).get("ready"):
-                reason = stuck_reason(runs.pods(self.client, namespace, name))
-                if reason:
-                    raise _Stuck(f"the job's pod cannot start: {reason}")
+            # the watch wakes this for every Job of the environment: LIST pods at most
+            # every poll_sec, and only while no pod of this one is ready
+            if waited <= 1 or (job.get("status") or {}).get("ready"):
+                return
+            if time.monotonic() - listed[0] < self.poll_sec:
+                return
+            listed[0] = time.monotonic()
+            reason = stuck_reason(runs.pods(self.client, namespace, name))
+            if reason:
+                raise _Stuck(f"the job's pod cannot start: {reason}")
 
         limit = timeout + 120  # activeDeadlineSeconds ends it before
         try:
-            return runs.wait(self.client, namespace, name, job, limit, self.poll_sec, check)
+            return runs.wait(view.informer("Job"), name, limit, self.poll_sec, check)
         except runs.JobTimedOut:
             raise JobFailed(f"Job {name} did not finish within {limit} s") from None
         except runs.JobGone:
             raise JobFailed(f"Job {name} was deleted while it ran") from None
+        except runs.WaitStopped:
+            raise JobFailed(f"the reconciler stopped while Job {name} ran") from None
 
     def _log(self, namespace: str, name: str) -> str:
         return runs.log(self.client, namespace, name)
 
-    def _record(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
-        self.client.patch("Job", namespace, name, {"metadata": {"annotations": dict(annotations)}})
+    def _record(self, view: View, name: str, annotations: Mapping[str, str]) -> None:
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        view.put(self.client.patch("Job", view.namespace, name, patch))
 
 
 class _Stuck(Exception):

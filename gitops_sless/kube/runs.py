@@ -1,9 +1,14 @@
 """Kubernetes Jobs followed to their end: builds and job runs both wait on one this way.
 
-A Job is polled (50 ms, doubling to ``poll_sec``) until a ``Complete`` or
-``Failed`` condition; ``check`` looks at its pods while it has not ended, so a
-pod that cannot start fails the wait with the kubelet's reason instead of
-running into the deadline. Its log is the newest pod's.
+A Job is followed by watch, not polled: the wait reads the Job from an
+informer (:mod:`informer`) and sleeps until the informer's cache changes, so a
+Job's completion is an event and waiting costs no request. At most every
+``tick`` seconds it also looks without an event: ``check`` looks at the pods
+while the Job has not ended (a pod that cannot start fails the wait with the
+kubelet's reason instead of running into the deadline), and a cache that a
+watch error left stale is listed again (``Informer.sync``), so a Job that ended
+while the watch was cut is seen by the resumed watch or by that LIST. Its log
+is the newest pod's.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .client import KubeClient
+from .informer import Informer
 
-__all__ = ["JobGone", "JobTimedOut", "conditions", "ended", "log", "wait"]
+__all__ = ["JobGone", "JobTimedOut", "WaitStopped", "conditions", "ended", "log", "wait"]
 
 
 class JobGone(Exception):
@@ -23,6 +29,10 @@ class JobGone(Exception):
 
 class JobTimedOut(Exception):
     """No end within the time given."""
+
+
+class WaitStopped(Exception):
+    """The watch was stopped (the reconciler is closing) before the Job ended."""
 
 
 def conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -36,27 +46,31 @@ def ended(job: dict[str, Any]) -> bool:
 
 
 def wait(
-    client: KubeClient,
-    namespace: str,
+    jobs: Informer,
     name: str,
-    job: dict[str, Any],
     timeout_sec: float,
-    poll_sec: float,
+    tick_sec: float,
     check: Callable[[dict[str, Any], float], None],
 ) -> dict[str, Any]:
-    """Poll until ``job`` ends; ``check(job, waited)`` may raise to give up earlier."""
+    """Wait until the Job ``name`` of ``jobs`` ends; ``check(job, waited)`` may raise to give
+    up earlier. The Job must be in the cache already (a create's answer is put there)."""
     started = time.monotonic()
-    delay = 0.05
-    while not ended(job):
-        check(job, time.monotonic() - started)
-        if time.monotonic() - started > timeout_sec:
-            raise JobTimedOut(name)
-        time.sleep(delay)
-        delay = min(delay * 2, poll_sec)
-        job = client.get("Job", namespace, name) or {}
-        if not job:
+    while True:
+        seen = jobs.version()
+        if jobs.stopped:
+            raise WaitStopped(name)
+        if not jobs.fresh:
+            jobs.sync()  # a LIST: the watch was cut, what it missed is read again
+        job = jobs.get(name)
+        if job is None:
             raise JobGone(name)
-    return job
+        if ended(job):
+            return job
+        waited = time.monotonic() - started
+        check(job, waited)
+        if waited > timeout_sec:
+            raise JobTimedOut(name)
+        jobs.wait_change(seen, tick_sec)
 
 
 def pods(client: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -105,6 +105,10 @@ class View:
     def _informer(self, kind: str) -> Informer | None:
         return self._informers.get(kind)
 
+    def informer(self, kind: str) -> Informer:
+        """The informer of ``kind`` (one this view lists), to wait on its changes."""
+        return self._informers[kind]
+
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         informer = self._informer(kind)
         return informer.get(name) if informer else None

@@ -154,6 +154,9 @@ class Store:
     def update(self, obj: Obj, expect_rv: str | None = None) -> Obj:
         """Replace a stored object; a change-free write keeps the resourceVersion."""
         kind, ns, name = key_of(obj)
+        # its own metadata: a caller's ``dict(stored, status=...)`` shares the stored one's,
+        # and the version it replaces (in a watch's history, a write's answer) must not change
+        obj = dict(obj, metadata=dict(obj["metadata"]))
         meta = obj["metadata"]
         with self.lock:
             old = self._objects[kind].get((ns, name))
