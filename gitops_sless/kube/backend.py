@@ -102,6 +102,13 @@ class KubeBackend(Backend):
                 )
             return self._views[env]
 
+    def cached(self) -> int:
+        """Objects the watches hold in memory (for the benchmark's per-object cost)."""
+        with self._lock:
+            views = list(self._views.values())
+            namespaces = len(self._namespaces) if self._namespaces is not None else 0
+        return namespaces + sum(view.cached() for view in views) + self.builds.cached()
+
     def refresh(self, env: str) -> None:
         """The view of ``env`` made fresh: no request when its watches are sound."""
         view = self.view(env)

@@ -163,6 +163,12 @@ class Builds:
         for watch in followed:
             watch.stop()
 
+    def cached(self) -> int:
+        """Objects held in memory: the records, the build Jobs and their pods."""
+        with self._lock:
+            followed = list(self._followed.values())
+        return len(self._records) + sum(len(w.jobs) + len(w.pods) for w in followed)
+
     def _follow(self, namespace: str, trusted: bool) -> _BuildWatch:
         """The build Jobs and pods of ``namespace``, watched from its first build on."""
         with self._lock:

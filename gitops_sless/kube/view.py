@@ -87,6 +87,10 @@ class View:
         for informer in self._informers.values():
             informer.stop()
 
+    def cached(self) -> int:
+        """Objects held in memory, all kinds together."""
+        return sum(len(informer) for informer in self._informers.values())
+
     def relists(self) -> int:
         """LISTs made so far, all kinds together (the first one of each included)."""
         return sum(informer.relists for informer in self._informers.values())
