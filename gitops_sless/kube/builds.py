@@ -302,8 +302,6 @@ class Builds:
             raise BuildFailed(tag, f"no result after {timeout} s") from None
         except runs.JobGone:
             raise BuildFailed(tag, f"build Job {name} was deleted while it ran") from None
-        except runs.WaitStopped:
-            raise BuildFailed(tag, "the reconciler stopped while it waited") from None
 
     def _check_start(self, tag: str, watch: _BuildWatch, name: str, waited: float) -> None:
         """A pod that cannot start fails the build with the kubelet's reason."""

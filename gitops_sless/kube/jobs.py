@@ -133,8 +133,6 @@ class JobRunner:
             raise JobFailed(f"Job {name} did not finish within {limit} s") from None
         except runs.JobGone:
             raise JobFailed(f"Job {name} was deleted while it ran") from None
-        except runs.WaitStopped:
-            raise JobFailed(f"the reconciler stopped while Job {name} ran") from None
 
     def _log(self, namespace: str, name: str) -> str:
         return runs.log(self.client, namespace, name)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import TransientError
 from .client import KubeClient
 from .informer import Informer
 
@@ -31,8 +32,9 @@ class JobTimedOut(Exception):
     """No end within the time given."""
 
 
-class WaitStopped(Exception):
-    """The watch was stopped (the reconciler is closing) before the Job ended."""
+class WaitStopped(TransientError):
+    """The watch was stopped (the reconciler is closing) before the Job ended: not a
+    failure; the next start waits for the same Job."""
 
 
 def conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
