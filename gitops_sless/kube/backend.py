@@ -36,7 +36,7 @@ from .functions import FunctionWriter
 from .gateway import gateway_url
 from .informer import Informer
 from .jobs import JobRunner, finished_runs
-from .status import available_replicas, health, needs_pods, rolled_out
+from .status import available_replicas, health, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
 
 __all__ = ["KubeBackend"]
@@ -73,6 +73,7 @@ class KubeBackend(Backend):
         self._namespaces: Informer | None = None
         self._views: dict[str, View] = {}
         self._job_only: dict[tuple[str, str], str] = {}  # functions with no objects -> hash
+        self._published: dict[str, int] = {}  # env -> the view's version its routes are from
         self._cron_runs = CronRuns(client, on_cron)
         self._gateway_url: str | None = None
         self._gateway_read_at: float | None = None
@@ -113,7 +114,7 @@ class KubeBackend(Backend):
         """The view of ``env`` made fresh: no request when its watches are sound."""
         view = self.view(env)
         view.sync()
-        if needs_pods(view):
+        if _needs_pods(view):
             view.pods = self.client.list(
                 "Pod", view.namespace, {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
             )
@@ -155,16 +156,17 @@ class KubeBackend(Backend):
 
     def _publish_routes(self, view: View) -> None:
         """A route for every function with an available replica; 503 with its phase otherwise."""
+        if self._published.get(view.env) == view.version:
+            return  # no Deployment or Service changed since: neither did a route
         serving = set()
         for deployment in view.all("Deployment"):
             name = label(deployment, FUNCTION_LABEL)
-            available = available_replicas(deployment)
-            if not name or not available:
+            if not name:
                 continue
-            if view.get("Service", name) is None:
+            available, timeout = view.memo("route", name, lambda d=deployment: _serves(view, d))
+            if not available:
                 continue
             serving.add(name)
-            timeout = _timeout(deployment)
             current = self.routes.get(view.env, name)
             if current is None or (current.timeout_sec, current.available) != (timeout, available):
                 route = self.route_for(view.env, name, view.namespace, timeout)
@@ -172,6 +174,7 @@ class KubeBackend(Backend):
         for name in self.routes.names(view.env):
             if name not in serving:
                 self.routes.remove(view.env, name)
+        self._published[view.env] = view.version
 
     def health(self, env: str) -> Mapping[str, Health]:
         return _Health(self.view(env))
@@ -265,6 +268,7 @@ class KubeBackend(Backend):
         view.stop()
         with self._lock:
             self._views.pop(env, None)
+            self._published.pop(env, None)
             self._job_only = {k: v for k, v in self._job_only.items() if k[0] != env}
 
     def close(self) -> None:
@@ -302,16 +306,51 @@ class _Health(Mapping[str, Health]):
         self._names = view.functions()
 
     def __getitem__(self, name: str) -> Health:
-        found = health(self.view, name) if name in self._names else None
+        found = self._health(name) if name in self._names else None
         if found is None:
             raise KeyError(name)
         return found
+
+    def get(self, name: str, default: Any = None) -> Any:  # no KeyError per unknown name
+        found = self._health(name) if name in self._names else None
+        return default if found is None else found
+
+    def _health(self, name: str) -> Health | None:
+        if self.view.pods is not None:  # a rollout under way: what the pods say now
+            return health(self.view, name)
+        return self.view.memo("health", name, lambda: health(self.view, name))
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._names))
 
     def __len__(self) -> int:
         return len(self._names)
+
+
+def _needs_pods(view: View) -> bool:
+    """Some rollout is not done (``status.needs_pods``), answered again after a change."""
+    return bool(_unsettled(view))
+
+
+def _unsettled(view: View) -> list[str]:
+    """The functions whose Deployment has not rolled out."""
+
+    def find() -> list[str]:
+        return [
+            label(d, FUNCTION_LABEL) or d["metadata"]["name"]
+            for d in view.all("Deployment")
+            if not rolled_out(d)
+        ]
+
+    return view.memo_all("unsettled", find)
+
+
+def _serves(view: View, deployment: dict[str, Any]) -> tuple[int, float]:
+    """(available replicas, timeout) of a function's Deployment; 0 without its Service."""
+    name = label(deployment, FUNCTION_LABEL) or ""
+    if view.get("Service", name) is None:
+        return 0, 0.0
+    return available_replicas(deployment), _timeout(deployment)
 
 
 def _timeout(deployment: dict[str, Any]) -> float:

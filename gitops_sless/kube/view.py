@@ -10,14 +10,16 @@ returned, so the next round of the same pass sees them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from ..renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 from .client import KubeClient
 from .informer import Informer
 
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
+
+T = TypeVar("T")
 
 # the long-running objects of a function; Jobs are runs, listed too but never "the function"
 FUNCTION_KINDS = ("Deployment", "Service", "HTTPRoute", "CronJob")
@@ -56,6 +58,11 @@ class View:
         self.namespace_exists = False
         self.namespaces = namespaces
         self._by_function: dict[str, set[tuple[str, str]]] = {}  # function -> its keys
+        # what a pass derives from a function's objects, kept until one of them changes:
+        # a no-change pass at 10,000 functions looks up, it does not recompute
+        self._versions: dict[str, int] = {}  # function -> bumped by every change to its objects
+        self._memo: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.version = 0  # bumped by every change to any cached object
         self.pods: list[dict[str, Any]] | None = None  # read only when some rollout is unsettled
         self._lock = threading.RLock()  # the informers' too: the index moves with the objects
         selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
@@ -96,15 +103,37 @@ class View:
         return sum(informer.relists for informer in self._informers.values())
 
     def _changed(self, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        self.version += 1
         for obj, add in ((old, False), (new, True)):
             function = label(obj, FUNCTION_LABEL) if obj else None
             if not obj or not function:
                 continue
+            self._versions[function] = self._versions.get(function, 0) + 1
             key = (obj["kind"], obj["metadata"]["name"])
             if add:
                 self._by_function.setdefault(function, set()).add(key)
             else:
                 self._by_function.get(function, set()).discard(key)
+
+    def memo_all(self, key: str, compute: Callable[[], T]) -> T:
+        """``compute()``, remembered until any cached object changes."""
+        version = self.version
+        hit = self._memo.get((key, ""))
+        if hit is not None and hit[0] == version:
+            return hit[1]  # type: ignore[no-any-return]
+        value = compute()
+        self._memo[(key, "")] = (version, value)
+        return value
+
+    def memo(self, key: str, function: str, compute: Callable[[], T]) -> T:
+        """``compute()``, remembered for ``function`` until one of its objects changes."""
+        version = self._versions.get(function, 0)  # read first: a change meanwhile is seen
+        hit = self._memo.get((key, function))
+        if hit is not None and hit[0] == version:
+            return hit[1]  # type: ignore[no-any-return]
+        value = compute()
+        self._memo[(key, function)] = (version, value)
+        return value
 
     def _informer(self, kind: str) -> Informer | None:
         return self._informers.get(kind)
@@ -160,17 +189,18 @@ class View:
         planner apply the function again, which puts the object back. So is an
         image referenced by tag (written before images were pinned by digest).
         """
-        out: dict[str, str] = {}
-        for name in self.functions():
-            objects = self.of_function(name)
-            primary = self.primary(name)
-            count = annotation(primary, OBJECT_COUNT) if primary else None
-            whole = count == str(len(objects))
-            clean = not any(drifted(obj) or not pinned(obj) for obj in objects)
-            out[name] = (
-                (annotation(primary, FUNCTION_HASH) or "") if primary and whole and clean else ""
-            )
-        return out
+        return {
+            name: self.memo("deployed", name, lambda name=name: self._deployed(name))
+            for name in self.functions()
+        }
+
+    def _deployed(self, name: str) -> str:
+        objects = self.of_function(name)
+        primary = self.primary(name)
+        count = annotation(primary, OBJECT_COUNT) if primary else None
+        whole = count == str(len(objects))
+        clean = not any(drifted(obj) or not pinned(obj) for obj in objects)
+        return (annotation(primary, FUNCTION_HASH) or "") if primary and whole and clean else ""
 
     def primary(self, name: str) -> dict[str, Any] | None:
         """The object that carries the function's spec hash and revision."""
