@@ -48,7 +48,6 @@ import atexit
 import contextlib
 import cProfile
 import json
-import os
 import resource
 import signal
 import statistics
@@ -67,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gitops_sless.kube.client import KubeClient  # noqa: E402
-from tests.gitserver import WorkRepo  # noqa: E402
+from tests.gitserver import WorkRepo, stop_group  # noqa: E402
 from tests.kube_harness import NAMESPACE, Harness, make, settings  # noqa: E402
 from tests.s3server import start_weed  # noqa: E402
 from tests.test_kube_backend import HANDLER, function_folder  # noqa: E402
@@ -150,14 +149,7 @@ class ApiServer:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop_group(proc)
         if proc.stdout is not None:
             proc.stdout.close()
 

@@ -11,9 +11,6 @@ gateway-api-crds.yaml and validates what is written against them.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, make, settings
 from .kubeapi import FakeKube
 from .s3server import S3Server
+from .test_serve_start import serve as serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = Path(__file__).resolve().parent / "data" / "gateway-api-crds.yaml"
@@ -148,22 +146,15 @@ def test_a_bad_gateway_is_a_one_line_start_up_error(value, said):
 
 def test_serve_refuses_a_bad_gateway_flag_before_it_contacts_anything(tmp_path):
     env = {
-        **os.environ,
         "SLESS_S3_ENDPOINT": "http://127.0.0.1:9",
         "SLESS_S3_BUCKET": "contexts",
         "KUBECONFIG": str(tmp_path / "missing"),
     }
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "gitops_sless", "serve", "--backend", "kubernetes"),
-            *("--repo", "https://git.example.invalid/team/functions.git"),
-            *("--state-dir", str(tmp_path / "state"), "--gateway", "edge"),
-        ],
+    done = serve_command(
+        tmp_path,
+        *("--backend", "kubernetes", "--gateway", "edge"),
+        *("--repo", "https://git.example.invalid/team/functions.git"),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [

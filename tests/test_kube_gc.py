@@ -29,6 +29,7 @@ from .kube_harness import NAMESPACE, Harness, make, settings
 from .kubeapi import FakeKube
 from .oci_registry import OciRegistry
 from .s3server import S3Server
+from .test_kube_backend import wait_for
 
 HOUR = 3600.0
 REPOSITORY = "sless/functions"
@@ -45,16 +46,6 @@ def folder(name: str, text: str) -> dict[str, str]:
         "      - type: http\n"
     )
     return {f"{name}/sless.yaml": manifest, f"{name}/main.py": HANDLER % text}
-
-
-def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -95,7 +86,7 @@ def deploy(harness: Harness, repo: WorkRepo, files: dict[str, str], name: str) -
         record = harness.function(name)
         return record["phase"] == "Ready" and record["revision"] == head
 
-    wait_for(ready, f"{name} Ready at {head[:8]}")
+    wait_for(ready, f"{name} Ready at {head[:8]}", timeout=30)
     return str(harness.function(name)["build_tag"])
 
 

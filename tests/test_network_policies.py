@@ -9,9 +9,6 @@ them does.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ from gitops_sless.source import DirectorySnapshot
 
 from .kubeapi import FakeKube
 from .netpolicy_eval import Endpoint, connects, outside, pod
+from .test_serve_start import serve as serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.30.0"
@@ -268,22 +266,15 @@ def test_a_bad_network_setting_is_a_one_line_start_up_error(variable, value, sai
 
 def test_serve_refuses_a_bad_cidr_before_it_contacts_anything(tmp_path):
     env = {
-        **os.environ,
         "SLESS_S3_ENDPOINT": "http://127.0.0.1:9",
         "SLESS_S3_BUCKET": "contexts",
         "SLESS_PREVIEW_EGRESS": "10.0.0.0/8,10.1.2.3/8",
         "KUBECONFIG": str(tmp_path / "missing"),
     }
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "gitops_sless", "serve", "--backend", "kubernetes"),
-            *("--repo", "https://git.example.invalid/team/functions.git"),
-            *("--state-dir", str(tmp_path / "state")),
-        ],
+    done = serve_command(
+        tmp_path,
+        *("--backend", "kubernetes", "--repo", "https://git.example.invalid/team/functions.git"),
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
