@@ -155,6 +155,67 @@ def list_processes(t):
     return f"failed: {len(pids)} processes, the reconciler not among them"
 
 
+def _host_uid():
+    uid = os.getuid()
+    with open("/proc/self/uid_map") as f:
+        for line in f:
+            inside, outside, count = map(int, line.split())
+            if inside <= uid < inside + count:
+                return outside + uid - inside
+    return None
+
+
+def host_root(t):
+    host = _host_uid()
+    return "succeeded: runs as host uid 0" if host == 0 else f"failed: host uid {host}"
+
+
+def host_sysctls(t):
+    opened = []
+    for name in ("kernel/core_pattern", "kernel/hostname", "vm/drop_caches", "net/ipv4/ip_forward"):
+        try:
+            os.close(os.open("/proc/sys/" + name, os.O_WRONLY))  # opened, nothing written
+            opened.append(name)
+        except OSError:
+            continue
+    return f"succeeded: {opened} opened for writing" if opened else "failed: none opened"
+
+
+# what a sandbox may write in /dev: the harmless devices every process gets
+_HARMLESS = {"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts/ptmx"}
+
+
+def writable_system_files(t):
+    for top in ("/proc/sys", "/sys", "/dev"):
+        for parent, folders, files in os.walk(top):
+            for name in files:
+                path = os.path.join(parent, name)
+                if top == "/dev" and (os.path.relpath(path, top) in _HARMLESS or "/shm" in path):
+                    continue
+                if os.path.islink(path):  # /dev/stdin and the like: the process's own fds
+                    continue
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))
+                except OSError:
+                    continue
+                return "succeeded: " + path + " opened for writing"
+    return "failed: nothing in /proc/sys, /sys or /dev opened for writing"
+
+
+def many_tasks(t):
+    import threading, time
+    stop = threading.Event()
+    started = []
+    try:
+        for _ in range(1500):  # more than maxProcesses and the installers' cap
+            thread = threading.Thread(target=stop.wait, args=(5,), daemon=True)
+            thread.start()
+            started.append(thread)
+    finally:
+        stop.set()
+    return f"succeeded: {len(started)} threads"
+
+
 def run(names):
     t = _targets()
     report = {}
@@ -169,7 +230,8 @@ def run(names):
 EVERY = [
     "reconciler_environ", "reconciler_cmdline", "state_folder", "secrets_folder",
     "other_function_files", "other_function_environ", "own_artifact", "other_artifact",
-    "signal_reconciler", "list_processes",
+    "signal_reconciler", "list_processes", "host_root", "host_sysctls",
+    "writable_system_files", "many_tasks",
 ]
 """
 
@@ -243,6 +305,32 @@ def hostile_files(targets: dict[str, object]) -> dict[str, str]:
         "hostile/evil/backend.py": BACKEND,
         "hostile/evil/attempts.py": ATTEMPTS,
         "hostile/evil/targets.json": json.dumps(targets),
+        **grab_files("grab-relative", "../../../../secrets"),  # the state layout's neighbour
+        **grab_files("grab-absolute", str(targets["secrets"])),
+    }
+
+
+def grab_files(name: str, link: str) -> dict[str, str]:
+    """A node function whose install step makes its output folder a link to ``link``."""
+    package = {
+        "name": name,
+        "version": "1.0.0",
+        "scripts": {"preinstall": f"ln -s {link} node_modules"},
+    }
+    return {
+        f"{name}/sless.yaml": (
+            f"functions:\n  - {{name: {name}, runtime: nodejs20, entrypoint: handler.main, "
+            "triggers: [{type: http}]}\n"
+        ),
+        f"{name}/package.json": json.dumps(package),
+        f"{name}/handler.js": (
+            "const fs = require('fs');\n"
+            "exports.main = async () => {\n"
+            "  const path = __dirname + '/node_modules/db/password';\n"
+            "  try { return {got: fs.readFileSync(path, 'utf8')}; }\n"
+            "  catch (e) { return {got: null, error: e.code}; }\n"
+            "};\n"
+        ),
     }
 
 
@@ -257,6 +345,15 @@ class Hostile:
     installer: dict[str, str]
     victim_artifact: Path
     state: Path
+    secret_file: Path
+
+
+GRABS = ("grab-relative", "grab-absolute")
+
+
+def _settled(server: SlessServer, name: str) -> dict | None:
+    status = server.function(name)
+    return status if status and status["phase"] in ("Ready", "Failed") else None
 
 
 def _job_result(server: SlessServer) -> dict[str, str] | None:
@@ -309,6 +406,8 @@ def _start_hostile(root: Path, mode: str) -> Iterator[Hostile]:
             server.sync()
             for name in ("hostile", "hostile-installer"):
                 server.wait(lambda n=name: server.call(n).status_code == 200, f"{name} to serve")
+            for name in GRABS:
+                server.wait(lambda n=name: _settled(server, n), f"{name} to build or fail")
             job = server.wait(lambda: _job_result(server), "the hostile job")
             yield Hostile(
                 mode,
@@ -318,6 +417,7 @@ def _start_hostile(root: Path, mode: str) -> Iterator[Hostile]:
                 server.call("hostile-installer").json(),
                 root / "state" / "artifacts" / tag,
                 root / "state",
+                root / "secrets" / "db" / "password",
             )
         finally:
             server.stop()
@@ -345,13 +445,16 @@ SHOWN_UNCONFINED = (
     "other_artifact",
     "signal_reconciler",
     "list_processes",
+    "many_tasks",
+    # what only a reconciler run as root (these machines, the documented container) shows
+    *(("host_root", "host_sysctls", "writable_system_files") if os.geteuid() == 0 else ()),
 )
 
 
 @pytest.mark.parametrize("actor", ACTORS)
 def test_every_attempt_of_hostile_code_fails_in_the_sandbox(sandboxed, actor):
     report = getattr(sandboxed, actor)
-    expected = 9 if actor == "installer" else 10
+    expected = 13 if actor == "installer" else 14
     assert len(report) == expected, report
     succeeded = {name: out for name, out in report.items() if not out.startswith("failed")}
     assert succeeded == {}
@@ -366,6 +469,21 @@ def test_the_same_attempts_succeed_unconfined(unconfined, actor):
         assert report[name].startswith("succeeded"), (name, report[name])
     if actor != "installer":
         assert report["own_artifact"].startswith("succeeded")
+
+
+@pytest.mark.parametrize("name", GRABS)
+def test_an_install_step_cannot_link_host_folders_into_its_artifact(sandboxed, unconfined, name):
+    """The reconciler reads installer output outside any sandbox: a link there is refused
+    (the build fails naming it), never followed into the secrets folder."""
+    for hostile in (sandboxed, unconfined):
+        server = hostile.server
+        status = _settled(server, name)
+        assert status is not None and status["phase"] == "Failed", status
+        assert "symlink node_modules ->" in status["message"], status["message"]
+        response = server.call(name)
+        assert SECRET not in response.text
+        secret = hostile.secret_file.stat()
+        assert (secret.st_nlink, oct(secret.st_mode & 0o777)) == (1, oct(0o644))
 
 
 def test_status_says_which_sandbox_runs_the_functions(sandboxed, unconfined):

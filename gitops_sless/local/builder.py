@@ -55,6 +55,7 @@ from ..yamldoc import YamlProblem
 from ..yamldoc import load as load_yaml
 from .depcache import DependencyCache, link_tree
 from .installers import BuildCancelled, BuildLog, Installers, build_environment, group_alive, now
+from .leftovers import UnsafeOutput, check_output
 from .orphans import ProcessGroups
 from .sandbox import Sandbox
 
@@ -248,22 +249,25 @@ class LocalBuilder:
         path = self.path(tag)
         if self.is_built(tag):
             return self._cached(tag, started)
-        with self._lock:
-            pending = self._pending.get(tag)
-            owner = pending is None
-            if pending is None:
-                # a build of this tag may have finished since the check above
-                if self.is_built(tag):
-                    return self._cached(tag, started)
-                self.installers.check_open(tag)
-                pending = self._pending[tag] = _Pending()
-        if not owner:
+        while True:
+            with self._lock:
+                pending = self._pending.get(tag)
+                owner = pending is None
+                if pending is None:
+                    # a build of this tag may have finished since the check above
+                    if self.is_built(tag):
+                        return self._cached(tag, started)
+                    self.installers.check_open(tag)
+                    pending = self._pending[tag] = _Pending()
+            if owner:
+                break
             pending.done.wait()
-            if pending.error is not None:
-                raise pending.error
-            if pending.result is None:
-                raise BuildFailed(tag, "the build was interrupted")
-            return replace(pending.result, cached=True, duration_sec=time.monotonic() - started)
+            if pending.result is not None:
+                return replace(pending.result, cached=True, duration_sec=time.monotonic() - started)
+            # another caller's attempt failed (a fork's build, in another trust scope):
+            # its failure is not this caller's, which makes an attempt of its own
+            if not isinstance(pending.error, BuildFailed):
+                raise pending.error or BuildFailed(tag, "the build was interrupted")
         try:
             with self._slots:
                 pending.result = self._build(fn, snapshot, path)
@@ -386,6 +390,12 @@ class LocalBuilder:
         for item in folder.iterdir():
             if item.name != output:
                 _remove_path(item)
+        if os.path.lexists(folder / output):
+            try:
+                count = check_output(folder / output)
+            except UnsafeOutput as exc:
+                raise BuildFailed(job.tag, f"dependencies: {exc}", job.log.tail()) from None
+            job.log.line(f"dependencies: {output}/ holds {count} entries")
         took = time.monotonic() - started
         job.log.line(f"dependencies: installed {deps.key} in {took:.1f} s")
         return {"tag": job.tag, "inputs": deps.describe(), "finished": now()}

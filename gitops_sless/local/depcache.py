@@ -197,6 +197,8 @@ def link_tree(source: Path, target: Path) -> None:
     Falls back to copying a file where a hard link is refused (another file
     system, a link count at its limit).
     """
+    if not stat.S_ISDIR(os.lstat(source).st_mode):  # copytree would follow it
+        raise NotADirectoryError(f"{source} is not a folder")
     shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
 
 

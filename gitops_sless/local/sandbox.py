@@ -17,9 +17,26 @@ installers run. Under ``bubblewrap`` each of them gets:
   the system's, under ``/usr``).
 
 It keeps the host network: replicas listen on loopback, installers download.
-Inside, the process runs as ``nobody`` but owns the files of the reconciler's
-user that are mounted (a user namespace maps one uid): what is not mounted is
-what is protected.
+The function's folder is mounted at the neutral ``/function`` (as in the
+runtime images) and the runtime's at ``/runtime``: no host path of the state
+folder is handed in.
+
+Which host uid runs the code depends on who runs the reconciler:
+
+- **as root** (the documented container, these machines): bwrap sets up the
+  mounts as root, then ``setpriv`` drops to a host uid of its own for each
+  sandbox (``UID_BASE`` + a random slot, never 0, never shared by two live
+  sandboxes of this reconciler), with no capability, an empty bounding set and
+  ``no_new_privs``, before anything of the function runs. A sandbox is thus
+  never host root: ``/proc/sys``, ``/sys`` and ``/dev`` refuse it as they refuse
+  any user, and ``RLIMIT_NPROC`` of that uid caps its tasks (``max_processes``,
+  enforced by the kernel: a fork or thread above it fails).
+- **as another user**: a user namespace maps ``nobody`` inside to that user
+  (``--unshare-user --disable-userns``), who is no more privileged than the
+  reconciler; the task cap is then the supervisor's count (see ``memory``).
+
+``/proc`` is the sandbox's own and read-only; ``/tmp`` and ``/dev/shm`` are
+small private tmpfs.
 
 Not used, on purpose: ``--new-session`` (it would take the process out of the
 process group the supervisor signals; children have no terminal anyway) and
@@ -34,19 +51,26 @@ import contextlib
 import functools
 import logging
 import os
+import random
 import shutil
 import signal
+import stat
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import logs
 from ..errors import PermanentError
 
 __all__ = [
+    "FUNCTION_DIR",
+    "INSTALLER_MAX_PROCESSES",
     "MODES",
+    "RUNTIME_DIR",
     "SANDBOX_PATH",
+    "UID_BASE",
     "Command",
     "Sandbox",
     "SandboxUnavailable",
@@ -60,6 +84,14 @@ MODES = ("auto", "bubblewrap", "off")
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 TMP_BYTES = 64 << 20  # the private /tmp; an installer's downloads go to its own folder
 NOBODY = "65534"
+FUNCTION_DIR = "/function"  # where a function's folder is, inside (the runtime images' path)
+RUNTIME_DIR = "/runtime"
+BUILD_DIR = "/build"  # the folder an installer writes
+# host uids of sandboxes when the reconciler runs as root: far above any account's
+# (useradd stops at 60000, container subordinate ranges start at 100000 and 65536 wide)
+UID_BASE = 900_000_000
+UID_SLOTS = 1_000_000
+INSTALLER_MAX_PROCESSES = 1024  # npm and pip start helpers of their own
 PROBE_TIMEOUT_SEC = 10.0
 
 # what of /etc a runtime needs: users, name resolution, TLS roots, time zone, the linker,
@@ -107,6 +139,33 @@ class Command:
     argv: list[str]
     env: dict[str, str]
     cwd: Path  # the sandbox's own folder is set inside it: bwrap holds on to nothing
+    uid: int | None = None  # the host uid it runs as, when dropped to one of its own
+    owned: Path | None = None  # a folder given to that uid while it runs (an installer's)
+
+
+class Uids:
+    """Host uids for the sandboxes of a reconciler that runs as root: one per live sandbox.
+
+    Random slots above ``UID_BASE``, so that two reconcilers on one machine rarely
+    meet; within one, a uid is never handed out twice while it is in use.
+    """
+
+    def __init__(self, base: int = UID_BASE, slots: int = UID_SLOTS) -> None:
+        self.base, self.slots = base, slots
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            while True:
+                uid = self.base + random.randrange(self.slots)
+                if uid not in self._used:
+                    self._used.add(uid)
+                    return uid
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._used.discard(uid)
 
 
 @dataclass(frozen=True)
@@ -116,37 +175,71 @@ class Sandbox:
     kind: str = "off"
     bwrap: str = "bwrap"
     tmp_bytes: int = TMP_BYTES
+    # set when the reconciler runs as root: every sandbox drops to a uid of its own
+    uids: Uids | None = field(default=None, compare=False)
+    setpriv: str = "setpriv"
+    prlimit: str = "prlimit"
 
     @property
     def enabled(self) -> bool:
         return self.kind == "bubblewrap"
 
+    def function_dir(self, artifact: Path) -> Path:
+        """Where the function sees its own folder: paths in its output are below this."""
+        return Path(FUNCTION_DIR) if self.enabled else artifact
+
     def run(
-        self, argv: list[str], *, artifact: Path, runtime: Path, env: Mapping[str, str]
+        self,
+        argv: list[str],
+        *,
+        artifact: Path,
+        runtime: Path,
+        env: Mapping[str, str],
+        max_processes: int | None = None,
     ) -> Command:
         """A replica, job or cron run of ``artifact``, started in it.
 
         The runtime is PID 1 of its namespace (``--as-pid-1``): the one process
         of the sandbox, which the supervisor signals and the memory guard
         measures; both runtimes handle SIGTERM, as PID 1 must to receive it.
+        ``argv`` names the runtime by its host path; inside it is below ``/runtime``.
         """
         if not self.enabled:
             return Command(argv, dict(env), artifact)
-        mounts = [*_ro(runtime), *_ro(artifact), "--chdir", str(artifact)]
-        wrapped = self._wrap(argv, _ETC, ["--as-pid-1", *mounts])
-        return Command(wrapped, {**env, "PATH": SANDBOX_PATH}, Path("/"))
+        inside = _moved(argv, runtime, RUNTIME_DIR)
+        mounts = [*_ro(runtime, RUNTIME_DIR), *_ro(artifact, FUNCTION_DIR)]
+        mounts += ["--chdir", FUNCTION_DIR]
+        uid = self.uids.take() if self.uids else None
+        wrapped = self._wrap(inside, _ETC, ["--as-pid-1", *mounts], uid, max_processes)
+        environ = {**env, "PATH": SANDBOX_PATH, "SLESS_FUNCTION_DIR": FUNCTION_DIR}
+        return Command(wrapped, environ, Path("/"), uid)
 
     def install(self, argv: list[str], *, folder: Path, env: Mapping[str, str]) -> Command:
         """The command and environment of an installer that writes only ``folder``.
 
-        Makes the installer's home (and its temporary folder) in ``folder``.
+        ``folder`` is ``/build`` inside (``argv`` names it by its host path). Makes the
+        installer's home (and its temporary folder) in it; as root, ``folder`` belongs
+        to the sandbox's uid until :meth:`release` takes it back.
         """
         if not self.enabled:
             return Command(argv, dict(env), folder)
-        environ = installer_environment(env, folder)
-        Path(environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        mounts = ["--bind", str(folder), str(folder), "--chdir", str(folder)]
-        return Command(self._wrap(argv, _ETC + _ETC_INSTALLERS, mounts), environ, Path("/"))
+        environ = installer_environment(env, Path(BUILD_DIR))
+        _make_dirs(folder, Path(environ["TMPDIR"]).relative_to(BUILD_DIR))
+        mounts = ["--bind", str(folder), BUILD_DIR, "--chdir", BUILD_DIR]
+        uid = self.uids.take() if self.uids else None
+        if uid is not None:
+            own_tree(folder, uid)
+        inside = _moved(argv, folder, BUILD_DIR)
+        wrapped = self._wrap(inside, _ETC + _ETC_INSTALLERS, mounts, uid, INSTALLER_MAX_PROCESSES)
+        return Command(wrapped, environ, Path("/"), uid, folder if uid is not None else None)
+
+    def release(self, command: Command) -> None:
+        """``command``'s processes have all ended: its uid is free again, and the folder
+        it wrote belongs to the reconciler once more (links are not followed)."""
+        if command.owned is not None:
+            own_tree(command.owned, os.geteuid(), os.getegid())
+        if command.uid is not None and self.uids is not None:
+            self.uids.give_back(command.uid)
 
     def terminate(self, pid: int) -> None:
         """SIGTERM to what runs in the sandbox started as ``pid``, so that it can drain.
@@ -172,25 +265,40 @@ class Sandbox:
             return 128 - code
         return code
 
-    def _wrap(self, argv: list[str], etc: Iterable[str], mounts: list[str]) -> list[str]:
-        return [
+    def _wrap(
+        self,
+        argv: list[str],
+        etc: Iterable[str],
+        mounts: list[str],
+        uid: int | None = None,
+        max_processes: int | None = None,
+    ) -> list[str]:
+        """bwrap around ``argv``; with ``uid``, bwrap runs as root and ``setpriv`` drops
+        to ``uid`` inside, under ``prlimit``'s task cap (RLIMIT_NPROC counts per uid)."""
+        tmp = ["--size", str(self.tmp_bytes), "--perms", "1777", "--tmpfs"]
+        wrapped = [
             self.bwrap,
-            *_isolation(),
+            *(_isolation() if uid is None else _isolation_as_root()),
             *_system(etc),
             "--proc",
             "/proc",
+            "--remount-ro",
+            "/proc",  # the sandbox's own processes; nothing of the host's to write
             "--dev",
             "/dev",
-            "--size",
-            str(self.tmp_bytes),
-            "--tmpfs",
+            *tmp,
+            "/dev/shm",
+            *tmp,
             "/tmp",  # before the binds: a folder below /tmp (a test's) is bound into it
             *mounts,
             "--remount-ro",
             "/",  # last: the folders made for the mounts above are in it
             "--",
-            *argv,
         ]
+        if uid is None:
+            return [*wrapped, *argv]
+        limit = [] if max_processes is None else [self.prlimit, f"--nproc={max_processes}", "--"]
+        return [*limit, *wrapped, *_drop(self.setpriv, uid), *argv]
 
 
 def installer_environment(env: Mapping[str, str], folder: Path) -> dict[str, str]:
@@ -221,6 +329,7 @@ def _isolation() -> list[str]:
         "--unshare-user",
         "--unshare-pid",
         "--unshare-ipc",
+        "--unshare-uts",
         "--uid",
         NOBODY,
         "--gid",
@@ -231,8 +340,60 @@ def _isolation() -> list[str]:
     ]
 
 
-def _ro(path: Path) -> list[str]:
-    return ["--ro-bind", str(path), str(path)]
+def _isolation_as_root() -> list[str]:
+    # no user namespace: it would map the sandbox to host root; setpriv drops instead
+    return ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+
+
+def _drop(setpriv: str, uid: int) -> list[str]:
+    """Become ``uid`` (and its own group) for good: no capability can come back."""
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
+
+
+def own_tree(folder: Path, uid: int, gid: int | None = None) -> None:
+    """chown ``folder`` and everything below it, never through a symlink."""
+    gid = uid if gid is None else gid
+    os.chown(folder, uid, gid, follow_symlinks=False)
+    for parent, folders, files in os.walk(folder):  # os.walk does not descend into links
+        for name in [*folders, *files]:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(parent, name), uid, gid, follow_symlinks=False)
+
+
+def _make_dirs(folder: Path, below: Path) -> None:
+    """mkdir -p ``folder/below`` that never follows a link an earlier step left there."""
+    path = folder
+    for part in below.parts:
+        path = path / part
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise NotADirectoryError(f"{path} is not a folder") from None
+
+
+def _moved(argv: list[str], host: Path, inside: str) -> list[str]:
+    """``argv`` with ``host`` (a path prefix) replaced by ``inside``."""
+    prefix = str(host)
+    moved = []
+    for arg in argv:
+        if arg == prefix or arg.startswith(prefix + "/"):
+            arg = inside + arg[len(prefix) :]
+        moved.append(arg)
+    return moved
+
+
+def _ro(path: Path, inside: str | None = None) -> list[str]:
+    return ["--ro-bind", str(path), inside or str(path)]
 
 
 def _system(etc: Iterable[str]) -> list[str]:
@@ -243,6 +404,7 @@ def _system(etc: Iterable[str]) -> list[str]:
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += _ro(path)
+    args += ["--perms", "0755", "--dir", "/etc"]  # else made 0700: closed to a dropped uid
     for name in etc:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     return args
@@ -277,7 +439,11 @@ def probe(bwrap: str | None, interpreters: Iterable[str] = ()) -> str | None:
     """
     if bwrap is None:
         return "bwrap is not installed (Debian: apt-get install bubblewrap)"
-    argv = Sandbox("bubblewrap", bwrap)._wrap(["true"], _ETC, [])
+    sandbox = _as_user(Sandbox("bubblewrap", bwrap))
+    if sandbox.uids is not None and not (sandbox.setpriv and sandbox.prlimit):
+        return "setpriv and prlimit are needed to leave root (Debian: util-linux)"
+    uid = sandbox.uids.take() if sandbox.uids else None
+    argv = sandbox._wrap(["true"], _ETC, [], uid, 16)
     try:
         done = subprocess.run(
             argv,
@@ -297,6 +463,21 @@ def probe(bwrap: str | None, interpreters: Iterable[str] = ()) -> str | None:
     return None
 
 
+def _as_user(sandbox: Sandbox) -> Sandbox:
+    """``sandbox``, dropping to uids of its own when this process is root."""
+    if os.geteuid() != 0:
+        return sandbox
+    path = f"{os.environ.get('PATH', '')}:{SANDBOX_PATH}:/usr/sbin:/sbin"
+    return Sandbox(
+        sandbox.kind,
+        sandbox.bwrap,
+        sandbox.tmp_bytes,
+        Uids(),
+        shutil.which("setpriv", path=path) or "",
+        shutil.which("prlimit", path=path) or "",
+    )
+
+
 @functools.cache
 def resolve(mode: str, interpreters: tuple[str, ...] = ()) -> Sandbox:
     """The sandbox of ``mode`` (one of MODES), probed once per process.
@@ -313,8 +494,12 @@ def resolve(mode: str, interpreters: tuple[str, ...] = ()) -> Sandbox:
     why = probe(bwrap, interpreters)
     if why is None:
         assert bwrap is not None
-        logs.event(log, "sandbox.bubblewrap", f"function processes run in sandboxes ({bwrap})")
-        return Sandbox("bubblewrap", bwrap)
+        sandbox = _as_user(Sandbox("bubblewrap", bwrap))
+        who = "a uid of their own" if sandbox.uids else "this user, in a user namespace"
+        logs.event(
+            log, "sandbox.bubblewrap", f"function processes run in sandboxes ({bwrap}) as {who}"
+        )
+        return sandbox
     if mode == "bubblewrap":
         raise SandboxUnavailable(f"--sandbox bubblewrap: {why}")
     logs.event(
