@@ -12,11 +12,17 @@ The next fetch starts a new child.
 
 The protocol is one JSON request per line on the child's stdin and one JSON
 answer per line on its stdout. Credentials travel through that pipe only.
+
+An ``ssh://`` server's host key is checked against the request's known-hosts file
+(``known_hosts.check``) from libgit2's certificate callback, during the handshake,
+before any credential is offered or any ref read: the key checked is the key of the
+connection the fetch uses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -27,11 +33,30 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 import pygit2
 from pygit2.enums import CredentialType, FetchPrune, Option, RepositoryOpenFlag
 from pygit2.remotes import TransferProgress
+
+
+def _sibling(name: str) -> ModuleType:
+    """A module of this package by its file: the child runs this file as a script (-P)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+if __package__:
+    from . import known_hosts
+else:
+    known_hosts = _sibling("known_hosts")
 
 __all__ = ["Credentials", "FetchRequest", "FetchWorker", "WorkerFailed"]
 
@@ -90,6 +115,7 @@ class FetchRequest:
     message: str
     credentials: Credentials | None
     timeout_sec: float
+    known_hosts: str | None = None  # the SSH host keys an ssh:// server may present
 
 
 class _Deadline(Exception):
@@ -110,14 +136,55 @@ _OFFERED = {
 }
 
 
-class _Callbacks(pygit2.RemoteCallbacks):
-    """Credentials for one fetch, and the deadline checked each time libgit2 calls back."""
+def _ssh_port(url: str) -> int:
+    # scp-like user@host:path has no port: OpenSSH's 22
+    return (urlsplit(url).port or 22) if "://" in url else 22
 
-    def __init__(self, credentials: Credentials | None, deadline: float) -> None:
+
+def _is_ssh(url: str) -> bool:
+    scheme, sep, _ = url.partition("://")
+    if sep:
+        return scheme.lower() in ("ssh", "ssh+git", "git+ssh")
+    head, colon, _ = url.partition(":")  # git's rule: host:path when no slash comes first
+    return bool(colon and "/" not in head)
+
+
+class _Callbacks(pygit2.RemoteCallbacks):
+    """Credentials for one fetch, the deadline checked each time libgit2 calls back, and
+    the SSH host key checked against ``known_hosts`` (``None``: every SSH key is refused)."""
+
+    def __init__(
+        self,
+        credentials: Credentials | None,
+        deadline: float,
+        known_hosts: str | None = None,
+        url: str = "",
+    ) -> None:
         super().__init__()
         self._creds = credentials
         self._deadline = deadline
+        self._known_hosts = Path(known_hosts) if known_hosts else None
+        self._port = _ssh_port(url)
+        self._unchecked = _is_ssh(url)  # until check_host_key accepts the server's key
         self._offered: set[CredentialType] = set()
+
+    def check_host_key(self, key: Any, host: str) -> None:
+        """Raise ``HostKeyRefused`` unless the known-hosts file holds ``key`` for ``host``."""
+        if key is None:
+            raise known_hosts.HostKeyRefused(
+                f"ssh host key of {host}: libgit2 {pygit2.LIBGIT2_VERSION} gave no key to check"
+            )
+        known_hosts.check(self._known_hosts, host, self._port, key)
+        self._unchecked = False
+
+    def _require_checked_host(self) -> None:
+        # libgit2 checks the key before it authenticates or reads anything: a transport
+        # that never asked (another SSH backend, a pygit2 that ignores our callback) is
+        # refused here, before a credential or an object goes through it
+        if self._unchecked:
+            raise known_hosts.HostKeyRefused(
+                f"ssh host key not checked: libgit2 {pygit2.LIBGIT2_VERSION} did not hand it over"
+            )
 
     def _check_deadline(self) -> None:
         # libgit2 reports progress about twice a second while a pack streams in, so
@@ -129,11 +196,13 @@ class _Callbacks(pygit2.RemoteCallbacks):
         self._check_deadline()
 
     def transfer_progress(self, stats: TransferProgress) -> None:
+        self._require_checked_host()
         self._check_deadline()
 
     def credentials(
         self, url: str, username_from_url: str | None, allowed_types: CredentialType
     ) -> object:
+        self._require_checked_host()
         self._check_deadline()
         creds = self._creds or Credentials()
         username = creds.username or username_from_url
@@ -172,6 +241,54 @@ class _Callbacks(pygit2.RemoteCallbacks):
 # -- the child ------------------------------------------------------------------------------
 
 
+def _host_key_reader() -> Any:
+    """``git_cert_hostkey`` as libgit2 (1.2 and later) lays it out; pygit2 declares its
+    first fields only. Loaded in the child, where the certificate callback runs."""
+    import cffi  # pygit2's own dependency
+
+    abi = cffi.FFI()
+    abi.cdef(
+        "typedef struct { int cert_type; int type; unsigned char hash_md5[16];"
+        " unsigned char hash_sha1[20]; unsigned char hash_sha256[32]; int raw_type;"
+        " const char *hostkey; size_t hostkey_len; } git_cert_hostkey_full;"
+    )
+    return abi
+
+
+_CERT_SSH_RAW = 1 << 3  # GIT_CERT_SSH_RAW: the raw key is filled in
+
+
+def _host_key(abi: Any, cert: Any) -> Any:
+    """The server's key from libgit2's certificate, or ``None`` if it carries none."""
+    full = abi.cast("git_cert_hostkey_full *", int(pygit2.ffi.cast("uintptr_t", cert)))
+    if not full.type & _CERT_SSH_RAW or full.hostkey == abi.NULL:
+        return None
+    return known_hosts.HostKey(bytes(abi.buffer(full.hostkey, full.hostkey_len)))
+
+
+def _check_host_keys() -> None:
+    """Replace pygit2's certificate callback, in the child, with one that checks SSH keys.
+
+    pygit2 (1.21) passes ``RemoteCallbacks.certificate_check`` no certificate (its
+    docstring: "currently always None") and lets every SSH host key through unless
+    that method refuses on the host name alone. libgit2 hands the callback the key
+    itself, so this redefines pygit2's ``extern "Python"`` callback: TLS keeps
+    libgit2's verdict, as pygit2 gives it; an SSH key goes to ``check_host_key`` of
+    the fetch's callbacks, whose refusal pygit2 raises from ``fetch()``.
+    """
+    from pygit2.callbacks import libgit2_callback
+    from pygit2.ffi import C, ffi
+
+    abi = _host_key_reader()
+
+    @libgit2_callback
+    def _certificate_check_cb(cert: Any, valid: int, host: Any, data: Any) -> int:
+        if cert.cert_type != C.GIT_CERT_HOSTKEY_LIBSSH2:
+            return 0 if valid else C.GIT_ECERTIFICATE
+        data.check_host_key(_host_key(abi, cert), ffi.string(host).decode())
+        return 0
+
+
 def _set_server_timeouts(timeout_sec: float) -> None:
     # process-wide libgit2 settings: the child's process holds one fetch at a time
     ms = max(1, int(timeout_sec * 1000))
@@ -188,7 +305,7 @@ def _fetch(request: FetchRequest) -> int:
     stats = remote.fetch(
         request.refspecs,
         message=request.message,
-        callbacks=_Callbacks(request.credentials, deadline),
+        callbacks=_Callbacks(request.credentials, deadline, request.known_hosts, request.url),
         prune=FetchPrune.PRUNE,  # PR refs deleted on the remote go; the branch is staged
     )
     return stats.received_objects
@@ -211,6 +328,8 @@ def _answer(request: FetchRequest) -> dict[str, Any]:
         return {"error": "deadline", "message": ""}
     except _AuthFailed as exc:
         return {"error": "auth", "message": str(exc)}
+    except known_hosts.HostKeyRefused as exc:
+        return {"error": "git", "message": str(exc)}
     except (pygit2.GitError, OSError, KeyError, ValueError) as exc:
         return {"error": "git", "message": str(exc) or type(exc).__name__}
     finally:
@@ -338,4 +457,5 @@ class FetchWorker:
 
 
 if __name__ == "__main__":
+    _check_host_keys()
     _serve(sys.stdin, sys.stdout)

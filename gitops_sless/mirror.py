@@ -6,6 +6,9 @@ was found, so a failed fetch leaves the mirror exactly as it was. Every pygit2 o
 OS error from a fetch becomes a ``FetchError`` (transient: retry later) whose
 message names the URL with its password redacted.
 
+An ``ssh://`` server must present a host key that the ``known_hosts`` file holds
+for it (``known_hosts.check``); with no file, every SSH host key is refused.
+
 Each fetch has an overall deadline, ``timeout_sec``: the fetch runs in a child
 process (``fetcher.FetchWorker``) that is stopped when the deadline passes, even
 while libgit2 is still reading the server's ref list, where no callback runs.
@@ -115,6 +118,8 @@ class FetchResult:
 class Mirror:
     """A bare repository at ``path`` that follows ``branch`` of ``url``.
 
+    ``known_hosts``: the OpenSSH known_hosts file an ``ssh://`` server's key must be in.
+
     ``fetch()`` runs one at a time; ``head()``, ``snapshot()`` and the other readers
     may run at any time, from any thread, and older commits stay readable.
     """
@@ -127,6 +132,7 @@ class Mirror:
         credentials: Credentials | None = None,
         timeout_sec: float = 120,
         preview_refs: bool = False,
+        known_hosts: Path | None = None,
     ) -> None:
         if not pygit2.reference_is_valid_name(f"refs/heads/{branch}"):
             raise SourceError(f"branch {branch!r}: not a valid branch name")
@@ -136,6 +142,7 @@ class Mirror:
         self.credentials = credentials
         self.timeout_sec = timeout_sec
         self.preview_refs = preview_refs
+        self.known_hosts = known_hosts
         self._ref = f"refs/heads/{branch}"
         self._lock = threading.Lock()
         self._fetch_url, url_creds = _split_userinfo(url)
@@ -269,6 +276,7 @@ class Mirror:
             message=f"fetch {redact(self.url)}",
             credentials=self._auth,
             timeout_sec=self.timeout_sec,
+            known_hosts=str(self.known_hosts) if self.known_hosts else None,
         )
         try:
             return self._worker.fetch(request)

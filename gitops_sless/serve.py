@@ -75,6 +75,7 @@ class ServeConfig:
     max_builds: int = 2
     build_timeout: float = 600.0
     fetch_timeout: float = 120.0  # overall deadline of one fetch
+    ssh_known_hosts: Path | None = None  # the host keys an ssh:// repo may present
     max_body_bytes: int = 1 << 20
     log_format: str = "text"  # text | json (gitops_sless.logs)
     log_level: str = "info"
@@ -194,6 +195,7 @@ class Server:
             credentials=mirror_mod.Credentials.from_env(),
             timeout_sec=config.fetch_timeout,
             preview_refs=config.previews,
+            known_hosts=config.ssh_known_hosts,
         )
         # builds and jobs under way, shared by every environment: a tag is built once
         self.work = InFlight(32 if config.backend == "kubernetes" else 16)

@@ -34,9 +34,13 @@ def keygen(path: Path) -> Path:
 
 
 class Sshd:
-    """``sshd`` on 127.0.0.1 that lets ``client_key`` in as the current user."""
+    """``sshd`` on 127.0.0.1 that lets ``client_key`` in as the current user.
 
-    def __init__(self, folder: Path) -> None:
+    ``client_key``: a key of another server's to let in (default: one of its own);
+    ``config``: more lines of sshd_config (``ForceCommand ...``, for instance).
+    """
+
+    def __init__(self, folder: Path, client_key: Path | None = None, config: str = "") -> None:
         if not SSHD.exists():
             raise AssertionError(f"{SSHD} is missing: run scripts/setup (installs openssh-server)")
         self.folder = folder
@@ -46,7 +50,8 @@ class Sshd:
         self._proc: subprocess.Popen[bytes] | None = None
         folder.mkdir(parents=True, exist_ok=True)
         self.host_key = keygen(folder / "host_key")
-        self.client_key = keygen(folder / "client_key")
+        self.client_key = client_key or keygen(folder / "client_key")
+        self.extra_config = config
         (folder / "authorized_keys").write_text(self.client_key.with_suffix(".pub").read_text())
 
     def url(self, path: Path) -> str:
@@ -73,14 +78,15 @@ class Sshd:
             "UsePAM no\n"
             # the keys live in a temporary folder below the world-writable /tmp
             "StrictModes no\n"
-            "LogLevel VERBOSE\n"
+            "LogLevel VERBOSE\n" + self.extra_config
         )
         return config
 
-    def start(self) -> Sshd:
+    def start(self, port: int | None = None) -> Sshd:
+        """Listen on ``port`` (one another server has left, say), or on a free one."""
         if os.geteuid() == 0 and not PRIVSEP_DIR.is_dir():
             PRIVSEP_DIR.mkdir(mode=0o755)
-        self.port = free_port()
+        self.port = port or free_port()
         with self.log.open("ab") as log:
             self._proc = subprocess.Popen(
                 [str(SSHD), "-D", "-e", "-f", str(self._config())],

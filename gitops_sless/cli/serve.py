@@ -119,6 +119,14 @@ def add_parser(commands: Any) -> None:
         "abandoned and the next pass tries again (default: $SLESS_FETCH_TIMEOUT or 120)",
     )
     serve.add_argument(
+        "--ssh-known-hosts",
+        default=os.environ.get("SLESS_SSH_KNOWN_HOSTS") or None,
+        metavar="PATH",
+        help="OpenSSH known_hosts file with the host keys an ssh:// --repo may present; a fetch "
+        "from a server whose key it does not hold is refused (default: $SLESS_SSH_KNOWN_HOSTS, "
+        "else ~/.ssh/known_hosts if it exists; none: every ssh:// fetch is refused)",
+    )
+    serve.add_argument(
         "--log-format",
         choices=logs.FORMATS,
         default=_env_choice("SLESS_LOG_FORMAT", "text"),
@@ -213,6 +221,20 @@ def _check_ssh_keys() -> None:
         value = os.environ.get(variable)
         if value and not Path(value).is_file():
             raise UsageError(f"${variable} {value}: no such file; expected an SSH key file")
+
+
+def _ssh_known_hosts(value: str | None) -> Path | None:
+    """The known-hosts file given, which must exist; else ~/.ssh/known_hosts if it does."""
+    if not value:
+        default = Path("~/.ssh/known_hosts").expanduser()
+        return default if default.is_file() else None
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise UsageError(
+            f"--ssh-known-hosts {value}: no such file; expected an OpenSSH known_hosts file "
+            "(ssh-keyscan -p PORT HOST > FILE, then check the fingerprints)"
+        )
+    return path.resolve()
 
 
 def _seconds(name: str, value: float) -> float:
@@ -456,6 +478,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_builds=int(positive("--max-builds", args.max_builds)),
         build_timeout=positive("--build-timeout", args.build_timeout),
         fetch_timeout=_fetch_timeout(args.fetch_timeout),
+        ssh_known_hosts=_ssh_known_hosts(args.ssh_known_hosts),
         log_format=_choice("SLESS_LOG_FORMAT", args.log_format, logs.FORMATS),
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
