@@ -18,6 +18,13 @@ Two ways, chosen once per reconciler process by :func:`detect`:
 
 Either way the supervisor asks the :class:`Limit` of an exited process whether
 memory killed it, and reports ``OOMKilled: …`` instead of "killed by signal 9".
+
+The same limit holds ``maxProcesses``, the tasks (processes and threads) a
+sandbox may have: ``pids.max`` in the cgroup where the pids controller is
+delegated, else the watchdog counts the family's threads at each sample and
+kills it above the cap, reported as ``ProcessLimit: …``. (A reconciler run as
+root also has the kernel refuse a fork above the cap: each sandbox runs as a
+uid of its own under ``RLIMIT_NPROC``, see ``sandbox``.)
 """
 
 from __future__ import annotations
@@ -60,6 +67,12 @@ def oom_reason(memory_mb: int, what: str = "resident memory") -> str:
     return f"OOMKilled: {what} exceeded memoryMB={memory_mb} (MiB)"
 
 
+def tasks_reason(max_tasks: int, tasks: int | None = None) -> str:
+    """What a replica killed for its number of processes and threads says."""
+    seen = f"{tasks} tasks" if tasks is not None else "tasks"
+    return f"ProcessLimit: {seen} reached maxProcesses={max_tasks}"
+
+
 class Limit:
     """The memory limit of one process (and whatever it starts); this base one is none."""
 
@@ -88,7 +101,7 @@ class MemoryGuard(ABC):
     on_kill: Callable[[int, str], None] | None = None
 
     @abstractmethod
-    def limit(self, memory_mb: int | None, name: str = "") -> Limit:
+    def limit(self, memory_mb: int | None, name: str = "", max_tasks: int | None = None) -> Limit:
         """The limit for one process; ``name`` (``env/function``) is for log lines."""
 
     def close(self) -> None:  # noqa: B027 - most guards hold nothing
@@ -101,8 +114,9 @@ class MemoryGuard(ABC):
 @dataclass(eq=False)
 class _Watched(Limit):
     guard: RssWatchdog
-    memory_mb: int
+    memory_mb: int | None
     name: str
+    max_tasks: int | None = None
     pid: int = 0
     killed: str | None = None
 
@@ -122,6 +136,7 @@ class _Proc:
     ppid: int
     session: int
     rss: int  # bytes
+    threads: int
     children: list[int] = field(default_factory=list)
 
 
@@ -141,10 +156,13 @@ def _processes(proc: Path) -> dict[int, _Proc]:
         except OSError:
             continue  # it exited meanwhile
         # fields after the name in parentheses (which may hold spaces and parentheses):
-        # state ppid pgrp session ... rss is field 24 of the line, in pages (the VmRSS count)
+        # state ppid pgrp session ... num_threads is field 20 of the line, rss field 24, in
+        # pages (the VmRSS count)
         fields = stat.rpartition(b")")[2].split()
         try:
-            found[int(name)] = _Proc(int(fields[1]), int(fields[3]), int(fields[21]) * _PAGE)
+            found[int(name)] = _Proc(
+                int(fields[1]), int(fields[3]), int(fields[21]) * _PAGE, int(fields[17])
+            )
         except (IndexError, ValueError):
             continue
     for pid, info in found.items():
@@ -182,8 +200,10 @@ class RssWatchdog(MemoryGuard):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def limit(self, memory_mb: int | None, name: str = "") -> Limit:
-        return Limit() if not memory_mb else _Watched(self, memory_mb, name)
+    def limit(self, memory_mb: int | None, name: str = "", max_tasks: int | None = None) -> Limit:
+        if not memory_mb and not max_tasks:
+            return Limit()
+        return _Watched(self, memory_mb, name, max_tasks)
 
     def _watch(self, limit: _Watched) -> None:
         with self._lock:
@@ -215,18 +235,15 @@ class RssWatchdog(MemoryGuard):
         table = _processes(self.proc)
         killed = []
         for limit in watched:
+            if limit.killed:
+                continue
             members = _family(limit.pid, table)
-            resident = sum(table[p].rss for p in members)
-            if limit.killed or resident <= limit.memory_mb << 20:
+            why = _over(limit, members, table)
+            if why is None:
                 continue
             # the reason first: whoever sees the exit must find it
-            limit.killed = oom_reason(limit.memory_mb)
-            logs.event(
-                log,
-                "memory.exceeded",
-                f"{limit.name or 'pid'} (pid {limit.pid}): {resident >> 20} MiB resident in"
-                f" {len(members)} processes, over memoryMB={limit.memory_mb}: killed",
-            )
+            limit.killed, event, said = why
+            logs.event(log, event, f"{limit.name or 'pid'} (pid {limit.pid}): {said}: killed")
             if self.on_kill is not None:
                 self.on_kill(limit.pid, limit.killed)
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -236,6 +253,24 @@ class RssWatchdog(MemoryGuard):
                     os.kill(pid, signal.SIGKILL)
             killed.append(limit.pid)
         return killed
+
+
+def _over(
+    limit: _Watched, members: set[int], table: dict[int, _Proc]
+) -> tuple[str, str, str] | None:
+    """(reason, event, what was seen) when ``members`` are over ``limit``, else None."""
+    if limit.memory_mb:
+        resident = sum(table[p].rss for p in members)
+        if resident > limit.memory_mb << 20:
+            said = f"{resident >> 20} MiB resident in {len(members)} processes"
+            return oom_reason(limit.memory_mb), "memory.exceeded", said
+    if limit.max_tasks:
+        # the sandbox's own bwrap is one of them and none of the function's: >, not >=
+        tasks = sum(table[p].threads for p in members)
+        if tasks > limit.max_tasks:
+            said = f"{tasks} tasks in {len(members)} processes"
+            return tasks_reason(limit.max_tasks, tasks), "tasks.exceeded", said
+    return None
 
 
 # --- cgroup v2 ------------------------------------------------------------------------------
@@ -248,7 +283,8 @@ class CgroupUnavailable(Exception):
 @dataclass(eq=False)
 class _Cgroup(Limit):
     path: Path
-    memory_mb: int
+    memory_mb: int | None
+    max_tasks: int | None = None
     oom: str | None = None
 
     def command(self, argv: list[str]) -> list[str]:
@@ -258,7 +294,9 @@ class _Cgroup(Limit):
 
     def reason(self) -> str | None:
         if self.oom is None and _events(self.path).get("oom_kill", 0) > 0:
-            self.oom = oom_reason(self.memory_mb, "memory use")
+            self.oom = oom_reason(self.memory_mb or 0, "memory use")
+        if self.oom is None and self.max_tasks and _events(self.path, "pids").get("max", 0):
+            self.oom = tasks_reason(self.max_tasks)  # forks were refused at the cap
         return self.oom
 
     def release(self) -> None:
@@ -266,9 +304,9 @@ class _Cgroup(Limit):
         _remove_cgroup(self.path)
 
 
-def _events(path: Path) -> dict[str, int]:
+def _events(path: Path, controller: str = "memory") -> dict[str, int]:
     try:
-        lines = (path / "memory.events").read_text().splitlines()
+        lines = (path / f"{controller}.events").read_text().splitlines()
     except OSError:
         return {}
     out = {}
@@ -342,21 +380,27 @@ class CgroupMemory(MemoryGuard):
         guard._try(shell)
         return guard
 
-    def limit(self, memory_mb: int | None, name: str = "") -> Limit:
-        if not memory_mb:
+    def limit(self, memory_mb: int | None, name: str = "", max_tasks: int | None = None) -> Limit:
+        if not memory_mb and not max_tasks:
             return Limit()
         path = self.base / f"{os.getpid()}-{next(self._seq)}"
         try:
             path.mkdir()
-            _write(path / "memory.max", str(memory_mb << 20))
-            for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
-                if (path / name).exists():
-                    _write(path / name, value)
+            if memory_mb:
+                _write(path / "memory.max", str(memory_mb << 20))
+            for file, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                if memory_mb and (path / file).exists():
+                    _write(path / file, value)
+            if max_tasks and not (path / "pids.max").exists():
+                _remove_cgroup(path)  # no pids controller here: the watchdog counts them
+                return self._fallback.limit(memory_mb, name, max_tasks)
+            if max_tasks:
+                _write(path / "pids.max", str(max_tasks + 1))  # the sandbox's bwrap is one
         except OSError as exc:
             log.warning("%s: cannot set up %s (%s): the RSS watchdog limits it", name, path, exc)
             _remove_cgroup(path)
-            return self._fallback.limit(memory_mb, name)
-        return _Cgroup(path, memory_mb)
+            return self._fallback.limit(memory_mb, name, max_tasks)
+        return _Cgroup(path, memory_mb, max_tasks)
 
     def close(self) -> None:
         self._fallback.close()
@@ -416,6 +460,15 @@ def _own_cgroup(mountinfo: Path, own: Path) -> Path:
 
 
 def _enable_memory(folder: Path) -> None:
+    """Turn on the memory controller for ``folder``'s children, and pids where it can be."""
+    _enable_memory_only(folder)
+    subtree = folder / "cgroup.subtree_control"
+    with contextlib.suppress(OSError):  # without it, the watchdog counts tasks
+        if "pids" not in _read(subtree).split():
+            _write(subtree, "+pids")
+
+
+def _enable_memory_only(folder: Path) -> None:
     """Turn on the memory controller for ``folder``'s children.
 
     cgroup v2 allows that only in a cgroup with no processes of its own (but the
