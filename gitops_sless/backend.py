@@ -51,6 +51,12 @@ class BuildFailed(PermanentError):
 class JobFailed(PermanentError):
     """A job run ended without a result; its error is kept as the run's message."""
 
+    def __init__(self, message: str, summary: str | None = None) -> None:
+        """``summary``: what the reconciler's log may say, never what the job printed (its
+        output stays in the message, read through the API); None: the message is all ours."""
+        super().__init__(message)
+        self.summary = message if summary is None else summary
+
 
 class SecretUnavailable(TransientError):
     """A secret a function or job names cannot be read yet: it waits (Pending), as a pod does

@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import backoff, failure, logs, manifest, phases, serving
-from .backend import Backend, BuildFailed, Deployment, SecretUnavailable, deployment_for
+from .backend import (
+    Backend,
+    BuildFailed,
+    Deployment,
+    JobFailed,
+    SecretUnavailable,
+    deployment_for,
+)
 from .diff import job_errors, job_results
 from .errors import SlessError, TransientError
 from .inflight import InFlight
@@ -483,7 +490,8 @@ class Reconciler:
             if self.backend.is_built(fn):
                 self._built.add(tag)
                 continue
-            record = self.store.build(tag)
+            # this scope's record only: a fork's failed build of the tag holds back no other
+            record = self.store.build(tag, self.backend.build_scope)
             recent = record and now - (record["finished"] or 0) < self.build_retry_sec
             if recent and record["phase"] == "Failed":
                 failed[tag] = record["error"] or "build failed"
@@ -648,19 +656,22 @@ class Reconciler:
 
     def _build(self, fn: Function, snapshot: Snapshot) -> None:
         users = ", ".join(f.name for f in self._desired_functions() if f.build_tag == fn.build_tag)
-        self.store.start_build(fn.build_tag, fn.runtime, fn.source_id, fn.folder)
+        scope = self.backend.build_scope
+        self.store.start_build(fn.build_tag, fn.runtime, fn.source_id, fn.folder, scope)
         where = {"env": self.env, "function": users, "tag": fn.build_tag}
         logs.event(log, "build.started", f"{fn.build_tag} ({fn.folder or '.'})", **where)
         started = time.monotonic()
         try:
             build_log = self.backend.build(fn, snapshot)
         except TransientError as exc:  # stopped by a shutdown, files changed: not a failure
-            self.store.delete_builds([fn.build_tag])
+            self.store.delete_builds([fn.build_tag], scope)
             logs.event(log, "build.interrupted", str(exc), level=logging.WARNING, **where)
             return
         except SlessError as exc:
             took = time.monotonic() - started
-            self.store.finish_build(fn.build_tag, "Failed", _tail(exc), _build_error(exc))
+            self.store.finish_build(
+                fn.build_tag, "Failed", _tail(exc), _build_error(exc), scope=scope
+            )
             self._done["build_failed"] += 1
             METRICS.builds.inc(runtime=fn.runtime, result="Failed")
             METRICS.build_duration.observe(took)
@@ -669,7 +680,8 @@ class Reconciler:
             )
             return
         took = time.monotonic() - started
-        self.store.finish_build(fn.build_tag, "Succeeded", build_log, image=self.backend.image(fn))
+        image = self.backend.image(fn)
+        self.store.finish_build(fn.build_tag, "Succeeded", build_log, image=image, scope=scope)
         self._done["built"] += 1
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
         METRICS.build_duration.observe(took)
@@ -712,13 +724,15 @@ class Reconciler:
             return
         except SlessError as exc:
             if self._stopping.is_set():  # killed by the shutdown: the next start runs it again
-                logs.event(log, "job.interrupted", f"{job.name}: {exc}", **where)
+                logs.event(log, "job.interrupted", f"{job.name}: {_summary(exc)}", **where)
                 return
             self.store.set_job_run(
                 self.env, job.name, job.run_id, phase="Failed", error=str(exc), finished=time.time()
             )
             self._done["jobs"] += 1
-            logs.event(log, "job.failed", f"{job.name}: {exc}", level=logging.ERROR, **where)
+            said = f"{job.name}: {_summary(exc)}; its error ({_size(str(exc))}) is read with "
+            reader = _job_reader(self.env, fn, job)
+            logs.event(log, "job.failed", said + reader, level=logging.ERROR, **where)
             return
         self.store.set_job_run(
             self.env,
@@ -730,7 +744,9 @@ class Reconciler:
             finished=time.time(),
         )
         self._done["jobs"] += 1
-        logs.event(log, "job.succeeded", f"{job.name}: {_clip(result)}", **where)
+        # never the result itself: it is shown only to those who may read the API
+        said = f"{job.name}: result of {_size(result)}, read with {_job_reader(self.env, fn, job)}"
+        logs.event(log, "job.succeeded", said, **where)
 
     def _apply(self, deployment: Deployment, revision: str, replacing: bool) -> bool | None:
         """Start or replace one function: True if it did, False if it failed, None if it
@@ -994,5 +1010,19 @@ def _short(revision: str | None) -> str | None:
     return revision[:12] if revision else None
 
 
-def _clip(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
+def _size(text: str) -> str:
+    size = len(text.encode())
+    return f"{size} byte" if size == 1 else f"{size} bytes"
+
+
+def _summary(exc: SlessError) -> str:
+    """What the log may say of a failed job: never what the job printed."""
+    return exc.summary if isinstance(exc, JobFailed) else str(exc)
+
+
+def _job_reader(env: str, fn: Function, job: Job) -> str:
+    """Where a job's result and error are read: by those the API lets read them."""
+    return (
+        f"`gitops-sless logs {env}/{fn.name} --job {job.name}` "
+        f"(GET /api/v1/environments/{env}/jobs)"
+    )

@@ -66,17 +66,6 @@ CREATE TABLE IF NOT EXISTS serving (
     deployed REAL NOT NULL,
     PRIMARY KEY (env, name)
 );
-CREATE TABLE IF NOT EXISTS builds (
-    tag TEXT PRIMARY KEY,
-    runtime TEXT NOT NULL,
-    source_id TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    started REAL NOT NULL,
-    finished REAL,
-    log TEXT NOT NULL DEFAULT '',
-    error TEXT,
-    folder TEXT NOT NULL DEFAULT ''
-);
 CREATE TABLE IF NOT EXISTS jobs (
     env TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -133,6 +122,25 @@ CREATE INDEX IF NOT EXISTS webhook_deliveries_by_digest ON webhook_deliveries (f
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (received);
 """
 
+# one row per build tag and trust scope (Backend.build_scope: "" trusted, "untrusted" a
+# fork's): a failed build in one scope never holds back the same tag in another
+_BUILDS_TABLE = """
+CREATE TABLE IF NOT EXISTS builds (
+    tag TEXT NOT NULL,
+    scope TEXT NOT NULL DEFAULT '',
+    runtime TEXT NOT NULL,
+    source_id TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    started REAL NOT NULL,
+    finished REAL,
+    log TEXT NOT NULL DEFAULT '',
+    error TEXT,
+    folder TEXT NOT NULL DEFAULT '',
+    image TEXT,
+    PRIMARY KEY (tag, scope)
+);
+"""
+
 
 def _preview(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "labels": json.loads(row["labels"] or "[]")}
@@ -173,6 +181,19 @@ _FUNCTION_FIELDS = (
     "next_retry",
     "wanted_tag",
 )
+# the columns of a build row before trust scopes (all of them, _ADDED_COLUMNS included)
+_BUILD_COLUMNS = (
+    "tag",
+    "runtime",
+    "source_id",
+    "phase",
+    "started",
+    "finished",
+    "log",
+    "error",
+    "folder",
+    "image",
+)
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
 
@@ -195,14 +216,29 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA + _BUILDS_TABLE)
         self._add_missing_columns()
+        self._scope_builds()
 
     def _add_missing_columns(self) -> None:
         for table, column, definition in _ADDED_COLUMNS:
             columns = {row["name"] for row in self._all(f"PRAGMA table_info({table})")}
             if column not in columns:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+
+    def _scope_builds(self) -> None:
+        """A database from before trust scopes keyed builds by tag alone: its rows are
+        kept, each as the trusted scope's (the only scope that then had builds of its own
+        on the local backend; a fork's failed build there ages out after build_retry_sec)."""
+        columns = {row["name"] for row in self._all("PRAGMA table_info(builds)")}
+        if "scope" in columns:
+            return
+        kept = ", ".join(_BUILD_COLUMNS)
+        with self._tx() as db:
+            db.execute("ALTER TABLE builds RENAME TO builds_by_tag")
+            db.execute(_BUILDS_TABLE)
+            db.execute(f"INSERT INTO builds ({kept}) SELECT {kept} FROM builds_by_tag")
+            db.execute("DROP TABLE builds_by_tag")
 
     def close(self) -> None:
         with self._lock:
@@ -455,8 +491,15 @@ class Store:
 
     # --- builds ------------------------------------------------------------------------
 
-    def build(self, tag: str) -> dict[str, Any] | None:
-        return self._one("SELECT * FROM builds WHERE tag = ?", tag)
+    def build(self, tag: str, scope: str | None = None) -> dict[str, Any] | None:
+        """The build of ``tag`` in trust ``scope`` (``Backend.build_scope``); None: the
+        trusted scope's, else another's (what a reader of ``tag`` is shown)."""
+        if scope is not None:
+            return self._one("SELECT * FROM builds WHERE tag = ? AND scope = ?", tag, scope)
+        return self._one(
+            "SELECT * FROM builds WHERE tag = ? ORDER BY scope = '' DESC, started DESC LIMIT 1",
+            tag,
+        )
 
     def build_of(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """A function's build: of what the repository asks for (a failed one says why), else
@@ -467,20 +510,28 @@ class Store:
                 return build
         return None
 
-    def start_build(self, tag: str, runtime: str, source_id: str, folder: str = "") -> None:
+    def start_build(
+        self, tag: str, runtime: str, source_id: str, folder: str = "", scope: str = ""
+    ) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT INTO builds (tag, runtime, source_id, phase, started, folder) "
-                "VALUES (?, ?, ?, 'Building', ?, ?) ON CONFLICT (tag) DO UPDATE SET "
+                "INSERT INTO builds (tag, scope, runtime, source_id, phase, started, folder) "
+                "VALUES (?, ?, ?, ?, 'Building', ?, ?) ON CONFLICT (tag, scope) DO UPDATE SET "
                 "phase = 'Building', started = excluded.started, finished = NULL, error = NULL,"
                 " image = NULL,"
                 " folder = excluded.folder",
-                (tag, runtime, source_id, time.time(), folder),
+                (tag, scope, runtime, source_id, time.time(), folder),
             )
 
-    def delete_builds(self, tags: Iterable[str]) -> None:
+    def delete_builds(self, tags: Iterable[str], scope: str | None = None) -> None:
+        """Forget the builds of ``tags`` in ``scope`` (None: in every scope)."""
         with self._tx() as db:
-            db.executemany("DELETE FROM builds WHERE tag = ?", [(tag,) for tag in tags])
+            if scope is None:
+                db.executemany("DELETE FROM builds WHERE tag = ?", [(tag,) for tag in tags])
+            else:
+                db.executemany(
+                    "DELETE FROM builds WHERE tag = ? AND scope = ?", [(t, scope) for t in tags]
+                )
 
     def finish_build(
         self,
@@ -489,14 +540,15 @@ class Store:
         log: str,
         error: str | None = None,
         image: str | None = None,
+        scope: str = "",
     ) -> None:
         if phase not in BUILD_PHASES:
             raise ValueError(f"unknown build phase {phase!r}")
         with self._tx() as db:
             db.execute(
                 "UPDATE builds SET phase = ?, finished = ?, log = ?, error = ?, image = ? "
-                "WHERE tag = ?",
-                (phase, time.time(), log[-LOG_TAIL_CHARS * 4 :], error, image, tag),
+                "WHERE tag = ? AND scope = ?",
+                (phase, time.time(), log[-LOG_TAIL_CHARS * 4 :], error, image, tag, scope),
             )
 
     def builds(self, limit: int = 100) -> list[dict[str, Any]]:

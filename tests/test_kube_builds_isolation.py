@@ -240,6 +240,46 @@ def test_an_untrusted_preview_runs_the_trusted_image_of_a_tag_prod_built(kube, p
         preview.store.close()
 
 
+def test_a_forks_failed_build_of_a_tag_never_holds_back_prods_build_of_it(kube, prod, tmp_path):
+    """A fork's PR carries the very tree prod is about to build; its build, in the untrusted
+    namespace, fails (the forks' repository refuses the push). Prod, sharing the store as
+    in ``serve``, still builds that tag with its own credentials, at once, and serves it."""
+    harness = prod()
+    kube.fail_build(FORKS, "error pushing image: UNAUTHORIZED: the forks' repository refused\n")
+    fork = Reconciler(
+        RepoSource(harness.repo.path),
+        harness.backend.for_untrusted(),
+        harness.store,  # one store for every environment, as serve has it
+        env="pr-7",
+        routes=harness.routes,
+        workers=4,
+    )
+    tag = fork._load(fork.source.snapshot()).functions["alpha"].build_tag
+    try:
+        wait_for(
+            lambda: fork.sync("test") and fork.store.function("pr-7", "alpha")["phase"] == "Failed",
+            "the fork's build to fail",
+        )
+        failed = kube.get("Job", UNTRUSTED, build_job_name(tag))
+        assert "Failed" in {c["type"] for c in failed["status"]["conditions"]}
+        assert kube.get("Job", NAMESPACE, build_job_name(tag)) is None  # prod has not built
+        # prod wants the same tag within build_retry_sec of that failure: it builds it
+        _serving(harness)
+        assert kube.get("Job", NAMESPACE, build_job_name(tag)) is not None
+        prod_image = images(kube.get("Deployment", PROD, "alpha"))[0]
+        assert PINNED.fullmatch(prod_image).group("repo") == REGISTRY
+        assert harness.store.build(tag, "")["phase"] == "Succeeded"
+        assert harness.store.build(tag, "untrusted")["phase"] == "Failed"
+        # the fork may run what prod built (never the reverse): its preview gets prod's image
+        wait_for(
+            lambda: fork.sync("test") and kube.get("Deployment", "sless-pr-7", "alpha"),
+            "the preview's Deployment",
+        )
+        assert images(kube.get("Deployment", "sless-pr-7", "alpha")) == [prod_image]
+    finally:
+        fork.stop()
+
+
 def test_untrusted_builds_in_the_reconcilers_namespace_are_refused_at_start(kube, s3_server):
     same = settings(kube.kubeconfig, s3_server.config(), untrusted_namespace=NAMESPACE)
     with pytest.raises(StartupError, match="SLESS_UNTRUSTED_BUILD_NAMESPACE=gitops-sless is"):

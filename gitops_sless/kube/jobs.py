@@ -86,7 +86,7 @@ class JobRunner:
         if recorded[0] is not None:
             return recorded[0]
         if recorded[1] is not None:
-            raise JobFailed(recorded[1])
+            raise JobFailed(recorded[1], f"Job {name} failed (its error is recorded on it)")
         try:
             live = self._wait(view, name, fn.timeout_sec)
         except _Stuck as stuck:
@@ -104,12 +104,13 @@ class JobRunner:
             if problem is None:
                 self._record(view, name, {RESULT: result})
                 return result
+            summary = f"Job {name}: {problem.split(':', 1)[0]}"  # never the output itself
         else:
-            reason = _failure(live)
+            reason = summary = _failure(live)
             tail = "\n".join(output.splitlines()[-LOG_TAIL_LINES:])
             problem = f"{reason}: {tail}" if tail else reason
         self._record(view, name, {ERROR: problem})
-        raise JobFailed(problem)
+        raise JobFailed(problem, summary)
 
     def _wait(self, view: View, name: str, timeout: int) -> dict[str, Any]:
         namespace, listed = view.namespace, [0.0]

@@ -65,6 +65,9 @@ class LocalBackend(Backend):
 
     # --- building ---------------------------------------------------------------------
 
+    def for_untrusted(self) -> LocalBackend:
+        return _Untrusted(self)
+
     def is_built(self, fn: Function) -> bool:
         return self.builder.is_built(fn.build_tag)
 
@@ -158,14 +161,18 @@ class LocalBackend(Backend):
     ) -> Callable[[int, Mapping[str, Any]], None]:
         def fire(index: int, event: Mapping[str, Any]) -> None:
             started = time.monotonic()
+            failed: str | None = None  # why, in the reconciler's words
             try:
-                output, ok = self.supervisor.run_once(spec, event, spec.timeout_sec), True
+                output = self.supervisor.run_once(spec, event, spec.timeout_sec)
             except JobFailed as exc:
-                output, ok = str(exc), False
+                output, failed = str(exc), exc.summary
+            ok = failed is None
             if not ok and self.supervisor.closing:
                 return  # stopped by the shutdown, or never started: not a run of the trigger
             elapsed = (time.monotonic() - started) * 1000
-            _log_cron(spec, schedules[index], ok, elapsed, output)
+            if not ok:  # what it printed goes to its log, read through the API
+                self.supervisor.note(spec.env_name, spec.function, f"cron run failed: {output}")
+            _log_cron(spec, schedules[index], elapsed, failed)
             if self._on_cron:
                 self._on_cron(CronRun(spec.env_name, spec.function, index, ok, elapsed, output))
 
@@ -191,14 +198,31 @@ class LocalBackend(Backend):
         self.supervisor.close()
 
 
-def _log_cron(spec: ProcessSpec, schedule: str, ok: bool, elapsed_ms: float, output: str) -> None:
-    """One line a person reads: which schedule ran, and how it went in words."""
+class _Untrusted(LocalBackend):
+    """A :class:`LocalBackend` for environments running untrusted code (a fork's preview):
+    the same builder, processes and routes, but its builds are recorded in a scope of their
+    own, so one that fails never holds back a trusted environment's build of the same tag.
+    (Artifacts stay shared: the same tag is the same files, installed the same way.)"""
+
+    build_scope = "untrusted"
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self.__dict__ = backend.__dict__  # one backend seen two ways
+
+
+def _log_cron(spec: ProcessSpec, schedule: str, elapsed_ms: float, failed: str | None) -> None:
+    """One line a person reads: which schedule ran, and how it went in words; ``failed``:
+    why, as the reconciler saw it (never what the function printed or returned)."""
+    ok = failed is None
     outcome = "succeeded" if ok else "failed"
-    said = next(iter(output.strip().splitlines()), "") if not ok else ""
+    said = f'cron "{schedule}" {outcome} in {elapsed_ms:.0f} ms'
+    if failed is not None:
+        where = f"/api/v1/environments/{spec.env_name}/functions/{spec.function}/logs"
+        said += f": {failed}; what it printed is in the function's log (GET {where})"
     logs.event(
         log,
         f"cron.{outcome}",
-        f'cron "{schedule}" {outcome} in {elapsed_ms:.0f} ms' + (f": {said}" if said else ""),
+        said,
         level=logging.INFO if ok else logging.WARNING,
         env=spec.env_name,
         function=spec.function,

@@ -298,6 +298,13 @@ class Supervisor:
             children = [c for c in self._children.values() if c.spec.env_name == env]
         self._stop(children)
 
+    def note(self, env: str, function: str, line: str) -> None:
+        """A line of the reconciler's own in ``function``'s log (what a cron run that
+        failed printed: read through the API, never in the reconciler's log)."""
+        log_dir = self.logs / env
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.output.note(log_dir / f"{function}.log", line.replace("\n", "\\n"))
+
     def run_once(self, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
         """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
         name = spec.function
@@ -331,12 +338,16 @@ class Supervisor:
             raise JobFailed(f"{name}: timed out after {timeout_sec:g}s")
         if code != 0:
             why = failure.cause(err.decode("utf-8", "replace"), spec.artifact)
-            raise JobFailed(f"{name}: {reason}: {why or 'no output on stderr'}")
+            said = why or "no output on stderr"
+            raise JobFailed(f"{name}: {reason}: {said}", f"{name}: {reason}")
         result = out.decode("utf-8", "replace").strip()
         try:
             json.loads(result)
         except ValueError as exc:
-            raise JobFailed(f"{name}: the result is not JSON: {result[:200]!r}") from exc
+            raise JobFailed(
+                f"{name}: the result is not JSON: {result[:200]!r}",
+                f"{name}: the result is not JSON",
+            ) from exc
         return result
 
     def close(self) -> None:
