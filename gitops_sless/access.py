@@ -10,7 +10,9 @@ their routes with :meth:`Access.write_refusal`.
 
 ``api_token`` grants read and write, ``read_token`` read only. With neither (or
 ``anonymous_read``) reads are open; the command line allows that only on a
-loopback address unless asked (:func:`open_reads_refusal`).
+loopback address unless asked (:func:`open_reads_refusal`), and on the local
+backend never without a token: it generates one (:mod:`tokenfile`), as functions
+share the loopback. No request is admitted for the address it comes from.
 
 A browser signs in by posting a token to ``/signin`` and gets a session cookie,
 ``<expiry>.<nonce>.<HMAC-SHA256>``: it never holds the token, it expires after
@@ -20,6 +22,14 @@ reads only: writes need the bearer header, which a browser never adds on its
 own, so a cross-site request could not write even if the cookie went with it.
 Signing out clears the cookie and remembers its nonce until it expires (in this
 process: another replica would still take a copy of the cookie).
+
+The cookie alone reads the dashboard's own pages, never ``/api/``: a call there
+with a session also needs :data:`CSRF_HEADER` holding the session's CSRF token
+(:meth:`Access.csrf_token`, derived from the cookie and written into the
+dashboard's pages for its script). A function's page served on the same origin
+(``/fn/``) gets the cookie sent with its requests like any page there, but not
+that token: a page it cannot read (its responses are sandboxed, see
+:mod:`.proxy.http`) never shows it.
 """
 
 from __future__ import annotations
@@ -38,10 +48,11 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
-from .proxy.http import parse_networks, peer_of
+from .proxy.http import SESSION_COOKIE, parse_networks, peer_of
 
 __all__ = [
     "COOKIE",
+    "CSRF_HEADER",
     "SESSION_SEC",
     "Access",
     "Level",
@@ -51,7 +62,9 @@ __all__ = [
     "open_reads_refusal",
 ]
 
-COOKIE = "sless_session"
+COOKIE = SESSION_COOKIE  # named where the proxy can withhold it from functions
+CSRF_HEADER = "x-sless-csrf"  # with a session, /api/ calls need it (Access.csrf_token)
+API_PREFIX = "/api/"
 SESSION_SEC = 12 * 3600
 MAX_SIGNED_OUT = 10_000  # nonces of sessions signed out before they expire
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
@@ -59,6 +72,10 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
 PUBLIC_PREFIXES = ("/api/v1/webhooks/", "/dashboard/assets/")
 BEARER_NEEDED = "a valid 'Authorization: Bearer <token>' header is required"
 READ_REFUSED = f"{BEARER_NEEDED} to read (the read token or the API token), or sign in at /signin"
+SESSION_NOT_API = (
+    f"{BEARER_NEEDED}: a dashboard session reads /api/ only with the dashboard's "
+    f"{CSRF_HEADER} header"
+)
 
 
 class Level(enum.IntEnum):
@@ -143,10 +160,25 @@ class Access:
         token = bearer(request)
         if token is not None and self.token_level(token) >= Level.READ:
             return None
-        if self.session_valid(request.cookies.get(COOKIE)):
-            return None
+        cookie = request.cookies.get(COOKIE)
+        if self.session_valid(cookie):
+            if not request.url.path.startswith(API_PREFIX) or self._csrf_sent(request, cookie):
+                return None
+            return SESSION_NOT_API
         # a write is checked again by its route: this one says what either needs
         return READ_REFUSED if request.scope.get("method") in ("GET", "HEAD") else BEARER_NEEDED
+
+    def csrf_token(self, cookie: str | None) -> str | None:
+        """The CSRF token of a valid session cookie (None without one): what the
+        dashboard's script sends in :data:`CSRF_HEADER` for /api/ calls."""
+        found = self._session(cookie)
+        if found is None:
+            return None
+        return self._sign(f"csrf\0{found[1]}")
+
+    def _csrf_sent(self, request: HTTPConnection, cookie: str | None) -> bool:
+        sent, expected = request.headers.get(CSRF_HEADER, ""), self.csrf_token(cookie)
+        return bool(sent and expected) and hmac.compare_digest(sent.encode(), expected.encode())
 
     def write_refusal(self, token: str | None) -> tuple[int, str] | None:
         """(status, reason) when the bearer ``token`` may not change anything; None when it may.
@@ -275,8 +307,11 @@ class ReadGate:
             await send({"type": "websocket.close", "code": 1008, "reason": refusal})
             return
         request = Request(scope)
-        browser = scope["method"] in ("GET", "HEAD") and "text/html" in request.headers.get(
-            "accept", ""
+        # (signed in already, a browser at /api/ is told why: the form would bring it back)
+        browser = (
+            scope["method"] in ("GET", "HEAD")
+            and "text/html" in request.headers.get("accept", "")
+            and refusal != SESSION_NOT_API
         )
         response = (
             self.signin_page(request)

@@ -130,6 +130,8 @@ def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
         "replicas": fn.replicas,
         "enabled": fn.enabled,
         "http": fn.http,
+        # only when set: the spec hash of every function that leaves it out stays as it was
+        **({"sameOrigin": True} if fn.same_origin else {}),
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
         "env": env_as_written(env_vars),
     }

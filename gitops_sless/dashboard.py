@@ -13,7 +13,11 @@ place: a push shows up on an open page, and focus stays where it was.
 When the server has a token, a signed-out visitor of any page is shown the
 sign-in form instead (by :class:`access.ReadGate`, with a 401); posting a token
 to ``/signin`` sets the session cookie and goes back to the page, and the
-header's "Sign out" button ends the session.
+header's "Sign out" button ends the session. The sign-in page's script fills
+the form from a ``#token=`` fragment (the start-up banner's link: a fragment
+never reaches the server, nor its logs) and sends it. The session reads the
+pages, not ``/api/``: the sign-out form carries the session's CSRF token, which
+the dashboard's script sends as :data:`access.CSRF_HEADER` for the API links.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pygit2.enums import RepositoryOpenFlag
 from starlette.requests import ClientDisconnect
 
-from .access import COOKIE, Access, Level
+from .access import COOKIE, CSRF_HEADER, Access, Level
 from .api_models import Environment, FunctionDetail, Invocation, JobRun, Preview, Status, Sync
 from .prlinks import pull_request_link
 from .store import LOG_TAIL_CHARS, MAX_SYNCS, Store
@@ -298,6 +302,7 @@ def _asset(name: str) -> tuple[bytes, str]:
 
 _CSS, _CSS_URL = _asset("dashboard.css")
 _JS, _JS_URL = _asset("dashboard.js")
+_SIGNIN_JS, _SIGNIN_JS_URL = _asset("signin.js")
 
 _PAGE = """<!doctype html>
 <html lang="en">
@@ -316,7 +321,7 @@ _PAGE = """<!doctype html>
 <main id="main" data-live tabindex="-1">
 {main}
 </main>
-<footer><a href="/api/v1/status">Status API</a> · <a href="/docs">API docs</a> · \
+<footer><a href="/api/v1/status" data-api>Status API</a> · <a href="/docs">API docs</a> · \
 <a href="/metrics">Metrics</a></footer>
 <p id="live-status" class="live-status" role="status" aria-live="polite"></p>
 </body>
@@ -770,6 +775,7 @@ _SIGNIN_PAGE = """<!doctype html>
 <title>Sign in · gitops-sless</title>
 <link rel="icon" href="data:,">
 <link rel="stylesheet" href="{css}">
+<script src="{js}" defer></script>
 </head>
 <body class="signin">
 <main id="main" tabindex="-1">
@@ -790,9 +796,9 @@ for 12 hours, never the token.</p>
 </body>
 </html>
 """
-_SIGNOUT = Html(
-    '<form class="signout" method="post" action="/signout">'
-    '<button type="submit">Sign out</button></form>'
+_SIGNOUT = (
+    '<form class="signout" method="post" action="/signout" data-csrf="{csrf}" '
+    'data-csrf-header="{header}"><button type="submit">Sign out</button></form>'
 )
 
 
@@ -814,7 +820,9 @@ def _next_path(value: str | None) -> str:
 
 
 def _signin_response(next_path: str, notice: Html, status: int) -> HTMLResponse:
-    body = _h(_SIGNIN_PAGE, css=_CSS_URL, notice=notice, next=_next_path(next_path))
+    body = _h(
+        _SIGNIN_PAGE, css=_CSS_URL, js=_SIGNIN_JS_URL, notice=notice, next=_next_path(next_path)
+    )
     return HTMLResponse(body, status_code=status, headers=_HEADERS)
 
 
@@ -899,9 +907,12 @@ def router(
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:
-        """The sign-out button, for a browser signed in with a session."""
-        session = not access.open_reads and access.session_valid(request.cookies.get(COOKIE))
-        return _SIGNOUT if session else Html("")
+        """The sign-out button, for a browser signed in with a session; it carries the
+        session's CSRF token, for the script's calls to /api/."""
+        cookie = request.cookies.get(COOKIE)
+        session = not access.open_reads and access.session_valid(cookie)
+        csrf = access.csrf_token(cookie) if session else None
+        return _h(_SIGNOUT, csrf=csrf, header=CSRF_HEADER) if csrf else Html("")
 
     @routes.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
@@ -918,6 +929,10 @@ def router(
     @routes.get(f"{ASSETS}/dashboard.js")
     def js() -> Response:
         return _asset_response(_JS, "text/javascript; charset=utf-8")
+
+    @routes.get(f"{ASSETS}/signin.js")
+    def signin_js() -> Response:
+        return _asset_response(_SIGNIN_JS, "text/javascript; charset=utf-8")
 
     _signin_routes(routes, access)
     return routes

@@ -131,6 +131,9 @@ class Route:
     # replicas serving when one upstream stands for several (a Service, the API server's
     # proxy): the backend counts them; None: one replica per upstream
     available: int | None = None
+    # the function's pages share the server's origin (sameOrigin in its manifest): the
+    # proxy leaves out its sandboxing Content-Security-Policy
+    same_origin: bool = False
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
 
     @property

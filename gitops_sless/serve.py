@@ -2,12 +2,17 @@
 
 It wires the pieces together: the mirror, the reconciler loop (polling and
 webhooks, one pass at a time), the local backend, the status store, and one
-HTTP server that carries the API and the /fn/ proxy.
+HTTP server that carries the API and the /fn/ proxy; or two, with ``fn_listen``:
+one for the dashboard and the API, one for /fn/ alone, so that a function's page
+never shares the dashboard's origin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+import json
 import logging
 import os
 import sys
@@ -65,8 +70,10 @@ class ServeConfig:
     env: str = "prod"
     host: str = "127.0.0.1"
     port: int = 8080
+    fn_listen: tuple[str, int] | None = None  # (host, port) serving /fn/ alone; None: port
     poll_interval: float = 30.0
     api_token: str | None = None
+    token_file: Path | None = None  # where the API token was generated (none configured)
     read_token: str | None = None  # reads only: the dashboard, /metrics, the status API
     anonymous_read: bool = False  # reads need no token, even off loopback
     webhook_secret: str | None = None  # every forge's that has none of its own (weaker)
@@ -103,8 +110,17 @@ class ServeConfig:
 
     @property
     def public_url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
+        return _url(self.host, self.port)
+
+    @property
+    def fn_url(self) -> str:
+        """Where functions answer: the --fn-listen address, else the server's own."""
+        return _url(*self.fn_listen) if self.fn_listen else self.public_url
+
+
+def _url(host: str, port: int) -> str:
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 class InvocationBuffer:
@@ -161,6 +177,61 @@ def _dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
     return app
 
 
+def _json_answer(status: int, body: dict[str, str]) -> ASGIApp:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    return app
+
+
+def _without_functions(api: ASGIApp, fn_url: str) -> ASGIApp:
+    """The main listener with --fn-listen: /fn/ is 404 with where functions are served."""
+    moved = _json_answer(
+        404, {"error": f"functions are served on the --fn-listen address: {fn_url}/fn/..."}
+    )
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
+            await moved(scope, receive, send)
+        else:
+            await api(scope, receive, send)
+
+    return app
+
+
+def _functions_only(proxy: ASGIApp) -> ASGIApp:
+    """The --fn-listen listener: /fn/ and /healthz; anything else 404."""
+    healthy = _json_answer(200, {"status": "ok"})
+    elsewhere = _json_answer(404, {"error": "not found: this address serves /fn/ only"})
+
+    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await proxy(scope, receive, send)
+        elif scope["type"] != "http":
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
+        elif scope["path"].startswith("/fn/"):
+            await proxy(scope, receive, send)
+        elif scope["path"] == "/healthz":
+            await healthy(scope, receive, send)
+        else:
+            await elsewhere(scope, receive, send)
+
+    return app
+
+
+class _Beside(uvicorn.Server):
+    """A second listener in the main one's loop: the main one handles the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
 def local_sandbox(mode: str) -> sandbox_mod.Sandbox:
     """The local backend's sandbox for ``mode``, checked against every runtime's interpreter.
 
@@ -204,7 +275,7 @@ class Server:
             self.backend,
             self.store,
             env=config.env,
-            public_url=config.public_url,
+            public_url=config.fn_url,
             routes=self.routes,
             allow_empty=config.allow_empty,
             leading=self.elector.is_leader if self.elector else None,
@@ -219,6 +290,8 @@ class Server:
             record=self.invocations.record,
             max_body_bytes=config.max_body_bytes,
             trusted_proxies=config.trusted_proxies,
+            # a function never gets the server's own credentials, whoever sends them
+            withheld_tokens=(config.api_token, config.read_token),
         )
         api = create_api(
             self.reconciler,
@@ -239,7 +312,12 @@ class Server:
             forge=config.forge_kind,
             forward_webhook=self._forward_webhook if self.elector else None,
         )
-        self.app = _dispatch(api, self.proxy)
+        if config.fn_listen:
+            self.app = _without_functions(api, config.fn_url)
+            self.fn_app: ASGIApp | None = _functions_only(self.proxy)
+        else:
+            self.app = _dispatch(api, self.proxy)
+            self.fn_app = None
         self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
 
@@ -296,7 +374,7 @@ class Server:
             branch=config.preview_branch,
             max_previews=config.max_previews,
             ttl_sec=config.preview_ttl,
-            public_url=config.public_url,
+            public_url=config.fn_url,
         )
 
         def make_reconciler(env: str, source: PinnedSource) -> Reconciler:
@@ -305,7 +383,7 @@ class Server:
                 self.backend if source.trusted else self.backend.for_untrusted(),
                 self.store,
                 env=env,
-                public_url=config.public_url,
+                public_url=config.fn_url,
                 routes=self.routes,
                 workers=2,
                 leading=self.elector.is_leader if self.elector else None,
@@ -426,12 +504,26 @@ class Server:
         self.start_background()
         threading.Thread(target=self._announce, name="sless-announce", daemon=True).start()
         # log_config=None: uvicorn's own lines go through logs.configure's handler (json too)
-        config = proxy_mod.config(
-            self.app, self.config.host, self.config.port, proxy=self.proxy, log_config=None
+        if self.fn_app is None:
+            config = proxy_mod.config(
+                self.app, self.config.host, self.config.port, proxy=self.proxy, log_config=None
+            )
+            try:
+                uvicorn.Server(config).run()
+            finally:
+                self.close()
+            return
+        fn_host, fn_port = self.config.fn_listen or ("", 0)
+        # /fn/ never reaches the main listener's fast path: it has none
+        main = uvicorn.Server(
+            proxy_mod.config(self.app, self.config.host, self.config.port, log_config=None)
         )
-        server = uvicorn.Server(config)
+        beside = _Beside(
+            proxy_mod.config(self.fn_app, fn_host, fn_port, proxy=self.proxy, log_config=None)
+        )
         try:
-            server.run()
+            with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+                runner.run(_both(main, beside))
         finally:
             self.close()
 
@@ -537,14 +629,7 @@ class Server:
             lines.append(f"  {fn['phase']:<9} {target}")
             if why and fn["phase"] != "Ready":
                 lines += _wrapped(why, indent=12)
-        reader = "SLESS_READ_TOKEN" if self.config.read_token else "SLESS_API_TOKEN"
-        tokens = self.config.api_token or self.config.read_token
-        needs = tokens and not self.config.anonymous_read
-        auth = f' -H "Authorization: Bearer ${reader}"' if needs else ""
-        lines += [
-            f"status:   curl{auth} {base}/api/v1/status",
-            f"API docs: {base}/docs",
-        ]
+        lines += self._access_lines(base)
         if self.seeded:
             lines += [
                 "to redeploy, push to the repository this server follows:",
@@ -553,6 +638,39 @@ class Server:
                 f"  (polled every {self.config.poll_interval:g}s)",
             ]
         print("\n".join(lines), file=sys.stderr, flush=True)
+
+    def _access_lines(self, base: str) -> list[str]:
+        """How to read the API and sign in to the dashboard with this server's token."""
+        config = self.config
+        reader = "SLESS_READ_TOKEN" if config.read_token else "SLESS_API_TOKEN"
+        if config.token_file is not None:
+            reader = f"(cat {config.token_file})"
+        tokens = config.api_token or config.read_token
+        needs = tokens and not config.anonymous_read
+        auth = f' -H "Authorization: Bearer ${reader}"' if needs else ""
+        lines = [f"status:   curl{auth} {base}/api/v1/status", f"API docs: {base}/docs"]
+        if config.token_file is not None and config.api_token:
+            # in the fragment: a browser never sends it, so no access log holds it
+            found = (
+                "the CLI finds it from the folder that holds .sless-state"
+                if config.token_file.parent.name == ".sless-state"
+                else f"the CLI reads it with --state-dir {config.token_file.parent}"
+            )
+            lines += [
+                f"sign in:  {base}/signin#token={config.api_token}",
+                f"API token: {config.token_file} (generated; {found})",
+            ]
+        return lines
+
+
+async def _both(main: uvicorn.Server, beside: uvicorn.Server) -> None:
+    """Serve on both listeners until the main one stops (a signal), then stop the other."""
+    task = asyncio.ensure_future(beside.serve())
+    try:
+        await main.serve()
+    finally:
+        beside.should_exit = True
+        await task
 
 
 def _wrapped(text: str, indent: int, width: int = 100) -> list[str]:

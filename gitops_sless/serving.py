@@ -44,6 +44,7 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "env": env_as_written(fn.env),
             "previewEnv": env_as_written(fn.preview_env),
             "http": fn.http,
+            "sameOrigin": fn.same_origin,
             "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
             "jobs": [{"name": j.name, "runId": j.run_id, "event": dict(j.event)} for j in fn.jobs],
             "sourceId": fn.source_id,
@@ -64,6 +65,7 @@ def from_record(record: Mapping[str, Any]) -> Deployment:
         runtime=fn["runtime"],
         entrypoint=fn["entrypoint"],
         memory_mb=fn["memoryMB"],
+        same_origin=fn.get("sameOrigin", False),  # records from before sameOrigin
         timeout_sec=fn["timeoutSec"],
         replicas=fn["replicas"],
         enabled=fn["enabled"],

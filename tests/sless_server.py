@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +27,15 @@ class ReadAuth(httpx.Auth):
     ``/fn/`` (a function must never see the server's token), gets only what the test gives.
     """
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | Callable[[], str | None] | None) -> None:
         self.token = token
 
     def auth_flow(self, request: httpx.Request) -> Any:
         path = request.url.path
         reads = request.method in ("GET", "HEAD") or path.endswith("/diff")
-        if self.token and reads and not path.startswith("/fn/"):
-            request.headers.setdefault("Authorization", f"Bearer {self.token}")
+        token = self.token() if callable(self.token) else self.token
+        if token and reads and not path.startswith("/fn/"):
+            request.headers.setdefault("Authorization", f"Bearer {token}")
         yield request
 
 
@@ -51,8 +53,9 @@ class SlessServer:
         read_token: str | None = None,
         args: list[str] | None = None,
     ) -> None:
-        """``read_token``: default READ_TOKEN when the server has an API token, else none
-        (a server with no token at all, reads open on loopback); "" for none."""
+        """``read_token``: default READ_TOKEN when the server has an API token, else none;
+        "" for none. With no token at all, the server generates its API token in
+        ``state_dir/api-token``: :meth:`api_token` reads it, and the client sends it."""
         self.repo = repo
         self.state_dir = state_dir
         self.secrets_dir = secrets_dir
@@ -66,7 +69,18 @@ class SlessServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = state_dir.parent / f"serve-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
-        self.client = httpx.Client(base_url=self.base, timeout=30, auth=ReadAuth(self.read_token))
+        self.client = httpx.Client(
+            base_url=self.base,
+            timeout=30,
+            auth=ReadAuth(lambda: self.read_token or self.api_token()),
+        )
+
+    def api_token(self) -> str | None:
+        """The API token: the one given, else the one the server generated (if it did)."""
+        if self.token:
+            return self.token
+        path = self.state_dir / "api-token"
+        return path.read_text().strip() if path.exists() else None
 
     def command(self) -> list[str]:
         args = [
@@ -143,7 +157,7 @@ class SlessServer:
         response = self.client.post(
             "/api/v1/sync",
             params={"wait": timeout},
-            headers={"Authorization": f"Bearer {self.token}"},
+            headers={"Authorization": f"Bearer {self.api_token()}"},
             timeout=timeout + 10,
         )
         assert response.status_code == 202, response.text

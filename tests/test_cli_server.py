@@ -676,6 +676,8 @@ def test_bash_completes_commands_options_choices_and_names_from_the_server(stack
         "--help",
         "--job",
         "--server",
+        "--state-dir",
+        "--token",
     ]
     assert bash_complete("gitops-sless status -o ") == ["json", "table"]
     assert bash_complete("gitops-sless completion ") == ["bash", "zsh"]

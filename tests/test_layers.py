@@ -17,6 +17,7 @@ RANKS = {
     "metrics": 0,
     "logs": 0,
     "timestamps": 0,
+    "tokenfile": 0,
     "yamldoc": 1,
     "cron": 1,
     "source": 1,

@@ -434,12 +434,12 @@ BAD_CASES = [
     bad(
         "http-trigger-unknown-field",
         one("    triggers:", "      - type: http", "        path: /hello"),
-        f"{M}:7: functions[0].triggers[0].path: unknown field; known fields: type",
+        f"{M}:7: functions[0].triggers[0].path: unknown field; known fields: type, sameOrigin",
     ),
     bad(
         "http-trigger-with-schedule",
         one("    triggers:", "      - type: http", "        schedule: '0 2 * * *'"),
-        f"{M}:7: functions[0].triggers[0].schedule: unknown field; known fields: type",
+        f"{M}:7: functions[0].triggers[0].schedule: unknown field; known fields: type, sameOrigin",
     ),
     # --- names --------------------------------------------------------------------------
     bad(

@@ -32,7 +32,7 @@ import uvicorn
 
 from gitops_sless.metrics import METRICS
 from gitops_sless.proxy import Invocation, Limits, ProxyApp, config
-from gitops_sless.proxy.http import Peer, peer_of, request_head
+from gitops_sless.proxy.http import SANDBOX_CSP, Peer, Withheld, peer_of, request_head
 from gitops_sless.proxy.upstream import CLOSED_EARLY
 from gitops_sless.routes import Declared, Route, RouteTable
 
@@ -41,6 +41,7 @@ SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
 FUNCTIONS = Path(__file__).resolve().parent / "data" / "proxy_fns"
 MAX_BODY = 64 * 1024
 HEX_ID = re.compile(r"[0-9a-f]{32}")
+SANDBOX = SANDBOX_CSP.decode()
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -738,6 +739,46 @@ def test_hop_by_hop_response_headers_are_stripped(proxy, route, fakes):
     assert reply.headers["x-end"] == "kept"
     assert reply.body == fake.requests[0]
     proxy.recorded(reply)
+
+
+def test_the_servers_own_credentials_never_reach_a_function(proxy, route, runtime):
+    """A handler reads the headers it gets, looking for the dashboard's session or a token."""
+    name = route(runtime)
+    proxy.app.withheld = Withheld(["the-api-token", "the-read-token", None])
+    try:
+        for given, cookie in [
+            ("theme=dark; sless_session=1.nonce.sig; lang=en", "theme=dark; lang=en"),
+            ("sless_session=1.nonce.sig", None),
+            ("sless_session_x=1; a=2", "sless_session_x=1; a=2"),
+        ]:
+            for token in ("the-api-token", "the-read-token"):
+                headers = {"Cookie": given, "Authorization": f"Bearer {token}"}
+                seen = proxy.request("GET", f"/fn/prod/{name}/", None, headers).json()
+                assert seen["event"]["_headers"].get("cookie") == cookie, given
+                assert "authorization" not in seen["event"]["_headers"]
+        for own in ("Bearer the-functions-own-key", "Basic dXNlcjpwYXNz", "Bearer the-api-tok"):
+            headers = {"Authorization": own}
+            seen = proxy.request("GET", f"/fn/prod/{name}/", None, headers).json()
+            assert seen["event"]["_headers"]["authorization"] == own
+    finally:
+        proxy.app.withheld = Withheld()
+
+
+def test_every_response_is_sandboxed_unless_the_function_is_same_origin(proxy, route, fakes):
+    """A function's page runs in an opaque origin; its own policy is passed on beside ours."""
+    response = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n"
+        b"content-security-policy: default-src *\r\ncontent-length: 2\r\n\r\nhi"
+    )
+    fake = fakes.start(answer(response))
+    name = route(("127.0.0.1", fake.port))
+    reply = proxy.request("GET", f"/fn/prod/{name}/")
+    assert reply.headers.get_all("content-security-policy") == ["default-src *", SANDBOX]
+    error = proxy.request("GET", "/fn/prod/no-such-function/")
+    assert error.headers.get_all("content-security-policy") == [SANDBOX]
+    proxy.routes.set(Route("prod", name, 5, (("127.0.0.1", fake.port),), same_origin=True))
+    opted_out = proxy.request("GET", f"/fn/prod/{name}/")
+    assert opted_out.headers.get_all("content-security-policy") == ["default-src *"]
 
 
 SPOOFED = (

@@ -42,6 +42,7 @@ PUBLIC = {
     ("POST", "/api/v1/webhooks/{forge}"),
     ("GET", "/dashboard/assets/dashboard.css"),
     ("GET", "/dashboard/assets/dashboard.js"),
+    ("GET", "/dashboard/assets/signin.js"),
     ("GET", "/signin"),
     ("POST", "/signin"),
     ("POST", "/signout"),
@@ -123,6 +124,20 @@ def signed_in(client: Client, token: str = READ) -> dict[str, str]:
     response = client.post("/signin", data={"token": token, "next": "/"}, headers=SAME_SITE)
     assert response.status_code == 303, response.text
     return {"Cookie": f"sless_session={cookie_of(response)}"}
+
+
+def csrf_of(page: str) -> dict[str, str]:
+    """The CSRF header a dashboard page gives its script for /api/ calls."""
+    found = re.search(r'data-csrf="([^"]+)" data-csrf-header="([^"]+)"', page)
+    assert found, "the page carries no CSRF token"
+    return {found.group(2): found.group(1)}
+
+
+def api_session(client: Client, token: str = READ) -> dict[str, str]:
+    """A session's cookie and the CSRF header its dashboard page gives: what the
+    dashboard's own script sends to /api/."""
+    session = signed_in(client, token)
+    return {**session, **csrf_of(client.get("/", headers=session).text)}
 
 
 # --- every route, by level -----------------------------------------------------------------------
@@ -223,8 +238,11 @@ def test_signing_in_trades_the_token_for_a_cookie_that_reads_and_never_holds_the
 
     page = client.get("/functions/prod/fn0", headers=session)
     assert page.status_code == 200 and RESULT in page.text
-    assert '<form class="signout" method="post" action="/signout">' in page.text
-    assert client.get("/api/v1/builds/python3.11-0/log", headers=session).status_code == 200
+    assert '<form class="signout" method="post" action="/signout" data-csrf=' in page.text
+    # the API takes the session only with the CSRF header the page gives its script
+    log = "/api/v1/builds/python3.11-0/log"
+    assert client.get(log, headers=session).status_code == 401
+    assert client.get(log, headers={**session, **csrf_of(page.text)}).status_code == 200
     # a session reads only: a forged cross-site POST that carried it could change nothing
     assert client.post("/api/v1/sync", headers=session).status_code == 401
     assert client.request("DELETE", "/api/v1/environments/pr-3", headers=session).status_code == 401
@@ -234,7 +252,8 @@ def test_signing_in_trades_the_token_for_a_cookie_that_reads_and_never_holds_the
 
 def test_a_signed_out_cookie_replayed_reads_nothing(tmp_path):
     client = make_client(tmp_path)
-    session = signed_in(client)
+    session = api_session(client)
+    assert client.get("/api/v1/status", headers=session).status_code == 200
     out = client.post("/signout", headers={**session, **SAME_SITE})
     assert (out.status_code, out.headers["location"]) == (303, "/signin?signed-out")
     cleared = out.headers["set-cookie"].lower()
@@ -272,10 +291,10 @@ def test_a_forged_cookie_reads_nothing(tmp_path, forge):
 def test_a_cookie_from_a_server_with_other_tokens_reads_nothing(tmp_path):
     other = make_client(tmp_path / "other", read_token="another-read-token")
     client = make_client(tmp_path)
-    borrowed = signed_in(other, "another-read-token")
+    borrowed = api_session(other, "another-read-token")
     assert client.get("/api/v1/status", headers=borrowed).status_code == 401
     same_tokens = make_client(tmp_path / "replica")  # another replica with the same tokens
-    assert same_tokens.get("/api/v1/status", headers=signed_in(client)).status_code == 200
+    assert same_tokens.get("/api/v1/status", headers=api_session(client)).status_code == 200
 
 
 def test_a_session_ends_after_twelve_hours():
@@ -310,7 +329,7 @@ def test_the_sign_in_and_sign_out_forms_refuse_a_post_from_another_site(tmp_path
     forged = client.post("/signin", data={"token": READ, "next": "/"}, headers=headers)
     assert forged.status_code == 403
     assert "set-cookie" not in forged.headers
-    session = signed_in(client)
+    session = api_session(client)
     out = client.post("/signout", headers={**session, **headers})
     assert out.status_code == 403
     assert client.get("/api/v1/status", headers=session).status_code == 200  # still signed in
@@ -417,14 +436,22 @@ def test_on_an_open_address_anonymous_read_or_a_token_lets_it_start(tmp_path):
         token.stop()
 
 
-def test_on_loopback_without_a_token_it_starts_and_reads_are_open(tmp_path):
+def test_on_loopback_without_a_token_it_generates_one_and_reads_need_it(tmp_path):
+    # functions share the loopback on the local backend: an address proves nothing
     server = SlessServer(str(_functions(tmp_path)), tmp_path / "state", token=None)
     try:
         server.start()
-        assert httpx.get(f"{server.base}/api/v1/status").status_code == 200
-        assert httpx.get(f"{server.base}/").status_code == 200
+        assert httpx.get(f"{server.base}/api/v1/status").status_code == 401
+        assert httpx.get(f"{server.base}/", headers={"Accept": "text/html"}).status_code == 401
+        generated = server.api_token()
+        assert generated and generated == (tmp_path / "state" / "api-token").read_text().strip()
+        assert (
+            httpx.get(f"{server.base}/api/v1/status", headers=bearer(generated)).status_code == 200
+        )
         refused = httpx.post(f"{server.base}/api/v1/sync", headers=bearer("guess"))
-        assert refused.status_code == 403
+        assert refused.status_code == 401
+        taken = httpx.post(f"{server.base}/api/v1/sync", headers=bearer(generated))
+        assert taken.status_code == 202
     finally:
         server.stop()
 
@@ -440,6 +467,7 @@ def test_the_command_line_reads_with_the_read_token_and_cannot_sync_with_it(tmp_
             capture_output=True,
             text=True,
             env={**env, **extra},
+            cwd=tmp_path,  # no .sless-state with a token file from here up
             timeout=60,
         )
 

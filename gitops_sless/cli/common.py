@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from pathlib import Path
+from urllib.parse import urlsplit
 
+from .. import tokenfile
 from ..client import Client, server_url
 from ..source import DirectorySnapshot, Snapshot
 
@@ -138,23 +141,56 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         "--server",
         metavar="URL",
         help="the gitops-sless serve to talk to (default: $SLESS_SERVER or "
-        "http://127.0.0.1:8080); reads send $SLESS_READ_TOKEN or $SLESS_API_TOKEN, "
-        "sync sends $SLESS_API_TOKEN",
+        "http://127.0.0.1:8080); reads send $SLESS_READ_TOKEN or the API token, "
+        "sync sends the API token",
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the API token (default: $SLESS_API_TOKEN, else the one a local server keeps "
+        "in --state-dir's api-token)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="a local server's state folder, whose api-token file is read when no token is "
+        "set (default: $SLESS_STATE_DIR, else the nearest .sless-state from the working "
+        "directory up, for a server on a loopback address)",
     )
 
 
 def connect(args: argparse.Namespace, timeout: float = 30.0) -> Client:
-    """The server of ``--server``, with the tokens of the environment."""
+    """The server of ``--server``, with the tokens of the flags, the environment, or the
+    token file of a local server (:func:`api_token`)."""
     try:
         url = server_url(args.server)
     except ValueError as exc:
         raise UsageError(f"--server {exc}") from None
-    return Client(
-        url,
-        os.environ.get("SLESS_API_TOKEN"),
-        timeout=timeout,
-        read_token=os.environ.get("SLESS_READ_TOKEN"),
-    )
+    read_token = os.environ.get("SLESS_READ_TOKEN") or None
+    return Client(url, api_token(args, url, read_token), timeout=timeout, read_token=read_token)
+
+
+def api_token(args: argparse.Namespace, url: str, read_token: str | None = None) -> str | None:
+    """``--token``, else ``$SLESS_API_TOKEN``, else (no read token set either) the token file
+    of ``--state-dir`` / ``$SLESS_STATE_DIR``, else of the nearest ``.sless-state`` from the
+    working directory up when the server is on this machine (a loopback address): a token
+    found that way is never sent to another host."""
+    given = getattr(args, "token", None) or os.environ.get("SLESS_API_TOKEN")
+    if given or read_token:
+        return given or None
+    state_dir = getattr(args, "state_dir", None) or os.environ.get("SLESS_STATE_DIR") or None
+    if state_dir is None and not _loopback(url):
+        return None
+    try:
+        found = tokenfile.find(state_dir, Path.cwd())
+    except tokenfile.TokenFileError as exc:
+        raise UsageError(str(exc)) from None
+    return found[0] if found else None
+
+
+def _loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def described(snapshot: Snapshot, ref: str | None) -> str:

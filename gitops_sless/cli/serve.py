@@ -50,7 +50,18 @@ def add_parser(commands: Any) -> None:
         "--listen", default="127.0.0.1:8080", help="HOST:PORT to serve on (default: %(default)s)"
     )
     serve.add_argument(
-        "--state-dir", default=".sless-state", help="status store, artifacts, logs (%(default)s)"
+        "--fn-listen",
+        default=os.environ.get("SLESS_FN_LISTEN") or None,
+        metavar="HOST:PORT",
+        help="serve /fn/ (and /healthz) on this address alone, and not on --listen: "
+        "functions' pages then have an origin of their own, apart from the dashboard's and "
+        "the API's (default: $SLESS_FN_LISTEN; none: /fn/ on --listen)",
+    )
+    serve.add_argument(
+        "--state-dir",
+        default=os.environ.get("SLESS_STATE_DIR") or ".sless-state",
+        help="status store, artifacts, logs, the generated API token "
+        "(default: $SLESS_STATE_DIR or .sless-state)",
     )
     serve.add_argument(
         "--poll-interval", type=float, default=30.0, help="seconds between polls (default: 30)"
@@ -440,6 +451,43 @@ def _kube_settings(args: argparse.Namespace) -> Any:
     return settings
 
 
+def _address(flag: str, value: str) -> tuple[str, int]:
+    """(host, port) of a HOST:PORT flag; an empty host is 127.0.0.1."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"{flag} {value!r}: expected HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _fn_listen(args: argparse.Namespace, listen: tuple[str, int]) -> tuple[str, int] | None:
+    if not args.fn_listen:
+        return None
+    found = _address("--fn-listen", args.fn_listen)
+    if found == listen:
+        raise UsageError(
+            f"--fn-listen {args.fn_listen!r} is --listen's address: give functions another "
+            "port (or host)"
+        )
+    return found
+
+
+def _generated_token(config: Any) -> Any:
+    """``config`` with the token of its state folder when it runs functions on this machine
+    (the local backend) and none is configured: its functions share the loopback."""
+    from .. import tokenfile
+
+    if config.backend != "local" or config.api_token or config.read_token:
+        return config
+    try:
+        token = tokenfile.load_or_create(config.state_dir)
+    except (tokenfile.TokenFileError, OSError) as exc:
+        raise UsageError(f"--state-dir {config.state_dir}: {exc}") from None
+    logs.register_secret(token)
+    return dataclasses.replace(
+        config, api_token=token, token_file=config.state_dir / tokenfile.NAME
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ..access import open_reads_refusal
     from ..serve import ServeConfig, Server  # the server stack loads only for this command
@@ -447,15 +495,10 @@ def _serve(args: argparse.Namespace) -> int:
     _register_secrets(args)
     _check_repo(args.repo)
     _check_ssh_keys()
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--listen {args.listen!r}: expected HOST:PORT")
+    host, port = _address("--listen", args.listen)
+    fn_listen = _fn_listen(args, (host, port))
     refusal = open_reads_refusal(
-        args.listen,
-        host.strip("[]") or "127.0.0.1",
-        args.api_token,
-        args.read_token,
-        args.anonymous_read,
+        args.listen, host, args.api_token, args.read_token, args.anonymous_read
     )
     if refusal:
         raise UsageError(refusal)
@@ -466,8 +509,9 @@ def _serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir).resolve(),
         branch=args.branch,
         env=args.env,
-        host=host.strip("[]") or "127.0.0.1",
-        port=int(port),
+        host=host,
+        port=port,
+        fn_listen=fn_listen,
         poll_interval=positive("--poll-interval", args.poll_interval),
         api_token=args.api_token or None,
         read_token=args.read_token or None,
@@ -506,7 +550,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(config.log_format, config.log_level)
     if config.backend == "local":
         _check_sandbox(config)
-    Server(config).run()
+    Server(_generated_token(config)).run()
     return EXIT_OK
 
 

@@ -55,7 +55,8 @@ class LocalBackend(Backend):
             timeout_sec=build_timeout_sec,
             sandbox=sandbox,
         )
-        self._http: dict[tuple[str, str], float] = {}  # http functions -> timeout
+        # http functions -> (timeout, same origin)
+        self._http: dict[tuple[str, str], tuple[float, bool]] = {}
         self._on_cron = on_cron
         self.supervisor = Supervisor(
             state_dir, self._upstreams_changed, on_replica_event=on_replica_event, sandbox=sandbox
@@ -102,11 +103,20 @@ class LocalBackend(Backend):
         upstreams: tuple[tuple[str, int], ...],
         last_exit: str | None,
     ) -> None:
-        timeout = self._http.get((env, name))
-        if timeout is None:
+        http = self._http.get((env, name))
+        if http is None:
             self.routes.remove(env, name)
         else:
-            self.routes.set(Route(env, name, timeout, upstreams, last_exit=last_exit))
+            timeout, same_origin = http
+            route = Route(
+                env,
+                name,
+                timeout,
+                upstreams,
+                last_exit=last_exit,
+                same_origin=same_origin,
+            )
+            self.routes.set(route)
 
     def tags_in_use(self) -> set[str]:
         """Build tags a deployed function or a running process uses: never collected."""
@@ -147,7 +157,7 @@ class LocalBackend(Backend):
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
         if fn.http:
-            self._http[(env, fn.name)] = float(fn.timeout_sec)
+            self._http[(env, fn.name)] = (float(fn.timeout_sec), fn.same_origin)
         else:
             self._http.pop((env, fn.name), None)
         replicas = fn.replicas if fn.enabled and fn.http else 0

@@ -39,9 +39,11 @@ from .http import (
     CHUNKED,
     LABEL_MAX,
     NO_BODY,
+    SANDBOX_CSP,
     Call,
     Limits,
     Peer,
+    Withheld,
     error_body,
     parse_networks,
     peer_of,
@@ -85,6 +87,7 @@ class ProxyApp:
     ProxyApp. ``record`` is called on that loop, once per call to a routed or
     declared function. ``trusted_proxies`` are CIDRs (or addresses) of proxies in
     front whose ``X-Forwarded-For`` and ``Forwarded`` are kept (see :mod:`.http`).
+    ``withheld_tokens`` are the server's own tokens: never passed on to a function.
     """
 
     def __init__(
@@ -93,8 +96,10 @@ class ProxyApp:
         record: Callable[[Invocation], None] | None = None,
         max_body_bytes: int = 1 << 20,
         trusted_proxies: Iterable[str] = (),
+        withheld_tokens: Iterable[str | None] = (),
     ) -> None:
         self.routes = routes
+        self.withheld = Withheld(withheld_tokens)
         self.record = record
         self.max_body_bytes = max_body_bytes
         self.trusted = parse_networks(trusted_proxies)
@@ -231,6 +236,7 @@ class ProxyApp:
                 route.env,
                 route.name,
                 route.gateway,
+                self.withheld,
             )
             await self._forward(call, route, head, body_mode, length, receive, send)
         finally:
@@ -267,7 +273,7 @@ class ProxyApp:
         except _ClientGone:
             call.status = 499
             return
-        await self._respond(call, conn, address, receive, send)
+        await self._respond(call, conn, address, receive, send, not route.same_origin)
 
     async def _exchange(
         self, address: Address, head: bytes, body_mode: int, timeout: float, receive: Receive
@@ -338,15 +344,18 @@ class ProxyApp:
                 await conn.wait()
 
     async def _respond(
-        self, call: Call, conn: UpstreamConnection, address: Address, receive: Receive, send: Send
+        self,
+        call: Call,
+        conn: UpstreamConnection,
+        address: Address,
+        receive: Receive,
+        send: Send,
+        sandbox: bool,
     ) -> None:
         call.status = conn.status
         METRICS.proxy_latency.observe(time.perf_counter() - call.started)
-        start = {
-            "type": "http.response.start",
-            "status": conn.status,
-            "headers": _pairs(response_headers(conn.headers, conn.connection, call.request_id)[0]),
-        }
+        headers = response_headers(conn.headers, conn.connection, call.request_id, sandbox)[0]
+        start = {"type": "http.response.start", "status": conn.status, "headers": _pairs(headers)}
         if call.method == "HEAD":
             conn.close()  # its parser would read the next response as this one's body
             await send(start)
@@ -405,6 +414,7 @@ class ProxyApp:
             (b"content-type", b"application/json"),
             (b"content-length", b"%d" % len(body)),
             (b"x-request-id", call.request_id),
+            (b"content-security-policy", SANDBOX_CSP),
         ]
         if close:
             headers.append((b"connection", b"close"))

@@ -71,9 +71,11 @@ from ..routes import Route, Upstream
 from .http import (
     CHUNKED,
     NO_BODY,
+    SANDBOX_CSP,
     Call,
     Limits,
     Peer,
+    Withheld,
     error_body,
     request_head,
     request_id_of,
@@ -93,6 +95,11 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_ERROR_HEAD = (
+    b"content-type: application/json\r\ncontent-security-policy: "
+    + SANDBOX_CSP
+    + b"\r\ncontent-length: %d\r\nx-request-id: "
+)
 # Request body bytes held for the upstream before the client is read no further.
 _PENDING_HIGH_WATER = 64 * 1024
 # After a refusal: how long what the client still sends is read and dropped before
@@ -113,6 +120,7 @@ class Proxy(Protocol):
 
     max_body_bytes: int
     pool: Pool
+    withheld: Withheld
 
     def begin(
         self, raw_path: bytes, query: bytes, method: str
@@ -629,6 +637,7 @@ class FastCall:
             route.env,
             route.name,
             route.gateway,
+            self.proxy.withheld,
         )
         if length > self.proxy.max_body_bytes:
             self.too_large()
@@ -786,7 +795,9 @@ class FastCall:
         out = [line]
         for name, value in self.proto.server_state.default_headers:
             out += (name, b": ", value, b"\r\n")
-        headers, has_length = response_headers(conn.headers, conn.connection, call.request_id)
+        headers, has_length = response_headers(
+            conn.headers, conn.connection, call.request_id, not self.route.same_origin
+        )
         out += headers
         if not (has_length or self.is_head or status == 204 or status == 304):
             if self.http11:
@@ -814,7 +825,7 @@ class FastCall:
         for name, value in self.proto.server_state.default_headers:
             out += (name, b": ", value, b"\r\n")
         out += (
-            b"content-type: application/json\r\ncontent-length: %d\r\nx-request-id: " % len(body),
+            _ERROR_HEAD % len(body),
             call.request_id,
             b"\r\n" if self.keep_alive else b"\r\nconnection: close\r\n",
             b"\r\n",

@@ -12,10 +12,20 @@ function gets the proxy's own: ``X-Forwarded-For`` (the peer's address),
 a peer inside one of the ``trusted_proxies`` CIDRs (a load balancer in front)
 has its ``X-Forwarded-For`` chain and ``Forwarded`` elements kept (the peer
 appended), and its ``X-Forwarded-Proto``/``-Host`` believed.
+
+The server's own credentials never reach a function: the dashboard's session
+cookie (:data:`SESSION_COOKIE`) is cut out of ``Cookie`` (the caller's other
+cookies stay), and an ``Authorization: Bearer`` that is one of the server's
+tokens (:class:`Withheld`) is dropped; any other ``Authorization`` is the
+function's and passes. Every response carries :data:`SANDBOX_CSP` unless the
+function's route says ``same_origin``: its page then runs in an opaque origin,
+and cannot act as the dashboard's (a function's own CSP is passed on beside it;
+a browser enforces both).
 """
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import os
@@ -31,9 +41,12 @@ from ..routes import Gateway
 
 __all__ = [
     "HOP_BY_HOP",
+    "SANDBOX_CSP",
+    "SESSION_COOKIE",
     "Call",
     "Limits",
     "Peer",
+    "Withheld",
     "error_body",
     "new_request_id",
     "parse_networks",
@@ -130,7 +143,7 @@ HOP_BY_HOP = frozenset(
 # What the request header loop does with a name: _PASS = pass on unchanged. Expect is
 # answered by the proxy's own server. Forwarding headers are kept only from a trusted peer.
 _PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED = range(8)
-_FWD, _XFP, _XFH, _AUTH = range(8, 12)
+_FWD, _XFP, _XFH, _AUTH, _COOKIE, _AUTHORIZATION = range(8, 14)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
     b"x-real-ip": _DROP,
@@ -144,7 +157,8 @@ _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"x-request-id": _REQID,
     b"content-length": _LENGTH,
     b"transfer-encoding": _CHUNKED,
-    b"authorization": _AUTH,  # passed on, but not to a gateway (nor Impersonate-*)
+    b"authorization": _AUTHORIZATION,  # as _AUTH, and never the server's own token
+    b"cookie": _COOKIE,  # passed on without the dashboard's session cookie
 }
 _XF = b"x-forwarded-"
 _SCHEMES = {b"http": b"http", b"https": b"https"}
@@ -169,6 +183,44 @@ _RESPONSE_DROP = HOP_BY_HOP | {b"date", b"x-request-id"}
 _FRAMING = frozenset((b"", b"host", b"content-length"))
 
 NO_BODY, FIXED, CHUNKED = range(3)
+
+# The dashboard's session cookie (access.COOKIE): never passed on to a function.
+SESSION_COOKIE = "sless_session"
+_SESSION = SESSION_COOKIE.encode()
+# On every /fn/ response unless the function opts out (sameOrigin): an opaque origin, where
+# scripts run but cannot read the dashboard or the API with the viewer's session.
+SANDBOX_CSP = b"sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+_CSP_LINE = (b"content-security-policy", b": ", SANDBOX_CSP, b"\r\n")
+
+
+class Withheld:
+    """The server's own tokens: an ``Authorization: Bearer`` holding one is not passed on."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, tokens: Iterable[str | None] = ()) -> None:
+        self.tokens = tuple(t.encode() for t in tokens if t)
+
+    def issued(self, value: bytes) -> bool:
+        """Whether ``value`` (an Authorization header) is a bearer token of the server's,
+        compared in constant time against each."""
+        scheme, _, token = value.strip().partition(b" ")
+        if not self.tokens or scheme.lower() != b"bearer":
+            return False
+        token = token.strip()
+        found = False
+        for mine in self.tokens:
+            found |= hmac.compare_digest(token, mine)
+        return found
+
+
+NOTHING_WITHHELD = Withheld()
+
+
+def _without_session(value: bytes) -> bytes:
+    """A Cookie header less the session cookie's pairs (b"" when nothing is left)."""
+    kept = [pair for pair in value.split(b";") if pair.partition(b"=")[0].strip() != _SESSION]
+    return b";".join(kept).strip()
 
 
 class Call:
@@ -326,6 +378,7 @@ def request_head(
     env: str,
     name: str,
     gateway: Gateway | None = None,
+    withheld: Withheld = NOTHING_WITHHELD,
 ) -> tuple[bytes, int, int, bytes]:
     """(upstream request head, body framing, Content-Length or -1, request id).
 
@@ -336,6 +389,9 @@ def request_head(
     gateway's headers are its own. The client's Authorization is dropped then, not
     to be taken for the gateway's credentials (e.g. by the Kubernetes API server);
     the client's Host still makes X-Forwarded-Host and Forwarded's ``host=``.
+
+    The session cookie is cut out of Cookie, and an Authorization holding one of the
+    ``withheld`` tokens is dropped (the module docstring).
     """
     if gateway is not None:
         target = gateway.prefix + target
@@ -373,6 +429,14 @@ def request_head(
             body_mode = CHUNKED if body_mode == NO_BODY else body_mode
         elif kind == _CONNECTION:
             connection = value
+        elif kind == _COOKIE:
+            if _SESSION in value:
+                value = _without_session(value)
+            if value:
+                parts += (header, b": ", value, b"\r\n")
+        elif kind == _AUTHORIZATION:
+            if gateway is None and not withheld.issued(value):
+                parts += (header, b": ", value, b"\r\n")
         elif kind == _AUTH and gateway is None:
             parts += (header, b": ", value, b"\r\n")
     if connection is not None:
@@ -430,10 +494,11 @@ def _without_connection_tokens(parts: list[bytes], connection: bytes) -> list[by
 
 
 def response_headers(
-    upstream: Headers, connection: bytes | None, request_id: bytes
+    upstream: Headers, connection: bytes | None, request_id: bytes, sandbox: bool = True
 ) -> tuple[list[bytes], bool]:
     """The upstream's response headers as the client gets them, serialised; and whether
-    they include Content-Length. ``connection`` is the upstream's Connection header."""
+    they include Content-Length. ``connection`` is the upstream's Connection header.
+    ``sandbox``: add :data:`SANDBOX_CSP` after them (the function's own CSP stays)."""
     drop = _RESPONSE_DROP
     if connection is not None:
         drop = drop | {token.strip().lower() for token in connection.split(b",")}
@@ -445,6 +510,8 @@ def response_headers(
             if name == b"content-length":
                 has_length = True
     out += (b"x-request-id", b": ", request_id, b"\r\n")
+    if sandbox:
+        out += _CSP_LINE
     return out, has_length
 
 

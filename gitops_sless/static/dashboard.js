@@ -113,6 +113,32 @@
     }
   }
 
+  // The session reads the pages, not /api/: an API link is fetched with the session's
+  // CSRF token (carried by the sign-out form) and its JSON shown.
+  function csrfHeaders() {
+    const form = document.querySelector("form.signout[data-csrf]");
+    return form ? { [form.dataset.csrfHeader]: form.dataset.csrf } : null;
+  }
+
+  document.addEventListener("click", async (event) => {
+    const link = event.target.closest && event.target.closest("a[data-api]");
+    const headers = link && csrfHeaders();
+    if (!headers || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) {
+      return;
+    }
+    event.preventDefault();
+    try {
+      const response = await fetch(link.href, {
+        headers: { ...headers, Accept: "application/json" },
+        cache: "no-store",
+      });
+      const blob = new Blob([await response.text()], { type: "application/json" });
+      location.assign(URL.createObjectURL(blob));
+    } catch (error) {
+      say("Cannot reach the server (" + error.message + ").");
+    }
+  });
+
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) refresh();
   });
