@@ -41,6 +41,7 @@ from .fetcher import (
     _Callbacks,  # noqa: F401 - tests/test_mirror.py checks the credentials offered here
     _Deadline,
 )
+from .redact import url_passwords
 from .source import GitSnapshot
 
 __all__ = [
@@ -59,8 +60,6 @@ _PREVIEW_SPECS = (
     "+refs/pull/*/head:refs/pull/*/head",
     "+refs/merge-requests/*/head:refs/merge-requests/*/head",
 )
-# user:password@ inside any URL found in free text (libgit2 messages, for instance)
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 
 
 _GIT_ERRORS = (pygit2.GitError, OSError, KeyError, ValueError)
@@ -311,7 +310,7 @@ class Mirror:
         return FetchError(f"fetch {where} (branch {self.branch!r}): {cause}")
 
     def _scrub(self, text: str) -> str:
-        text = _URL_PASSWORD.sub(r"\1:***@", text)
+        text = url_passwords(text, "***")  # inside any URL (libgit2's messages, for instance)
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return text

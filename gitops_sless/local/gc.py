@@ -5,8 +5,8 @@ progress, and the newest ``keep`` builds of each function folder (so a revert
 to a recent version starts without a build). Everything else goes: older
 artifacts with their build logs, logs of failed builds nobody uses, installed
 dependencies no artifact links to any more (nor a build in progress), and the
-replica logs of functions no environment has any more. Replica logs of live
-functions are trimmed to their tail once they pass ``MAX_LOG_BYTES``.
+replica logs of functions no environment has any more. (A log never passes
+its cap: its writer rotates it, see ``logfiles``.)
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ from .builder import LocalBuilder
 __all__ = ["Collected", "collect"]
 
 log = logging.getLogger(__name__)
-
-MAX_LOG_BYTES = 8 << 20  # a replica log past this is cut to its last KEEP_LOG_BYTES
-KEEP_LOG_BYTES = 1 << 20
 
 
 @dataclass
@@ -120,22 +117,7 @@ def _replica_logs(logs_dir: Path, live: set[tuple[str, str]], out: Collected) ->
             path.unlink(missing_ok=True)
             out.removed_logs.append(str(path))
             reclaimed += size
-        elif size > MAX_LOG_BYTES:
-            reclaimed += _trim(path, KEEP_LOG_BYTES)
     return reclaimed
-
-
-def _trim(path: Path, keep: int) -> int:
-    """Cut ``path`` to its last ``keep`` bytes in place (writers append with O_APPEND)."""
-    with path.open("r+b") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(size - keep)
-        tail = f.read()
-        f.seek(0)
-        f.write(tail)
-        f.truncate(len(tail))
-    return size - len(tail)
 
 
 def _size(path: Path) -> int:

@@ -5,6 +5,16 @@ scripts), as the function itself will: they get an environment without the
 reconciler's secrets, their own session (so their pid is their process group
 and the whole group can be killed: compilers, node-gyp, git...), and a
 deadline. Their output goes to the build log, scrubbed of secrets.
+
+What an installer prints is read through a pipe as it comes (it never waits
+on a full pipe, and nothing of it reaches the disk unread), and only its last
+``OUTPUT_BYTES`` (1 MiB) are kept, from the start of a line: a preinstall
+script that prints gigabytes, or one line of megabytes, costs the reconciler
+time linear in what it printed and 2 MiB of memory at most. The scrubber runs
+on the build's thread, never the event loop's, and in linear time (see
+``gitops_sless.redact``). The build log is a log file of ``logfiles``: never
+larger than its cap.
+
 ``close()`` kills every running group and refuses new installers, so a
 stopping server leaves no pip writing for minutes behind it. Under a
 sandbox (see ``sandbox``) an installer sees the system and the folder it
@@ -16,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -25,20 +34,20 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
 
 from ..backend import BuildFailed
 from ..errors import TransientError
+from ..redact import url_passwords
+from . import logfiles
 from .orphans import ProcessGroups
 from .sandbox import Sandbox
 
 __all__ = ["BuildCancelled", "BuildLog", "Installers", "build_environment", "group_alive"]
 
 LOG_TAIL_CHARS = 4000
+OUTPUT_BYTES = 1 << 20  # what the build log keeps of one installer's output: its end
 
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
-# user:password@ in URLs (index URLs, registries) that an installer may echo
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]+):[^/\s@]+@")
 
 
 class BuildCancelled(TransientError):
@@ -68,42 +77,58 @@ def build_environment(environ: Mapping[str, str]) -> tuple[dict[str, str], list[
 
 
 class BuildLog:
-    """A build log: kept in memory and appended to its file step by step.
+    """A build log: appended to its file step by step, never past ``limit`` bytes.
 
     Every text passes the scrubber before it is stored, so no secret reaches
-    the file, the result or the exception.
+    the file, the result or the exception. The file is the log: ``text()``
+    reads it back (what the status store keeps is what the API shows).
     """
 
-    def __init__(self, path: Path, secrets: list[str]) -> None:
+    def __init__(self, path: Path, secrets: list[str], limit: int = logfiles.MAX_LOG_BYTES) -> None:
         self.path = path
+        self.limit = limit
         # longest first, so a secret that contains another is replaced whole
         self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-        self._parts: list[str] = []
-        self._file: IO[str] = path.open("w", encoding="utf-8")
+        path.write_bytes(b"")  # the log of an earlier build of this tag is replaced
 
     def scrub(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "****")
-        return _URL_PASSWORD.sub(r"\g<head>:****@", text)
+        return url_passwords(text, "****")
 
     def write(self, text: str) -> None:
-        text = self.scrub(text)
-        self._parts.append(text)
-        self._file.write(text)
-        # flushed per step so the status API can show a running build's log
-        self._file.flush()
+        # written per step so the status API can show a running build's log
+        data = self.scrub(text).encode("utf-8", "replace")
+        logfiles.append(self.path, data, self.limit, min(logfiles.KEEP_LOG_BYTES, self.limit))
 
     def line(self, text: str) -> None:
         self.write(f"[{now()}] {text}\n")
 
+    def output(self, step: str, tail: logfiles.Tail) -> None:
+        """What an installer printed: the end of it, whole lines, and how much was left out."""
+        data, dropped = tail.value(), tail.dropped
+        if dropped:
+            # from the first line that starts in it: half a line may hold half a secret
+            kept = data[data.find(b"\n") + 1 :] if b"\n" in data else b""
+            left_out = dropped + len(data) - len(kept)
+            self.line(
+                f"{step}: {left_out} bytes of its output left out: "
+                f"the log keeps the last {tail.limit} bytes, from the start of a line"
+            )
+            data = kept
+        self.write(data.decode("utf-8", "replace"))
+
     def text(self) -> str:
-        return "".join(self._parts)
+        try:
+            return self.path.read_bytes().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(the build log {self.path} cannot be read: {exc})"
 
     def tail(self) -> str:
         return self.text()[-LOG_TAIL_CHARS:]
 
     def close(self) -> None:
-        self._file.close()
+        """Nothing is held open between writes: kept for the callers' ``finally``."""
 
 
 class Installers:
@@ -150,19 +175,13 @@ class Installers:
         if remaining <= 0:
             raise BuildFailed(tag, f"timed out after {timeout_sec:g} s", log.tail())
         log.line(f"$ {shlex.join(command)}")
-        # output goes to a file, not a pipe: a grandchild that outlives the kill
-        # could hold a pipe open and block the reader forever
-        output_path = Path(f"{cwd}.out")
+        output = logfiles.Tail(OUTPUT_BYTES)
         started = time.monotonic()
         try:
-            with output_path.open("w+b") as output:
-                code = self._wait_for(tag, step, command, cwd, env, output, remaining, log)
-                output.seek(0)
-                log.write(output.read().decode("utf-8", "replace"))
+            code = self._wait_for(tag, step, command, cwd, env, output, remaining, log)
+            log.output(step, output)
         except OSError as exc:
             raise BuildFailed(tag, f"{step}: {exc}", log.tail()) from exc
-        finally:
-            output_path.unlink(missing_ok=True)
         self.check_open(tag)  # killed by close(): not a failure of this content
         if code is None:
             raise BuildFailed(tag, f"{step} timed out after {timeout_sec:g} s", log.tail())
@@ -177,11 +196,17 @@ class Installers:
         command: list[str],
         cwd: Path,
         env: dict[str, str],
-        output: IO[bytes],
+        output: logfiles.Tail,
         timeout: float,
         log: BuildLog,
     ) -> int | None:
-        """Start one installer and wait for it; its exit code, or None past ``timeout``."""
+        """Start one installer and wait for it, keeping the end of what it prints in
+        ``output``; its exit code, or None past ``timeout``.
+
+        Once it has exited its process group is killed, so that nothing it left
+        behind holds the pipe open; something that left the group too is not
+        waited for (the pipe is closed under it).
+        """
         run = self.sandbox.install(command, folder=cwd, env=env)
         with self._lock:  # close() either sees this installer or has refused it
             self.check_open(tag)
@@ -191,7 +216,7 @@ class Installers:
                     cwd=run.cwd,
                     env=run.env,
                     stdin=subprocess.DEVNULL,
-                    stdout=output,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
@@ -199,11 +224,13 @@ class Installers:
                 raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
             self._running[proc.pid] = proc
         self.groups.add(proc.pid, command)
+        assert proc.stdout is not None
         try:
-            return self.sandbox.returncode(proc.wait(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            return None
+            sinks = {proc.stdout: output.add}
+            exited = logfiles.read_pipes(proc, sinks, timeout, on_exit=lambda: _kill_group(proc))
+            return self.sandbox.returncode(proc.returncode) if exited else None
         finally:
+            proc.stdout.close()
             _kill_group(proc)
             self.groups.remove(proc.pid)
             with self._lock:

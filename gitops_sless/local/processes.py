@@ -20,7 +20,11 @@ would unconfined, and then by SIGKILL to its whole process group.
 What replicas print goes through a pipe to ``replica_logs``, which puts a
 timestamp on every line of ``<state>/logs/<env>/<function>.log``; the
 supervisor adds lines of its own there: a kill for memory, a replica that
-ended, each after the replica's last line.
+ended, each after the replica's last line. That file never passes its cap (8
+MiB, rotated as it is written: see ``logfiles``). A job's or cron run's output
+is read as it comes and only bounded parts are kept: its result up to
+``MAX_RESULT_BYTES`` (a larger one fails the run, naming its size) and the
+last ``LOG_TAIL_BYTES`` of its stderr, for the cause of a failure.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from typing import Any
 from .. import backoff, failure, logs
 from ..backend import ApplyFailed, JobFailed
 from ..runtimes import Runtime
-from . import memory
+from . import logfiles, memory
 from .orphans import ProcessGroups
 from .replica_logs import LogPump, Stream, unstamped
 from .sandbox import Sandbox
@@ -57,7 +61,8 @@ STOP_GRACE_SEC = 5.0
 DRAIN_SEC = 1.0
 OUTPUT_WAIT_SEC = 2.0  # for what a replica printed last, still in its pipe
 WATCH_SEC = 0.1
-LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start
+LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start (or job)
+MAX_RESULT_BYTES = 1 << 20  # a job's result (its runner's stdout): larger fails the job
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
 
 # (env, function, upstreams, why the last replica that left the route ended)
@@ -317,18 +322,21 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        timed_out = False
+        result, errors = logfiles.Head(MAX_RESULT_BYTES), logfiles.Tail(LOG_TAIL_BYTES)
+        process = child.process
+        assert process.stdout is not None and process.stderr is not None
         try:
-            try:
-                out, err = child.process.communicate(timeout=timeout_sec + 5)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _signal_group(child.pid, signal.SIGKILL)
-                out, err = child.process.communicate()
+            sinks = {process.stdout: result.add, process.stderr: errors.add}
+            timed_out = not logfiles.read_pipes(
+                process, sinks, timeout_sec + 5, linger=OUTPUT_WAIT_SEC
+            )
         finally:
             _signal_group(child.pid, signal.SIGKILL)  # whatever the runner left behind
-            child.process.wait()
+            process.stdout.close()
+            process.stderr.close()
+            process.wait()
             reason = self._reap(child)
+        out, err = result.value(), errors.value()
         code = child.process.returncode
         if code != 0 and self._closing:
             raise JobFailed(f"{name}: interrupted by shutdown")
@@ -340,15 +348,19 @@ class Supervisor:
             why = failure.cause(err.decode("utf-8", "replace"), spec.artifact)
             said = why or "no output on stderr"
             raise JobFailed(f"{name}: {reason}: {said}", f"{name}: {reason}")
-        result = out.decode("utf-8", "replace").strip()
+        if not result.complete:
+            raise JobFailed(
+                f"{name}: the result is {result.size} bytes; at most {MAX_RESULT_BYTES} are kept"
+            )
+        text = out.decode("utf-8", "replace").strip()
         try:
-            json.loads(result)
+            json.loads(text)
         except ValueError as exc:
             raise JobFailed(
-                f"{name}: the result is not JSON: {result[:200]!r}",
+                f"{name}: the result is not JSON: {text[:200]!r}",
                 f"{name}: the result is not JSON",
             ) from exc
-        return result
+        return text
 
     def close(self) -> None:
         """Stop every process started, and start none from now on (safe to call twice)."""

@@ -15,8 +15,11 @@ in pieces. Nothing is lost at exit: a pipe is read to its end, and a note
 about how a replica ended (``note_after``) is written after its last line.
 
 Files are opened for each write, in append mode: the log goes on across
-restarts, garbage collection may cut it in place meanwhile, and 200
-replicas hold no 200 open files.
+restarts, and 200 replicas hold no 200 open files. Every write goes through
+``logfiles.append``, under one lock: a log never passes ``MAX_LOG_BYTES``
+(8 MiB); the write that would take it past rotates it to its newest 1 MiB
+of whole lines first, so a replica printing as fast as it can fills no disk,
+and its newest lines are what the log keeps.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
+
+from . import logfiles
 
 __all__ = ["LogPump", "Stream", "stamp", "unstamped"]
 
@@ -73,7 +78,11 @@ class Stream:
 class LogPump:
     """Reads every replica's pipe in one thread; writes timestamped lines."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, limit: int = logfiles.MAX_LOG_BYTES, keep: int = logfiles.KEEP_LOG_BYTES
+    ) -> None:
+        self.limit, self.keep = limit, keep
+        self._files = threading.Lock()  # one writer at a time: a rotation is not an append
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -97,7 +106,7 @@ class LogPump:
 
     def note(self, path: Path, line: str) -> None:
         """A line of the reconciler's own, now: what the replica cannot say itself."""
-        _append(path, f"{stamp()} [gitops-sless] {line}\n".encode())
+        self._append(path, f"{stamp()} [gitops-sless] {line}\n".encode())
 
     def note_after(self, stream: Stream, line: str) -> None:
         """A line of the reconciler's own, after the last line the replica printed."""
@@ -195,7 +204,7 @@ class LogPump:
     def _write(self, stream: Stream, lines: list[bytes]) -> None:
         if lines:
             now = stamp().encode()
-            _append(stream.path, b"".join(now + b" " + line + b"\n" for line in lines))
+            self._append(stream.path, b"".join(now + b" " + line + b"\n" for line in lines))
 
     def _flush(self, stream: Stream) -> None:
         partial, stream._partial, stream._partial_since = bytes(stream._partial), bytearray(), None
@@ -229,10 +238,9 @@ class LogPump:
         for _, line in notes:
             self.note(stream.path, line)
 
-
-def _append(path: Path, data: bytes) -> None:
-    try:
-        with path.open("ab") as out:
-            out.write(data)
-    except OSError as exc:
-        log.warning("%s: cannot write replica output: %s", path, exc)
+    def _append(self, path: Path, data: bytes) -> None:
+        try:
+            with self._files:
+                logfiles.append(path, data, self.limit, self.keep)
+        except OSError as exc:
+            log.warning("%s: cannot write replica output: %s", path, exc)
