@@ -126,6 +126,7 @@ def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
         "runtime": fn.runtime,
         "entrypoint": fn.entrypoint,
         "memoryMB": fn.memory_mb,
+        "maxProcesses": fn.max_processes,
         "timeoutSec": fn.timeout_sec,
         "replicas": fn.replicas,
         "enabled": fn.enabled,

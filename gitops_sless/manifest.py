@@ -85,6 +85,7 @@ class Function:
     jobs: tuple[Job, ...]
     source_id: str
     build_tag: str
+    max_processes: int = 256  # the schema's default
     same_origin: bool = False  # the http trigger's sameOrigin: no sandboxing CSP
 
     def env_for(self, environment: str) -> dict[str, EnvValue]:
@@ -360,6 +361,7 @@ def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Functi
         jobs=tuple(Job(j["name"], j["runId"], j["event"], fn["name"]) for j in fn["jobs"]),
         source_id=source_id,
         build_tag=build_tag(source_id, runtime),
+        max_processes=fn["maxProcesses"],
         same_origin=any(t.get("sameOrigin", False) for t in fn["triggers"] if t["type"] == "http"),
     )
 

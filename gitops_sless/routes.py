@@ -134,6 +134,9 @@ class Route:
     # the function's pages share the server's origin (sameOrigin in its manifest): the
     # proxy leaves out its sandboxing Content-Security-Policy
     same_origin: bool = False
+    # a header line the proxy adds to every call (``x-sless-replica: KEY``): the local
+    # backend's replicas refuse calls without it, so nobody reaches them but the proxy
+    proof: bytes = b""
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
 
     @property

@@ -38,6 +38,7 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "runtime": fn.runtime,
             "entrypoint": fn.entrypoint,
             "memoryMB": fn.memory_mb,
+            "maxProcesses": fn.max_processes,
             "timeoutSec": fn.timeout_sec,
             "replicas": fn.replicas,
             "enabled": fn.enabled,
@@ -65,6 +66,7 @@ def from_record(record: Mapping[str, Any]) -> Deployment:
         runtime=fn["runtime"],
         entrypoint=fn["entrypoint"],
         memory_mb=fn["memoryMB"],
+        max_processes=fn.get("maxProcesses", Function.max_processes),  # older records
         same_origin=fn.get("sameOrigin", False),  # records from before sameOrigin
         timeout_sec=fn["timeoutSec"],
         replicas=fn["replicas"],

@@ -40,6 +40,26 @@ def is_sandbox(pid: int) -> bool:
         return False
 
 
+def with_their_groups(pids: list[int]) -> list[int]:
+    """``pids`` and every live process in their process groups.
+
+    Inside its sandbox a function's runtime sees its folder as ``/function``: only the
+    bwrap that holds it names the host folder, and the runtime is in bwrap's group.
+    """
+    leaders = {str(pid) for pid in pids}
+    found = list(pids)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in pids:
+            continue
+        try:
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[2] in leaders and fields[0] != "Z":
+            found.append(int(proc.name))
+    return found
+
+
 @pytest.fixture
 def write_repo(tmp_path: Path) -> WriteRepo:
     """``write_repo(files, root=None) -> Path``: files written below ``tmp_path/repo``."""

@@ -97,8 +97,8 @@ ENV_NAME_HINT = (
 RUNTIMES = '"python3.11", "nodejs20"'
 CRON_FIELDS = "a schedule has five: minute hour day-of-month month day-of-week"
 KNOWN_FUNCTION_FIELDS = (
-    "name, runtime, entrypoint, memoryMB, timeoutSec, replicas, enabled, env, triggers, jobs, "
-    "preview"
+    "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, enabled, env, "
+    "triggers, jobs, preview"
 )
 
 # Ten levels of ten aliases each: 10**10 values once expanded.

@@ -47,6 +47,7 @@ from gitops_sless.routes import RouteTable
 from gitops_sless.store import Store
 
 from . import gitserver
+from .conftest import with_their_groups
 from .gitserver import GitDaemon, WorkRepo, git, init_bare
 from .kube_harness import settings as kube_settings
 from .kubeapi import FakeKube
@@ -239,20 +240,27 @@ def processes(state: Path, env: str) -> dict[int, str]:
 
     Runtimes, and the bwrap holding each in its sandbox (it has the runtime's environment).
     """
-    found = {}
+    environs, ours = {}, []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             raw = (entry / "environ").read_bytes()
+            args = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
         environ = dict(
             v.split("=", 1) for v in raw.decode(errors="replace").split("\0") if "=" in v
         )
-        ours = environ.get("SLESS_FUNCTION_DIR", "").startswith(str(state))
-        if ours and environ.get("SLESS_ENV") == env:
-            found[int(entry.name)] = environ.get("SLESS_FUNCTION_NAME", "?")
+        environs[int(entry.name)] = environ
+        # unconfined, the runtime names its folder; sandboxed, the bwrap holding it does
+        if environ.get("SLESS_FUNCTION_DIR", "").startswith(str(state)) or str(state) in args:
+            ours.append(int(entry.name))
+    found = {}
+    for pid in with_their_groups(ours):
+        environ = environs.get(pid, {})
+        if environ.get("SLESS_ENV") == env:
+            found[pid] = environ.get("SLESS_FUNCTION_NAME", "?")
     return found
 
 

@@ -189,6 +189,30 @@ def test_json_body_is_the_event_with_request_fields(server):
     assert "_body" not in event
 
 
+def test_with_a_replica_key_only_calls_that_carry_it_reach_the_handler(runtime, log_dir):
+    """On the local backend every sandbox shares loopback: a call straight to a replica's
+    port, past the proxy's limits and records, is refused without the proxy's key."""
+    key = "k3y-only-the-proxy-knows"
+    srv = Server(runtime, log_dir, "handlers.main", SLESS_REPLICA_KEY=key).wait_healthy()
+    try:
+        for headers in ({}, {"X-Sless-Replica": "guess"}, {"X-Sless-Replica": key[:-1]}):
+            direct = httpx.get(f"{srv.url}/echo", headers=headers)
+            assert direct.status_code == 403, headers
+            assert direct.json() == {"error": "call functions through the proxy"}
+        proxied = httpx.get(f"{srv.url}/echo", headers={"X-Sless-Replica": key})
+        assert proxied.status_code == 200
+        assert "x-sless-replica" not in proxied.json()["_headers"]
+        seen = httpx.get(f"{srv.url}/env-keys", headers={"X-Sless-Replica": key}).json()
+        assert "SLESS_REPLICA_KEY" not in seen and "SLESS_ENTRYPOINT" in seen
+        assert httpx.get(f"{srv.url}/health").status_code == 200  # probes need no key
+    finally:
+        srv.stop()
+
+
+def test_without_a_replica_key_calls_are_served_as_before(server):
+    assert httpx.get(f"{server.url}/echo", headers={"X-Sless-Replica": "x"}).status_code == 200
+
+
 def test_sub_paths_reach_the_handler(server):
     assert httpx.get(f"{server.url}/").json()["_path"] == "/"
     deep = httpx.delete(f"{server.url}/a/b/c").json()

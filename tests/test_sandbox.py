@@ -50,7 +50,13 @@ VICTIM = {
         "      DB_PASSWORD: {secret: db, key: password}\n"
         "    triggers: [{type: http}]\n"
     ),
-    "victim/handler.py": "def main(event):\n    return {'code': 'original'}\n",
+    "victim/handler.py": (
+        "import os\n\n"
+        "def main(event):\n"
+        "    if event['_path'] == '/who':  # which victim: tests may run beside each other\n"
+        "        return {'canary': os.environ['VICTIM_CANARY']}\n"
+        "    return {'code': 'original'}\n"
+    ),
     "echo/sless.yaml": (
         "functions:\n"
         "  - {name: echo, runtime: nodejs20, entrypoint: handler.main, triggers: [{type: http}]}\n"
@@ -223,6 +229,28 @@ def writable_system_files(t):
     return "failed: nothing in /proc/sys, /sys or /dev opened for writing"
 
 
+def direct_replica_call(t):
+    # every listening loopback port, as /proc/net/tcp shows it to anyone on the host network
+    import http.client
+    ports = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and local.startswith("0100007F:"):
+                ports.add(int(local.split(":")[1], 16))
+    for port in sorted(ports):
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/who", headers={"X-Forwarded-For": "203.0.113.66"})
+            answer = conn.getresponse()
+            body = answer.read(4096)
+        except Exception:
+            continue
+        if answer.status == 200 and t["victim_canary"].encode() in body:
+            return f"succeeded: the victim answered a direct call on port {port}"
+    return f"failed: no replica answered a direct call ({len(ports)} ports tried)"
+
+
 def run(names):
     t = _targets()
     report = {}
@@ -238,7 +266,7 @@ EVERY = [
     "reconciler_environ", "reconciler_cmdline", "state_folder", "secrets_folder",
     "other_function_files", "other_function_environ", "own_artifact", "other_artifact",
     "signal_reconciler", "list_processes", "host_root", "host_sysctls",
-    "writable_system_files",
+    "writable_system_files", "direct_replica_call",
 ]
 """
 
@@ -452,6 +480,7 @@ SHOWN_UNCONFINED = (
     "other_artifact",
     "signal_reconciler",
     "list_processes",
+    # (not direct_replica_call: the replica key holds unconfined too)
     # what only a reconciler run as root (these machines, the documented container) shows
     *(("host_root", "host_sysctls", "writable_system_files") if os.geteuid() == 0 else ()),
 )
@@ -460,7 +489,7 @@ SHOWN_UNCONFINED = (
 @pytest.mark.parametrize("actor", ACTORS)
 def test_every_attempt_of_hostile_code_fails_in_the_sandbox(sandboxed, actor):
     report = getattr(sandboxed, actor)
-    expected = 12 if actor == "installer" else 13
+    expected = 13 if actor == "installer" else 14
     assert len(report) == expected, report
     succeeded = {name: out for name, out in report.items() if not out.startswith("failed")}
     assert succeeded == {}

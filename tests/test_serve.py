@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from . import gitserver
+from .conftest import with_their_groups
 from .gitserver import GitDaemon, WorkRepo, init_bare
 from .sless_server import WEBHOOK_SECRET, SlessServer
 
@@ -466,7 +467,7 @@ def _processes_under(folder: Path) -> list[int]:
                     found.append(int(proc.name))
             except OSError:
                 continue
-    return found
+    return with_their_groups(found)
 
 
 def test_stopping_the_server_stops_every_process_it_started(setup, tmp_path):

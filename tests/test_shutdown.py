@@ -23,7 +23,7 @@ from gitops_sless.backend import ApplyFailed, JobFailed
 from gitops_sless.local.processes import ProcessSpec, Supervisor
 
 from . import gitserver
-from .conftest import is_sandbox
+from .conftest import is_sandbox, with_their_groups
 from .gitserver import GitDaemon, WorkRepo, init_bare
 from .sless_server import SlessServer
 
@@ -46,7 +46,7 @@ def _processes_under(folder: Path) -> list[int]:
             continue
         if any(part.startswith(str(folder)) for part in (cwd, *args)):
             found.append(int(proc.name))
-    return found
+    return with_their_groups(found)
 
 
 def _runtimes_under(folder: Path) -> list[int]:

@@ -94,6 +94,7 @@ class LocalBackend(Backend):
             timeout_sec=fn.timeout_sec,
             env_vars=resolved,
             memory_mb=fn.memory_mb,
+            max_processes=fn.max_processes,
         )
 
     def _upstreams_changed(
@@ -102,6 +103,7 @@ class LocalBackend(Backend):
         name: str,
         upstreams: tuple[tuple[str, int], ...],
         last_exit: str | None,
+        replica_key: str,
     ) -> None:
         http = self._http.get((env, name))
         if http is None:
@@ -115,6 +117,7 @@ class LocalBackend(Backend):
                 upstreams,
                 last_exit=last_exit,
                 same_origin=same_origin,
+                proof=b"x-sless-replica: " + replica_key.encode("ascii") + b"\r\n",
             )
             self.routes.set(route)
 

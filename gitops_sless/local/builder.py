@@ -392,7 +392,7 @@ class LocalBuilder:
                 _remove_path(item)
         if os.path.lexists(folder / output):
             try:
-                count = check_output(folder / output)
+                count = check_output(folder / output, within=folder)
             except UnsafeOutput as exc:
                 raise BuildFailed(job.tag, f"dependencies: {exc}", job.log.tail()) from None
             job.log.line(f"dependencies: {output}/ holds {count} entries")

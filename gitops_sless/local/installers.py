@@ -221,6 +221,7 @@ class Installers:
                     start_new_session=True,
                 )
             except OSError as exc:
+                self.sandbox.release(run)
                 raise BuildFailed(tag, f"cannot start {step}: {exc}", log.tail()) from exc
             self._running[proc.pid] = proc
         self.groups.add(proc.pid, command)
@@ -232,6 +233,7 @@ class Installers:
         finally:
             proc.stdout.close()
             _kill_group(proc)
+            self.sandbox.release(run)  # nothing of it runs any more: the folder is ours again
             self.groups.remove(proc.pid)
             with self._lock:
                 self._running.pop(proc.pid, None)

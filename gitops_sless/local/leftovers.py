@@ -10,9 +10,11 @@ copy forever. So every entry is ``lstat``-ed, never followed, and only these
 are kept:
 
 - real folders and regular files;
-- symlinks whose target is relative and stays inside the output folder, once
-  every link on the way is resolved (npm's ``node_modules/.bin/x ->
-  ../x/bin/x``): inside an artifact they resolve to its own files only.
+- symlinks whose target is relative and stays inside the function's folder
+  (where the output is laid, beside the function's own files), once every
+  link on the way is resolved (npm's ``node_modules/.bin/x -> ../x/bin/x``, a
+  ``file:`` dependency's ``node_modules/dep -> ../vendored/dep``): inside an
+  artifact they resolve to its own files only.
 
 Anything else fails the build with the entry's name. The walk reads each entry
 once (linear in the tree's size), and resolving a link reads link targets
@@ -32,18 +34,19 @@ class UnsafeOutput(Exception):
     """An installer left something the reconciler must not read: ``str()`` names it."""
 
 
-def check_output(root: Path) -> int:
-    """Check everything below ``root`` (an installer's output); how many entries it holds.
+def check_output(root: Path, within: Path) -> int:
+    """Check everything below ``root`` (an installer's output, laid out in ``within``);
+    how many entries it holds.
 
     UnsafeOutput for ``root`` itself not being a real folder, a special file, or a
-    symlink that is absolute or leads out of ``root``.
+    symlink that is absolute or leads out of ``within``.
     """
     mode = os.lstat(root).st_mode
     if stat.S_ISLNK(mode):
         raise UnsafeOutput(f"symlink {root.name} -> {os.readlink(root)}: not a folder of its own")
     if not stat.S_ISDIR(mode):
         raise UnsafeOutput(f"{root.name} is {_kind(mode)}, not a folder")
-    inside = os.path.realpath(root)
+    inside = os.path.realpath(within)
     count = 0
     for parent, folders, files in os.walk(root):  # never descends into a link
         for name in [*folders, *files]:

@@ -34,6 +34,7 @@ import http.client
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,7 +51,7 @@ from ..runtimes import Runtime
 from . import logfiles, memory
 from .orphans import ProcessGroups
 from .replica_logs import LogPump, Stream, unstamped
-from .sandbox import Sandbox
+from .sandbox import Command, Sandbox
 
 __all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "UnitStatus", "Upstreams", "exit_reason"]
 
@@ -65,8 +66,9 @@ LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start (or
 MAX_RESULT_BYTES = 1 << 20  # a job's result (its runner's stdout): larger fails the job
 _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
 
-# (env, function, upstreams, why the last replica that left the route ended)
-Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None], None]
+# (env, function, upstreams, why the last replica that left the route ended, the key
+# the function's replicas ask of every call: see ``replica_key``)
+Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None, str], None]
 # (env, function, "exited" | "recovered", reason: "OOMKilled: ..." / "exited with code 1" | None)
 ReplicaEvent = Callable[[str, str, str, str | None], None]
 
@@ -83,6 +85,7 @@ class ProcessSpec:
     timeout_sec: float
     env_vars: Mapping[str, str]
     memory_mb: int | None = None  # killed above this (OOMKilled); None: no limit
+    max_processes: int | None = None  # tasks (processes and threads) in its sandbox
 
     def environ(self, extra: Mapping[str, str]) -> dict[str, str]:
         base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
@@ -147,6 +150,7 @@ class _Child:
     limit: memory.Limit
     spec: ProcessSpec
     sandbox: Sandbox
+    command: Command
     _reason: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -162,6 +166,7 @@ class _Child:
                 oom = self.limit.reason()
                 self._reason = oom or exit_reason(code if code is not None else -9)
                 self.limit.release()
+                self.sandbox.release(self.command)
             return self._reason
 
 
@@ -224,6 +229,7 @@ class Supervisor:
         self._on_upstreams = on_upstreams
         self._on_replica_event = on_replica_event
         self._units: dict[tuple[str, str], _Unit] = {}
+        self._keys: dict[tuple[str, str], str] = {}  # replica_key of each function
         self.version = 0  # moves whenever a unit or its replicas change: status() may differ
         self._children: dict[int, _Child] = {}  # every process started and not yet reaped
         self._spawning = 0  # Popen calls under way
@@ -289,6 +295,7 @@ class Supervisor:
     def remove(self, env: str, name: str) -> None:
         with self._lock:
             unit = self._units.pop((env, name), None)
+            self._keys.pop((env, name), None)
             self.version += 1
         if unit:
             self._stop([r.child for r in unit.replicas])
@@ -299,6 +306,7 @@ class Supervisor:
             units = [key for key in self._units if key[0] == env]
             for key in units:
                 self._units.pop(key)
+                self._keys.pop(key, None)
             self.version += 1
             children = [c for c in self._children.values() if c.spec.env_name == env]
         self._stop(children)
@@ -322,6 +330,7 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        # read as it comes, and only so much kept: a job printing gigabytes costs no memory
         result, errors = logfiles.Head(MAX_RESULT_BYTES), logfiles.Tail(LOG_TAIL_BYTES)
         process = child.process
         assert process.stdout is not None and process.stderr is not None
@@ -340,12 +349,12 @@ class Supervisor:
         code = child.process.returncode
         if code != 0 and self._closing:
             raise JobFailed(f"{name}: interrupted by shutdown")
-        if reason.startswith("OOMKilled"):
+        if reason.startswith(("OOMKilled", "ProcessLimit")):
             raise JobFailed(f"{name}: {reason}")
         if timed_out:
             raise JobFailed(f"{name}: timed out after {timeout_sec:g}s")
         if code != 0:
-            why = failure.cause(err.decode("utf-8", "replace"), spec.artifact)
+            why = failure.cause(err.decode("utf-8", "replace"), self._function_dir(spec))
             said = why or "no output on stderr"
             raise JobFailed(f"{name}: {reason}: {said}", f"{name}: {reason}")
         if not result.complete:
@@ -390,9 +399,16 @@ class Supervisor:
             self._spawning += 1
         child = None
         try:
-            limit = self.memory.limit(spec.memory_mb, f"{spec.env_name}/{spec.function}")
+            # with a sandbox of its own uid the kernel caps tasks too; the guard reports it
+            limit = self.memory.limit(
+                spec.memory_mb, f"{spec.env_name}/{spec.function}", spec.max_processes
+            )
             run = self.sandbox.run(
-                command, artifact=spec.artifact, runtime=spec.runtime.folder, env=popen.pop("env")
+                command,
+                artifact=spec.artifact,
+                runtime=spec.runtime.folder,
+                env=popen.pop("env"),
+                max_processes=spec.max_processes,
             )
             try:
                 # the limit wraps the sandbox: bwrap and everything in it count
@@ -405,8 +421,9 @@ class Supervisor:
                 )
             except BaseException:
                 limit.release()
+                self.sandbox.release(run)
                 raise
-            child = _Child(process, limit, spec, self.sandbox)
+            child = _Child(process, limit, spec, self.sandbox, run)
             limit.started(process.pid)
             self.pids.add(process.pid, command)
         finally:
@@ -416,6 +433,9 @@ class Supervisor:
                     self._children[child.pid] = child
                 self._changed.notify_all()
         return child
+
+    def _function_dir(self, spec: ProcessSpec) -> Path:
+        return self.sandbox.function_dir(spec.artifact)
 
     def _reap(self, child: _Child) -> str:
         """The process has been waited for: why it ended; it is no longer tracked."""
@@ -463,7 +483,8 @@ class Supervisor:
         unit = self._units.get(key)
         replicas = [r for r in unit.replicas if not r.withdrawn] if unit else []
         upstreams = tuple((self.host, r.port) for r in replicas)
-        self._on_upstreams(key[0], key[1], upstreams, unit.last_exit if unit else None)
+        last_exit = unit.last_exit if unit else None
+        self._on_upstreams(key[0], key[1], upstreams, last_exit, self.replica_key(*key))
 
     def _withdraw(self, pid: int, reason: str) -> None:
         """A replica is about to be killed: no new call goes to it, and the route says why."""
@@ -486,6 +507,17 @@ class Supervisor:
         except Exception:
             log.exception("%s/%s: the replica event hook failed", *key)
 
+    def replica_key(self, env: str, function: str) -> str:
+        """What the proxy sends with every call to ``function``'s replicas, and they check.
+
+        Replicas listen on loopback, which every sandbox shares: without the key a
+        function could call another one directly, past the proxy's limits and
+        records. One per function (its replicas may call each other: they are it),
+        kept while the supervisor runs it, in no file and in no other environment.
+        """
+        with self._lock:
+            return self._keys.setdefault((env, function), secrets.token_urlsafe(24))
+
     def _start_healthy(self, spec: ProcessSpec) -> _Replica:
         port = free_port(self.host)
         log_dir = self.logs / spec.env_name
@@ -497,7 +529,13 @@ class Supervisor:
             spec,
             spec.command("server"),
             self._shutting_down(spec),
-            env=spec.environ({"PORT": str(port), "SLESS_HOST": self.host}),
+            env=spec.environ(
+                {
+                    "PORT": str(port),
+                    "SLESS_HOST": self.host,
+                    "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.function),
+                }
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -512,7 +550,7 @@ class Supervisor:
             if child.process.poll() is not None:
                 reason = self._reap(child)
                 output.wait(OUTPUT_WAIT_SEC)  # its last lines say why
-                why = failure.cause(_tail(log_path, since), spec.artifact) or "no output"
+                why = failure.cause(_tail(log_path, since), self._function_dir(spec)) or "no output"
                 self.output.note(
                     log_path, f"replica pid {child.pid} ended before it was healthy: {reason}"
                 )

@@ -237,6 +237,7 @@ class ProxyApp:
                 route.name,
                 route.gateway,
                 self.withheld,
+                route.proof,
             )
             await self._forward(call, route, head, body_mode, length, receive, send)
         finally:

@@ -638,6 +638,7 @@ class FastCall:
             route.name,
             route.gateway,
             self.proxy.withheld,
+            route.proof,
         )
         if length > self.proxy.max_body_bytes:
             self.too_large()

@@ -41,6 +41,7 @@ from ..routes import Gateway
 
 __all__ = [
     "HOP_BY_HOP",
+    "REPLICA_KEY_HEADER",
     "SANDBOX_CSP",
     "SESSION_COOKIE",
     "Call",
@@ -142,11 +143,14 @@ HOP_BY_HOP = frozenset(
 
 # What the request header loop does with a name: _PASS = pass on unchanged. Expect is
 # answered by the proxy's own server. Forwarding headers are kept only from a trusted peer.
+# the header a local replica checks (runtimes' REPLICA_KEY_HEADER; see Route.proof)
+REPLICA_KEY_HEADER = b"x-sless-replica"
 _PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED = range(8)
 _FWD, _XFP, _XFH, _AUTH, _COOKIE, _AUTHORIZATION = range(8, 14)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
     b"x-real-ip": _DROP,
+    REPLICA_KEY_HEADER: _DROP,  # only the proxy's own proof reaches a replica
     b"x-forwarded-prefix": _DROP,
     b"connection": _CONNECTION,
     b"host": _HOST,
@@ -379,6 +383,7 @@ def request_head(
     name: str,
     gateway: Gateway | None = None,
     withheld: Withheld = NOTHING_WITHHELD,
+    proof: bytes = b"",
 ) -> tuple[bytes, int, int, bytes]:
     """(upstream request head, body framing, Content-Length or -1, request id).
 
@@ -443,6 +448,8 @@ def request_head(
         parts = _without_connection_tokens(parts, connection)
     if gateway is not None:  # after: the client's Connection cannot name these away
         parts.append(gateway.lines())
+    if proof:  # the route's header line that its replicas check (Route.proof)
+        parts.append(proof)
     if body_mode == CHUNKED:
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):

@@ -26,6 +26,7 @@ const { pathToFileURL } = require('node:url');
 const RUNTIME = 'nodejs20';
 const DEFAULT_TIMEOUT_SEC = 30;
 const MAX_HEADER_BYTES = 64 * 1024;
+const REPLICA_KEY_HEADER = 'x-sless-replica'; // the proxy's proof, on the local backend
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
 const KEEP_ALIVE_TIMEOUT_MS = 75 * 1000; // longer than the usual proxy keep-alive (60 s)
 
@@ -339,6 +340,7 @@ function buildEvent(req, body) {
   const raw = req.rawHeaders;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i].toLowerCase();
+    if (name === REPLICA_KEY_HEADER) continue;
     const prev = headers[name];
     headers[name] = prev === undefined ? raw[i + 1] : `${prev}, ${raw[i + 1]}`;
   }
@@ -350,7 +352,16 @@ function buildEvent(req, body) {
 }
 
 function createServer(handler, options) {
-  const { timeoutSec, functionName = '', environment = '' } = options;
+  const { timeoutSec, functionName = '', environment = '', replicaKey = null } = options;
+  // set where others share the network (the local backend): a call without it did not
+  // come through the proxy, and skipped its limits and its record
+  const key = replicaKey ? Buffer.from(replicaKey, 'latin1') : null;
+  const fromProxy = (req) => {
+    const given = req.headers[REPLICA_KEY_HEADER];
+    if (typeof given !== 'string') return false;
+    const bytes = Buffer.from(given, 'latin1');
+    return bytes.length === key.length && crypto.timingSafeEqual(bytes, key);
+  };
   const timeoutMs = timeoutSec * 1000;
   const timeoutText = `function timed out after ${formatSeconds(timeoutSec)}s`;
   const state = { stopping: false, busy: 0 };
@@ -396,6 +407,11 @@ function createServer(handler, options) {
       const url = req.url;
       if ((req.method === 'GET' || req.method === 'HEAD') && (url === '/health' || url.startsWith('/health?'))) {
         send(res, 200, JSON_TYPE, '{"status":"ok"}', null);
+        return;
+      }
+      if (key !== null && !fromProxy(req)) {
+        res.setHeader('Connection', 'close');
+        sendJsonError(res, 403, 'call functions through the proxy');
         return;
       }
       const headers = req.headers;
@@ -489,10 +505,13 @@ async function main() {
   const port = Number(portText);
   let handler;
   let timeoutSec;
+  let replicaKey;
   try {
     if (!/^\d+$/.test(portText) || port > 65535) throw new StartupError(`PORT=${JSON.stringify(portText)} is not a port number`);
     timeoutSec = parseTimeout(process.env.SLESS_TIMEOUT_SEC);
     const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
+    replicaKey = process.env.SLESS_REPLICA_KEY || null;
+    delete process.env.SLESS_REPLICA_KEY; // not the handler's to see
     handler = await loadHandler(entrypoint, functionDir);
   } catch (err) {
     fatal(err instanceof StartupError ? err.message : errorStack(err));
@@ -503,6 +522,7 @@ async function main() {
     timeoutSec,
     functionName: process.env.SLESS_FUNCTION_NAME || '',
     environment: process.env.SLESS_ENV || '',
+    replicaKey,
   });
   server.once('error', (err) => fatal(`cannot listen on ${host}:${port}: ${err.message}`));
   server.listen(port, host, () => {

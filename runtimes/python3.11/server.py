@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib.util
 import inspect
 import json
@@ -41,6 +42,7 @@ from urllib.parse import parse_qsl, unquote
 RUNTIME = "python3.11"
 DEFAULT_TIMEOUT_SEC = 30.0
 MAX_HEADER_BYTES = 64 * 1024
+REPLICA_KEY_HEADER = "x-sless-replica"  # the proxy's proof, on the local backend
 MAX_BODY_BYTES = 32 * 1024 * 1024
 IDLE_TIMEOUT_SEC = 75.0  # longer than the usual proxy keep-alive (60 s)
 RECV_SIZE = 65536
@@ -414,8 +416,12 @@ class Server:
         function_name: str = "",
         environment: str = "",
         entrypoint: str = "",
+        replica_key: str | None = None,
     ):
         self.call, self.needs_context = make_caller(handler)
+        # set where others share the network (the local backend): a call without it did
+        # not come through the proxy, and skipped its limits and its record
+        self.replica_key = replica_key.encode("latin-1") if replica_key else None
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -560,6 +566,11 @@ class Server:
         if path == "/health" and (method == "GET" or is_head):
             sock.sendall(_build(200, "application/json", b'{"status":"ok"}', keep, is_head))
             return keep
+        if self.replica_key is not None:
+            given = headers.pop(REPLICA_KEY_HEADER, "").encode("latin-1", "replace")
+            if not hmac.compare_digest(given, self.replica_key):
+                sock.sendall(_json_error(403, "call functions through the proxy", keep, is_head))
+                return keep
 
         if body:
             try:
@@ -781,6 +792,7 @@ def main() -> int:
             raise StartupError(f"PORT={port_text!r} is not a port number")
         timeout = parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
         function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
+        replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
         handler = load_handler(entrypoint, function_dir)
         server = Server(
             handler,
@@ -790,6 +802,7 @@ def main() -> int:
             function_name=os.environ.get("SLESS_FUNCTION_NAME", ""),
             environment=os.environ.get("SLESS_ENV", ""),
             entrypoint=entrypoint,
+            replica_key=replica_key,
         )
         try:
             server.bind()

@@ -41,6 +41,8 @@ exports.main = async (event, context) => {
         request_id: context.requestId,
         remaining_ms: context.getRemainingTimeInMillis(),
       };
+    case '/env-keys':
+      return Object.keys(process.env).filter((k) => k.startsWith('SLESS_')).sort();
     case '/dep':
       return { dep: require('fakedep').NAME }; // from node_modules, created by the test
     default:

@@ -46,6 +46,10 @@ def main(event, context):
             "request_id": context.request_id,
             "remaining_ms": context.remaining_time_ms(),
         }
+    if path == "/env-keys":
+        import os
+
+        return sorted(k for k in os.environ if k.startswith("SLESS_"))
     if path == "/dep":
         import fakedep  # from .sless-deps, created by the test
 
