@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -38,6 +39,29 @@ def is_sandbox(pid: int) -> bool:
         return Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
     except OSError:
         return False
+
+
+def processes_under(folder: Path) -> list[int]:
+    """Live pids whose working directory or command line is below ``folder``, with their groups."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                continue  # a zombie is gone, only not yet reaped by its parent
+            cwd = str((proc / "cwd").readlink())
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(part.startswith(str(folder)) for part in (cwd, *args)):
+            found.append(int(proc.name))
+    return with_their_groups(found)
+
+
+def runtimes_under(folder: Path) -> list[int]:
+    """The runtime processes below ``folder``: what a user counts as replicas."""
+    return [pid for pid in processes_under(folder) if not is_sandbox(pid)]
 
 
 def with_their_groups(pids: list[int]) -> list[int]:

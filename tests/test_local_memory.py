@@ -76,9 +76,17 @@ class Recorder:
     def __init__(self) -> None:
         self.routes: dict[str, list[tuple[tuple[tuple[str, int], ...], str | None]]] = {}
         self.events: list[tuple[str, str, str, str | None]] = []
+        self.keys: dict[str, str] = {}
 
-    def upstreams(self, env: str, name: str, ups: tuple[tuple[str, int], ...], last: str | None):
+    def upstreams(
+        self, env: str, name: str, ups: tuple[tuple[str, int], ...], last: str | None, key: str
+    ) -> None:
         self.routes.setdefault(name, []).append((ups, last))
+        self.keys[name] = key
+
+    def headers(self, name: str) -> dict[str, str]:
+        """What the proxy adds: a runtime answers only calls that carry its replica key."""
+        return {"x-sless-replica": self.keys[name]}
 
     def event(self, env: str, name: str, kind: str, reason: str | None) -> None:
         self.events.append((env, name, kind, reason))
@@ -152,21 +160,21 @@ def test_a_replica_over_its_limit_is_killed_and_restarted_and_others_keep_answer
         url = recorder.url("calm")
         with httpx.Client(timeout=10) as client:
             while not stop.is_set():
-                statuses.append(client.get(f"{url}/").status_code)
+                statuses.append(client.get(f"{url}/", headers=recorder.headers("calm")).status_code)
                 time.sleep(0.01)
 
     thread = threading.Thread(target=hammer)
     thread.start()
     try:
         with pytest.raises(httpx.TransportError):  # the replica dies under the call
-            httpx.get(f"{recorder.url('hog')}/alloc", timeout=30)
+            httpx.get(f"{recorder.url('hog')}/alloc", headers=recorder.headers("hog"), timeout=30)
         oom = _wait(lambda: [r for r in recorder.routes["hog"] if r[1]], "the OOM kill")
         upstreams, last_exit = oom[0]
         assert upstreams == ()  # out of the route at once
         assert last_exit.startswith("OOMKilled")
         assert "memoryMB=128 (MiB)" in last_exit
         _wait(lambda: recorder.url("hog"), "the hog to be restarted")
-        response = httpx.get(f"{recorder.url('hog')}/", timeout=10)
+        response = httpx.get(f"{recorder.url('hog')}/", headers=recorder.headers("hog"), timeout=10)
         assert response.json() == {"ok": True}
         assert recorder.routes["hog"][-1][1] == last_exit  # the route still says why
         time.sleep(0.3)
@@ -195,7 +203,9 @@ def test_a_handler_under_its_limit_is_never_killed(tmp_path, supervisor, recorde
     pids = _pids_in(spec.artifact)
     with httpx.Client(timeout=10) as client:
         for _ in range(6):  # ~2 s of holding 40 MiB: several samples of any watchdog
-            assert client.get(f"{recorder.url('modest')}/").json() == {"held": 40 << 20}
+            assert client.get(
+                f"{recorder.url('modest')}/", headers=recorder.headers("modest")
+            ).json() == {"held": 40 << 20}
     assert json.loads(supervisor.run_once(spec, {}, 30)) == {"held": 40 << 20}
     assert _pids_in(spec.artifact) == pids
     assert recorder.routes["modest"][-1][1] is None

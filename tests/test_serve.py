@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from . import gitserver
-from .conftest import with_their_groups
+from .conftest import processes_under, runtimes_under
 from .gitserver import GitDaemon, WorkRepo, init_bare
 from .sless_server import WEBHOOK_SECRET, SlessServer
 
@@ -457,36 +457,23 @@ def test_failed_build_keeps_the_old_version_serving(setup):
     assert server.call("dep").json()["message"] == "old"
 
 
-def _processes_under(folder: Path) -> list[int]:
-    """Pids whose working directory is below ``folder`` (runtime replicas run in artifacts)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if str(proc.joinpath("cwd").readlink()).startswith(str(folder)):
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return with_their_groups(found)
-
-
 def test_stopping_the_server_stops_every_process_it_started(setup, tmp_path):
     setup.push({**http_function("one", "1"), **http_function("two", "2")})
     server = setup.serve()
     setup.push(http_function("one", "1 again"))  # a replacement leaves replicas draining
     server.sync()
-    assert len(_processes_under(tmp_path / "state")) >= 2
+    assert len(processes_under(tmp_path / "state")) >= 2
     server.stop()
-    assert _processes_under(tmp_path / "state") == []
+    assert processes_under(tmp_path / "state") == []
 
 
 def test_a_replica_that_dies_is_restarted(setup, tmp_path):
     setup.push(http_function("phoenix", "alive"))
     server = setup.serve()
-    (first,) = _processes_under(tmp_path / "state" / "artifacts")
+    (first,) = runtimes_under(tmp_path / "state" / "artifacts")
     os.kill(first, signal.SIGKILL)
     server.wait(
-        lambda: (pids := _processes_under(tmp_path / "state" / "artifacts")) and pids != [first],
+        lambda: (pids := runtimes_under(tmp_path / "state" / "artifacts")) and pids != [first],
         "a new replica",
         15,
     )

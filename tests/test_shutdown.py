@@ -23,35 +23,12 @@ from gitops_sless.backend import ApplyFailed, JobFailed
 from gitops_sless.local.processes import ProcessSpec, Supervisor
 
 from . import gitserver
-from .conftest import is_sandbox, with_their_groups
+from .conftest import processes_under, runtimes_under
 from .gitserver import GitDaemon, WorkRepo, init_bare
 from .sless_server import SlessServer
 
 git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
-
-
-def _processes_under(folder: Path) -> list[int]:
-    """Live pids whose working directory or command line is below ``folder``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
-                continue  # a zombie is gone, only not yet reaped by its parent
-            cwd = str((proc / "cwd").readlink())
-            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(part.startswith(str(folder)) for part in (cwd, *args)):
-            found.append(int(proc.name))
-    return with_their_groups(found)
-
-
-def _runtimes_under(folder: Path) -> list[int]:
-    """The runtime processes below ``folder``: what a user counts as replicas."""
-    return [pid for pid in _processes_under(folder) if not is_sandbox(pid)]
 
 
 def _function(name: str, replicas: int = 2) -> dict[str, str]:
@@ -92,7 +69,7 @@ def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[Repo
     yield r
     for server in r.servers:
         server.stop()
-    for pid in _processes_under(r.state):  # never leave a failed test's processes running
+    for pid in processes_under(r.state):  # never leave a failed test's processes running
         os.kill(pid, signal.SIGKILL)
 
 
@@ -117,15 +94,15 @@ def test_sigterm_during_the_first_pass_of_a_restart_leaves_no_process(repo):
     for name in FUNCTIONS:
         assert first.function(name)["phase"] == "Ready", first.output()
     artifacts = repo.state / "artifacts"
-    first.wait(lambda: len(_runtimes_under(artifacts)) == 2 * len(FUNCTIONS), "8 replicas")
+    first.wait(lambda: len(runtimes_under(artifacts)) == 2 * len(FUNCTIONS), "8 replicas")
     _sigterm_and_wait(first)
-    assert _processes_under(repo.state) == []
+    assert processes_under(repo.state) == []
 
     for delay in (0.0, 0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8):
         server = repo.server().start(wait_for_sync=False)  # returns once /healthz answers
         time.sleep(delay)
         _sigterm_and_wait(server)
-        left = _processes_under(repo.state)
+        left = processes_under(repo.state)
         assert left == [], f"{len(left)} processes left after SIGTERM at +{delay}s"
 
     last = repo.server().start()  # and the state folder still serves after all that
@@ -152,11 +129,11 @@ def test_sigterm_while_a_job_runs_stops_the_job(repo, tmp_path):
     )
     server = repo.server().start(wait_for_sync=False)
     # its sandbox lets the job write nothing the test could see: its process is the sign
-    server.wait(lambda: _processes_under(repo.state), "the job to start")
+    server.wait(lambda: processes_under(repo.state), "the job to start")
     began = time.monotonic()
     _sigterm_and_wait(server)
     assert time.monotonic() - began < 20  # not the job's 120 s
-    assert _processes_under(repo.state) == []
+    assert processes_under(repo.state) == []
 
 
 # ----------------------------------------------------------------------------- in process
@@ -200,15 +177,15 @@ def test_close_racing_apply_leaves_no_process(tmp_path, delay):
     thread.start()
     time.sleep(delay)
     supervisor.close()
-    assert _processes_under(artifacts) == []
+    assert processes_under(artifacts) == []
     thread.join(30)
     assert not thread.is_alive()
-    assert _processes_under(artifacts) == []  # and nothing started after close returned
+    assert processes_under(artifacts) == []  # and nothing started after close returned
     if outcome != ["applied"]:
         assert "shutting down" in str(outcome[0])
     with pytest.raises(ApplyFailed, match="shutting down"):
         supervisor.apply(spec, "hash", 1)
-    assert _processes_under(artifacts) == []
+    assert processes_under(artifacts) == []
 
 
 def test_close_stops_a_running_job(tmp_path):
@@ -240,7 +217,7 @@ def test_close_stops_a_running_job(tmp_path):
     thread.join(20)
     assert not thread.is_alive()
     assert failure and "interrupted by shutdown" in str(failure[0])
-    assert _processes_under(tmp_path / "artifacts") == []
+    assert processes_under(tmp_path / "artifacts") == []
     with pytest.raises(JobFailed, match="shutting down"):
         supervisor.run_once(spec, {}, 5)
 
@@ -250,16 +227,16 @@ def test_close_during_a_restart_leaves_no_process(tmp_path):
     artifacts = tmp_path / "artifacts"
     spec = _spec(artifacts / "crashy", "crashy", SLOW_IMPORT)
     supervisor.apply(spec, "hash", 1)
-    (replica,) = _processes_under(artifacts)
+    (replica,) = processes_under(artifacts)
     os.kill(replica, signal.SIGKILL)
     # the restart spawns a new replica within the first backoff (0.5 s), which then
     # spends 0.4 s importing: close while it does
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _processes_under(artifacts) in ([], [replica]):
+    while time.monotonic() < deadline and processes_under(artifacts) in ([], [replica]):
         time.sleep(0.01)
     supervisor.close()
     time.sleep(0.5)
-    assert _processes_under(artifacts) == []
+    assert processes_under(artifacts) == []
 
 
 def test_the_helper_sees_a_process_in_the_folder(tmp_path):
@@ -267,10 +244,10 @@ def test_the_helper_sees_a_process_in_the_folder(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], cwd=tmp_path)
     try:
         deadline = time.monotonic() + 5
-        while proc.pid not in _processes_under(tmp_path) and time.monotonic() < deadline:
+        while proc.pid not in processes_under(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert proc.pid in _processes_under(tmp_path)
+        assert proc.pid in processes_under(tmp_path)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.pid not in _processes_under(tmp_path)
+    assert proc.pid not in processes_under(tmp_path)

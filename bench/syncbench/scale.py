@@ -246,7 +246,10 @@ class UpstreamWatch(threading.Thread):
                 upstream = route.pick() if route and route.upstreams != self.old else None
                 if upstream is not None:
                     with contextlib.suppress(httpx.TransportError, ValueError):
-                        reply = client.get(f"http://{upstream[0]}:{upstream[1]}/")
+                        # a replica answers only the proxy's header line (Route.proof)
+                        proof = route.proof.decode().strip().split(": ", 1) if route.proof else []
+                        url = f"http://{upstream[0]}:{upstream[1]}/"
+                        reply = client.get(url, headers=dict([proof]) if proof else None)
                         if reply.json().get("text") == self.text:
                             self.answered = time.perf_counter()
                             return
