@@ -59,6 +59,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
 VARIANTS = ("fast", "asgi", "asyncio", "h11", "httpx")
+# the runtime answers only calls that carry its replica key, as every local replica does:
+# the current proxy adds it itself (Route.proof) and drops the client's; for the other
+# targets (direct, nginx, a base checkout from before the key) the client sends it
+REPLICA_KEY = "bench-replica-key"
+REPLICA_HEADER = f"x-sless-replica: {REPLICA_KEY}"
 HELLO = 'def main(event):\n    return {"hello": "world"}\n'
 
 NGINX_CONF = """\
@@ -127,7 +132,12 @@ def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
     from gitops_sless.routes import Route, RouteTable
 
     routes = RouteTable()
-    routes.set(Route("prod", "hello", 30.0, (("127.0.0.1", upstream),)))
+    upstreams = (("127.0.0.1", upstream),)
+    if "proof" in Route.__dataclass_fields__:
+        route = Route("prod", "hello", 30.0, upstreams, proof=f"{REPLICA_HEADER}\r\n".encode())
+    else:
+        route = Route("prod", "hello", 30.0, upstreams)  # a checkout from before replica keys
+    routes.set(route)
     if variant == "httpx":
         app = _httpx_app(upstream)
         server_config = uvicorn.Config(
@@ -193,7 +203,8 @@ def _wait_http(
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
                 sock.sendall(
-                    f"GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode()
+                    f"GET {path} HTTP/1.1\r\nHost: b\r\n{REPLICA_HEADER}\r\n"
+                    "Connection: close\r\n\r\n".encode()
                 )
                 if sock.recv(64).startswith(b"HTTP/1.1 200"):
                     return
@@ -275,7 +286,16 @@ def wrk(
     """(requests/s, p50 ms, p99 ms, CPU µs per request of ``pid``)."""
     cpu_before = _cpu_seconds(pid) if pid else 0.0
     out = subprocess.run(
-        ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency", url],
+        [
+            "wrk",
+            "-t2",
+            f"-c{connections}",
+            f"-d{duration}s",
+            "--latency",
+            "-H",
+            REPLICA_HEADER,
+            url,
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -334,6 +354,7 @@ def _start_runtime(tmp: str, procs: list[subprocess.Popen]) -> int:
         "SLESS_HOST": "127.0.0.1",
         "SLESS_ENTRYPOINT": "hello.main",
         "SLESS_FUNCTION_DIR": str(fn_dir),
+        "SLESS_REPLICA_KEY": REPLICA_KEY,
     }
     runtime = _spawn([sys.executable, str(RUNTIME_SERVER)], tmp, "runtime", env=env)
     procs.append(runtime)
@@ -452,7 +473,7 @@ def _requests(port: int, n: int) -> None:
     """``n`` GETs, one after the other, on one keep-alive connection, as a client sends them."""
     request = (
         b"GET /fn/prod/hello/ HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-        b"User-Agent: bench\r\nAccept: */*\r\n\r\n" % port
+        b"User-Agent: bench\r\nAccept: */*\r\n%s\r\n\r\n" % (port, REPLICA_HEADER.encode())
     )
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         stream = sock.makefile("rb")

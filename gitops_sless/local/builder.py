@@ -212,9 +212,11 @@ class LocalBuilder:
                 raise RuntimeError(f"{tag} is being built; it cannot be removed now")
             self._built.discard(tag)
             if target.exists():
+                # an artifact folder is read-only: only root may unlink in it as it is, and
+                # a folder moves with its ".."
+                _make_writable(target, recursive=False)
                 (target / MARKER).unlink(missing_ok=True)
                 doomed = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{tag}-rm-", dir=self.root))
-                _make_writable(target, recursive=False)  # a folder moves with its ".."
                 os.rename(target, doomed / tag)
             self.log_path(tag).unlink(missing_ok=True)
         if doomed is None:
