@@ -11,9 +11,7 @@ tests/test_kube_builds_isolation.py).
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
-from typing import Any
 
 from gitops_sless.inflight import InFlight
 from gitops_sless.local.backend import LocalBackend
@@ -23,6 +21,7 @@ from gitops_sless.routes import RouteTable
 from gitops_sless.source import DirectorySnapshot
 from gitops_sless.store import Store
 
+from .test_kube_backend import wait_for
 from .test_local_builder import WHEEL_NAME, make_wheel
 
 HANDLER = "import sless_tinypkg\n\ndef main(event):\n    return {'answer': sless_tinypkg.ANSWER}\n"
@@ -39,16 +38,6 @@ class FolderSource:
 
     def snapshot(self, commit: str | None = None) -> DirectorySnapshot:
         return DirectorySnapshot(self.path)
-
-
-def wait_for(check: Any, what: str, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def phase(reconciler: Reconciler, name: str) -> str | None:
@@ -80,12 +69,12 @@ def test_a_forks_failed_build_of_a_tree_never_holds_back_prods_build_of_it(tmp_p
     fork = Reconciler(source, backend.for_untrusted(), store, env="pr-7", routes=routes, work=work)
     prod = Reconciler(source, backend, store, env="prod", routes=routes, work=work)
     try:
-        wait_for(lambda: phase(fork, "greet") == "Failed", "the fork's build to fail")
+        wait_for(lambda: phase(fork, "greet") == "Failed", "the fork's build to fail", 120)
         tag = store.function("pr-7", "greet")["wanted_tag"]
         assert "pip install exited 1" in store.function("pr-7", "greet")["message"]
         (index / WHEEL_NAME).write_bytes(make_wheel())  # the package is there now
         # prod wants the tag within build_retry_sec of the fork's failure: it builds it
-        wait_for(lambda: phase(prod, "greet") in ("Ready", "Failed"), "prod's build to end")
+        wait_for(lambda: phase(prod, "greet") in ("Ready", "Failed"), "prod's build to end", 120)
         served = store.function("prod", "greet")
         assert served["phase"] == "Ready", served["message"]
         assert store.build(tag, "")["phase"] == "Succeeded"
