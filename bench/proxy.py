@@ -129,7 +129,7 @@ def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
     import uvicorn
 
     from gitops_sless.proxy import ProxyApp, config
-    from gitops_sless.routes import Route, RouteTable
+    from gitops_sless.state.routes import Route, RouteTable
 
     routes = RouteTable()
     upstreams = (("127.0.0.1", upstream),)

@@ -1,8 +1,8 @@
 """gitops-sless: serverless functions on Kubernetes, deployed by git push."""
 
 from .errors import ManifestError, PermanentError, SlessError, TransientError
-from .manifest import DesiredState, Function, load
-from .source import open_snapshot
+from .manifests.load import DesiredState, Function, load
+from .source.snapshot import open_snapshot
 
 __all__ = [
     "DesiredState",

@@ -27,8 +27,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from . import backoff, failure, logs, manifest, phases, serving
-from .backend import (
+from . import backoff, failure, logs
+from .errors import SlessError, TransientError
+from .manifests import load as manifest
+from .manifests.load import DesiredState, Function, Job
+from .metrics import METRICS
+from .plan.backend import (
     Backend,
     BuildFailed,
     Deployment,
@@ -36,17 +40,15 @@ from .backend import (
     SecretUnavailable,
     deployment_for,
 )
-from .diff import job_errors, job_results
-from .errors import SlessError, TransientError
-from .inflight import InFlight
-from .manifest import DesiredState, Function, Job
-from .metrics import METRICS
-from .phases import STARTING, Outcome, derive, summarize
-from .planner import Held, Observed, Plan, plan
-from .records import Records
-from .routes import Declared, RouteTable
-from .source import Snapshot
-from .store import FUNCTION_PHASES, Store
+from .plan.diff import job_errors, job_results
+from .plan.planner import Held, Observed, Plan, plan
+from .source.snapshot import Snapshot
+from .state import phases, serving
+from .state.inflight import InFlight
+from .state.phases import STARTING, Outcome, derive, summarize
+from .state.records import Records
+from .state.routes import Declared, RouteTable
+from .state.store import FUNCTION_PHASES, Store
 
 __all__ = ["Reconciler", "Source"]
 

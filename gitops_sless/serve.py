@@ -28,24 +28,26 @@ import httpx
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from . import logs, runtimes, seed, webhooks
-from . import mirror as mirror_mod
+from . import logs
 from . import proxy as proxy_mod
-from .api import create_api
-from .backend import Backend, CronRun
 from .errors import SlessError
-from .forge import forge_for
-from .inflight import InFlight
 from .local import gc
 from .local import sandbox as sandbox_mod
 from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
+from .manifests import runtimes
 from .metrics import METRICS
-from .previews import PinnedSource, PreviewConfig, Previews
+from .plan.backend import Backend, CronRun
+from .previews.environments import PinnedSource, PreviewConfig, Previews
+from .previews.forge import forge_for
+from .previews.reporter import Reporter
 from .reconciler import Reconciler
-from .reporter import Reporter
-from .routes import RouteTable
-from .store import Store
+from .source import mirror as mirror_mod
+from .source import seed, webhooks
+from .state.inflight import InFlight
+from .state.routes import RouteTable
+from .state.store import Store
+from .web.api import create_api
 
 __all__ = ["ServeConfig", "Server"]
 

@@ -17,9 +17,9 @@ from gitops_sless.kube.backend import KubeBackend
 from gitops_sless.kube.connect import connect
 from gitops_sless.kube.settings import KubeSettings
 from gitops_sless.reconciler import PassResult, Reconciler
-from gitops_sless.routes import RouteTable
-from gitops_sless.source import Snapshot, open_snapshot
-from gitops_sless.store import Store
+from gitops_sless.source.snapshot import Snapshot, open_snapshot
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
 
 from .gitserver import WorkRepo
 

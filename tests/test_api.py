@@ -11,12 +11,19 @@ from typing import Any
 import httpx
 import pytest
 
-from gitops_sless import api_models, manifest
-from gitops_sless.api import create_api
-from gitops_sless.api_models import DiffRequest
-from gitops_sless.backend import deployment_for
-from gitops_sless.source import DirectorySnapshot
-from gitops_sless.store import BUILD_PHASES, FUNCTION_PHASES, JOB_PHASES, LOG_TAIL_CHARS, Store
+from gitops_sless.manifests import load as manifest
+from gitops_sless.plan.backend import deployment_for
+from gitops_sless.source.snapshot import DirectorySnapshot
+from gitops_sless.state.store import (
+    BUILD_PHASES,
+    FUNCTION_PHASES,
+    JOB_PHASES,
+    LOG_TAIL_CHARS,
+    Store,
+)
+from gitops_sless.web import models as api_models
+from gitops_sless.web.api import create_api
+from gitops_sless.web.models import DiffRequest
 
 from .sless_server import ReadAuth
 

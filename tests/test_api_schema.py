@@ -19,8 +19,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gitops_sless.api import create_api
-from gitops_sless.store import FUNCTION_PHASES, Store
+from gitops_sless.state.store import FUNCTION_PHASES, Store
+from gitops_sless.web.api import create_api
 
 from .test_api import RecordingReconciler
 

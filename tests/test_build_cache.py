@@ -24,8 +24,6 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import manifest
-from gitops_sless.dependencies import dependencies
 from gitops_sless.kube.backend import KubeBackend
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.connect import connect
@@ -33,9 +31,11 @@ from gitops_sless.local.backend import LocalBackend
 from gitops_sless.local.builder import BuildCancelled, BuildResult, LocalBuilder
 from gitops_sless.local.gc import collect
 from gitops_sless.local.secrets import SecretsDir
-from gitops_sless.manifest import Function
-from gitops_sless.routes import RouteTable
-from gitops_sless.source import DirectorySnapshot, Snapshot, open_snapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests.dependencies import dependencies
+from gitops_sless.manifests.load import Function
+from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
+from gitops_sless.state.routes import RouteTable
 
 from . import gitserver
 from .gitserver import GitDaemon, WorkRepo, init_bare

@@ -13,13 +13,13 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from gitops_sless.inflight import InFlight
 from gitops_sless.local.backend import LocalBackend
 from gitops_sless.local.secrets import SecretsDir
 from gitops_sless.reconciler import Reconciler
-from gitops_sless.routes import RouteTable
-from gitops_sless.source import DirectorySnapshot
-from gitops_sless.store import Store
+from gitops_sless.source.snapshot import DirectorySnapshot
+from gitops_sless.state.inflight import InFlight
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
 
 from .test_kube_backend import wait_for
 from .test_local_builder import WHEEL_NAME, make_wheel

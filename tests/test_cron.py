@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from gitops_sless import cron
+from gitops_sless.manifests import cron
 
 EVERY_MINUTE = frozenset(range(60))
 EVERY_HOUR = frozenset(range(24))

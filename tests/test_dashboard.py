@@ -23,8 +23,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from gitops_sless.api import create_api
-from gitops_sless.store import Store
+from gitops_sless.state.store import Store
+from gitops_sless.web.api import create_api
 
 from . import gitserver
 from .gitserver import GitDaemon

@@ -647,8 +647,8 @@ def test_the_restrict_component_is_a_policy_and_its_binding_valid_in_1_30():
 
 
 def test_the_policy_names_the_shipped_account_namespaces_and_label():
+    from gitops_sless.kube.renderer import MANAGED_BY
     from gitops_sless.kube.settings import KubeSettings
-    from gitops_sless.renderer import MANAGED_BY
 
     account = _one("ServiceAccount")["metadata"]
     assert f"system:serviceaccount:{account['namespace']}:{account['name']}" == ACCOUNT

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from gitops_sless import failure, runtimes
+from gitops_sless import failure
 from gitops_sless.local.processes import ProcessSpec
+from gitops_sless.manifests import runtimes
 
 from .conftest import write_files
 

@@ -2,7 +2,7 @@
 
 libgit2 calls no callback while it reads the ref advertisement, and each byte of a
 trickle arrives well within its per-read timeout: only stopping the process the
-fetch runs in ends it (gitops_sless/fetcher.py). These servers accept the
+fetch runs in ends it (gitops_sless/source/fetcher.py). These servers accept the
 connection, read the request and send a real advertisement one byte a second.
 """
 
@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gitops_sless.errors import TransientError
-from gitops_sless.mirror import FetchError, Mirror
+from gitops_sless.source.mirror import FetchError, Mirror
 
 from .gitserver import SmartHttpServer, WorkRepo, git_env, init_bare
 from .sless_server import SlessServer

@@ -22,8 +22,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import pytest
 
 from gitops_sless.errors import ForgeRefused, ForgeUnavailable, PermanentError, TransientError
-from gitops_sless.forge import KINDS, Forge, forge_for
-from gitops_sless.pulls import PullRequest
+from gitops_sless.previews.forge import KINDS, Forge, forge_for
+from gitops_sless.previews.pulls import PullRequest
 
 PREFIX = {"github": "", "gitea": "/api/v1", "gitlab": "/api/v4"}
 REPO = {"github": "/repos/acme/functions", "gitea": "/repos/acme/functions"}

@@ -17,13 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
-from gitops_sless import cli, manifest, renderer
-from gitops_sless.backend import deployment_for
+from gitops_sless import cli
+from gitops_sless.kube import renderer
 from gitops_sless.kube.client import Invalid, KubeClient
 from gitops_sless.kube.gateway import gateway_url
+from gitops_sless.kube.renderer import RenderConfig
 from gitops_sless.kube.settings import KubeSettings, StartupError
-from gitops_sless.renderer import RenderConfig
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.plan.backend import deployment_for
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 from .gateway_schema import assert_valid, schema_errors
 from .gitserver import WorkRepo

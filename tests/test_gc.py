@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gitops_sless import manifest
 from gitops_sless.local import gc
 from gitops_sless.local.builder import LocalBuilder
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 
 def _build(builder: LocalBuilder, root: Path, version: int) -> str:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import manifest, runtimes
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests import runtimes
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gitops_sless.diff import job_results
-from gitops_sless.manifest import Job
+from gitops_sless.manifests.load import Job
+from gitops_sless.plan.diff import job_results
 
 from . import gitserver
 from .test_serve import setup

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gitops_sless.dashboard import Pages
 from gitops_sless.kube.client import Forbidden, KubeClient
-from gitops_sless.renderer import build_job_name
+from gitops_sless.kube.renderer import build_job_name
+from gitops_sless.web.dashboard import Pages
 
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, REGISTRY, Harness, make, settings
@@ -243,7 +243,7 @@ def test_a_restarted_reconciler_adopts_the_build_job_it_left_running(
     desired = first.reconciler._load(first.reconciler.source.snapshot())
     fn = desired.functions["alpha"]
     from gitops_sless.kube.contexts import build_context
-    from gitops_sless.renderer import build_job
+    from gitops_sless.kube.renderer import build_job
 
     contexts = first.backend.builds.contexts
     key = contexts.key(fn.build_tag)

@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 
-from gitops_sless.api_models import Build
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.connect import connect
+from gitops_sless.kube.renderer import build_job, build_job_name
 from gitops_sless.kube.settings import StartupError
 from gitops_sless.reconciler import Reconciler
-from gitops_sless.renderer import build_job, build_job_name
-from gitops_sless.routes import RouteTable
-from gitops_sless.store import Store
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
+from gitops_sless.web.models import Build
 
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, REGISTRY, Harness, RepoSource, make, settings

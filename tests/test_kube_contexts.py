@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from gitops_sless import logs, manifest, runtimes
-from gitops_sless.backend import BuildFailed
+from gitops_sless import logs
 from gitops_sless.errors import PermanentError, TransientError
-from gitops_sless.identity import source_id
 from gitops_sless.kube.contexts import build_context
 from gitops_sless.kube.storage import ContextStore, S3Config, StorageError, StorageUnavailable
-from gitops_sless.manifest import Function
-from gitops_sless.source import DirectorySnapshot, Snapshot, open_snapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests import runtimes
+from gitops_sless.manifests.identity import source_id
+from gitops_sless.manifests.load import Function
+from gitops_sless.plan.backend import BuildFailed
+from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
 
 from .gitserver import WorkRepo, free_port, git
 from .s3server import S3Server

@@ -21,8 +21,8 @@ from gitops_sless.kube.builds import RECORD_LABEL, _record_name
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.gc import ClusterGC, Collected
 from gitops_sless.kube.registry import Registry, credentials_from_docker_config
+from gitops_sless.kube.renderer import BUILD_LABEL, MANAGED_BY, pinned_image
 from gitops_sless.metrics import METRICS
-from gitops_sless.renderer import BUILD_LABEL, MANAGED_BY, pinned_image
 
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, Harness, make, settings

@@ -26,9 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import manifest
 from gitops_sless.errors import PermanentError
-from gitops_sless.identity import source_id
 from gitops_sless.local.builder import (
     MARKER,
     BuildFailed,
@@ -36,8 +34,10 @@ from gitops_sless.local.builder import (
     LocalBuilder,
     build_environment,
 )
-from gitops_sless.manifest import Function
-from gitops_sless.source import DirectorySnapshot, Snapshot, open_snapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests.identity import source_id
+from gitops_sless.manifests.load import Function
+from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
 
 from .gitserver import git
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gitops_sless import runtimes
-from gitops_sless.backend import JobFailed
 from gitops_sless.local import memory
 from gitops_sless.local.processes import ProcessSpec, Supervisor
+from gitops_sless.manifests import runtimes
+from gitops_sless.plan.backend import JobFailed
 
 from . import gitserver
 from .gitserver import GitDaemon, WorkRepo, init_bare

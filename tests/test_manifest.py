@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gitops_sless import manifest
-from gitops_sless.manifest import CronTrigger, DesiredState, Job, JobRef, SecretRef
-from gitops_sless.source import DirectorySnapshot, GitSnapshot, open_snapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests.load import CronTrigger, DesiredState, Job, JobRef, SecretRef
+from gitops_sless.source.snapshot import DirectorySnapshot, GitSnapshot, open_snapshot
 
 from .gitserver import git
 

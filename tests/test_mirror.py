@@ -16,7 +16,7 @@ import pytest
 from pygit2.enums import CredentialType
 
 from gitops_sless.errors import SourceError, TransientError
-from gitops_sless.mirror import (
+from gitops_sless.source.mirror import (
     Credentials,
     FetchError,
     Mirror,
@@ -24,8 +24,8 @@ from gitops_sless.mirror import (
     _Callbacks,
     redact,
 )
-from gitops_sless.seed import is_repository, seed_repository
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.source.seed import is_repository, seed_repository
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 from . import gitserver
 from .gitserver import SmartHttpServer, WorkRepo, free_port, git, init_bare

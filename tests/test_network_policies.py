@@ -17,11 +17,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gitops_sless import manifest, renderer
+from gitops_sless.kube import renderer
 from gitops_sless.kube.client import KubeClient
+from gitops_sless.kube.renderer import MANAGED_BY, RenderConfig
 from gitops_sless.kube.settings import KubeSettings, StartupError
-from gitops_sless.renderer import MANAGED_BY, RenderConfig
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 from .kubeapi import FakeKube
 from .netpolicy_eval import Endpoint, connects, outside, pod

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import manifest
-from gitops_sless.backend import deployment_for
-from gitops_sless.planner import Observed, plan
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.plan.backend import deployment_for
+from gitops_sless.plan.planner import Observed, plan
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 from .conftest import write_files
 

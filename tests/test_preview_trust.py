@@ -7,7 +7,7 @@ more job that fails with a secret-looking string. End to end against a real
 ``serve --previews``, a git daemon, the forge imitation (GitHub's API) and
 signed webhooks built from the fixtures; then :class:`Previews` in process with
 doubles, for every rule of ``--preview-trust`` and the filter, and the pure
-rules of :mod:`gitops_sless.trust`.
+rules of :mod:`gitops_sless.previews.trust`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import httpx
 import pytest
 
 from gitops_sless import cli
-from gitops_sless.previews import PinnedSource, PreviewConfig, Previews
-from gitops_sless.pulls import PullRequest
-from gitops_sless.reporter import PreviewReport
-from gitops_sless.routes import RouteTable
-from gitops_sless.store import Store
-from gitops_sless.trust import ORIGIN_UNKNOWN, TRUST_LEVELS, Gate, decide, label_commit
+from gitops_sless.previews.environments import PinnedSource, PreviewConfig, Previews
+from gitops_sless.previews.pulls import PullRequest
+from gitops_sless.previews.reporter import PreviewReport
+from gitops_sless.previews.trust import ORIGIN_UNKNOWN, TRUST_LEVELS, Gate, decide, label_commit
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
 
 from . import gitserver
 from .gitserver import GitDaemon

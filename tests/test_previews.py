@@ -13,7 +13,7 @@ Most of these tests are about what happens to a preview, not about whom it
 trusts: they run with ``--preview-trust all``, so that a PR known from its ref
 alone is previewed. Trust has its own tests (tests/test_preview_trust.py).
 
-Then :class:`gitops_sless.previews.Previews` in process: with doubles, to pin
+Then :class:`gitops_sless.previews.environments.Previews` in process: with doubles, to pin
 down faults the end-to-end tests show, and on the Kubernetes backend (the test
 API server and a real S3 server).
 """
@@ -35,16 +35,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gitops_sless.forge import forge_for
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.connect import connect
-from gitops_sless.mirror import Mirror
-from gitops_sless.previews import PinnedSource, PreviewConfig, Previews
-from gitops_sless.pulls import PullRequest
+from gitops_sless.kube.renderer import ENV_LABEL
+from gitops_sless.previews.environments import PinnedSource, PreviewConfig, Previews
+from gitops_sless.previews.forge import forge_for
+from gitops_sless.previews.pulls import PullRequest
 from gitops_sless.reconciler import Reconciler
-from gitops_sless.renderer import ENV_LABEL
-from gitops_sless.routes import RouteTable
-from gitops_sless.store import Store
+from gitops_sless.source.mirror import Mirror
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
 
 from . import gitserver
 from .conftest import with_their_groups

@@ -34,7 +34,7 @@ from gitops_sless.metrics import METRICS
 from gitops_sless.proxy import Invocation, Limits, ProxyApp, config
 from gitops_sless.proxy.http import SANDBOX_CSP, Peer, Withheld, peer_of, request_head
 from gitops_sless.proxy.upstream import CLOSED_EARLY
-from gitops_sless.routes import Declared, Route, RouteTable
+from gitops_sless.state.routes import Declared, Route, RouteTable
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "runtimes" / "python3.11" / "server.py"

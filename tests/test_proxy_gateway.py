@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gitops_sless.routes import Gateway, Route
+from gitops_sless.state.routes import Gateway, Route
 
 from .test_proxy import ProxyServer, Reply, _free_port
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from gitops_sless.pulls import (
+from gitops_sless.previews.pulls import (
     PullRequest,
     pull_from_api,
     pull_number_from_ref,
     pull_request_event,
 )
-from gitops_sless.webhooks import PayloadError
+from gitops_sless.source.webhooks import PayloadError
 
 PAYLOADS = Path(__file__).parent / "data" / "webhooks"
 SHA_OPENED = "c0ffee5d2b1e4f6a8b9c0d1e2f3a4b5c6d7e8f90"

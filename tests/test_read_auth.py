@@ -23,9 +23,9 @@ import pytest
 import yaml
 from starlette.routing import Mount
 
-from gitops_sless.access import SESSION_SEC, Access, is_loopback, open_reads_refusal
-from gitops_sless.api import create_api
-from gitops_sless.store import Store
+from gitops_sless.state.store import Store
+from gitops_sless.web.access import SESSION_SEC, Access, is_loopback, open_reads_refusal
+from gitops_sless.web.api import create_api
 
 from .gitserver import free_port
 from .sless_server import SlessServer

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import cli, reference
-from gitops_sless.schema import load_schema
+from gitops_sless import cli
+from gitops_sless.manifests import reference
+from gitops_sless.manifests.schema import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -32,7 +33,7 @@ def _reference_section() -> str:
 def test_the_reference_page_is_generated_from_the_schema():
     assert _reference_section() == reference.markdown(), (
         "docs/reference.md is stale: run "
-        "`python -m gitops_sless.reference` and paste it between the markers"
+        "`python -m gitops_sless.manifests.reference` and paste it between the markers"
     )
 
 

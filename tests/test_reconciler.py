@@ -7,9 +7,9 @@ import threading
 from gitops_sless.local.backend import LocalBackend
 from gitops_sless.local.secrets import SecretsDir
 from gitops_sless.reconciler import Reconciler
-from gitops_sless.routes import RouteTable
-from gitops_sless.source import DirectorySnapshot
-from gitops_sless.store import Store
+from gitops_sless.source.snapshot import DirectorySnapshot
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
 
 
 class GatedSource:

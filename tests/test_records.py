@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from gitops_sless.records import Records
-from gitops_sless.store import Store
+from gitops_sless.state.records import Records
+from gitops_sless.state.store import Store
 
 PHASES = ("Ready", "Disabled", "Pending", "Failed", "Building", "Invalid")
 

@@ -9,9 +9,16 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gitops_sless import manifest, renderer
-from gitops_sless.renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.kube import renderer
+from gitops_sless.kube.renderer import (
+    ENV_LABEL,
+    FUNCTION_LABEL,
+    MANAGED_BY,
+    SPEC_HASH,
+    RenderConfig,
+)
+from gitops_sless.manifests import load as manifest
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample-repo"

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from gitops_sless.errors import ForgeRefused, ForgeUnavailable
-from gitops_sless.pulls import PullRequest
-from gitops_sless.reporter import PreviewReport, Reporter
+from gitops_sless.previews.pulls import PullRequest
+from gitops_sless.previews.reporter import PreviewReport, Reporter
 
 from .test_forge import SHA, make_client, serve
 

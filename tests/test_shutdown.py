@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless import runtimes
-from gitops_sless.backend import ApplyFailed, JobFailed
 from gitops_sless.local.processes import ProcessSpec, Supervisor
+from gitops_sless.manifests import runtimes
+from gitops_sless.plan.backend import ApplyFailed, JobFailed
 
 from . import gitserver
 from .conftest import processes_under, runtimes_under

@@ -9,7 +9,7 @@ import pygit2
 import pytest
 
 from gitops_sless.errors import SourceError
-from gitops_sless.source import DirectorySnapshot, GitSnapshot, open_snapshot, open_source
+from gitops_sless.source.snapshot import DirectorySnapshot, GitSnapshot, open_snapshot, open_source
 
 from .gitserver import git
 

@@ -16,9 +16,9 @@ import pytest
 from pygit2.enums import CredentialType, Feature
 
 from gitops_sless.errors import TransientError
-from gitops_sless.fetcher import _Callbacks
-from gitops_sless.known_hosts import HostKeyRefused
-from gitops_sless.mirror import Credentials, FetchError, Mirror
+from gitops_sless.source.fetcher import _Callbacks
+from gitops_sless.source.known_hosts import HostKeyRefused
+from gitops_sless.source.mirror import Credentials, FetchError, Mirror
 
 from .gitserver import WorkRepo, init_bare
 from .sless_server import SlessServer

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gitops_sless import store as store_mod
-from gitops_sless.store import Store
+from gitops_sless.state import store as store_mod
+from gitops_sless.state.store import Store
 
 
 def test_records_survive_a_restart(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gitops_sless import templates
 from gitops_sless.errors import TemplateError
-from gitops_sless.templates import OMIT
+from gitops_sless.kube import templates
+from gitops_sless.kube.templates import OMIT
 
 
 def _fill(text: str, **values):

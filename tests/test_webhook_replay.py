@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gitops_sless import webhooks
-from gitops_sless.pulls import PullRequest
-from gitops_sless.store import DELIVERY_MAX_AGE_SEC, MAX_DELIVERIES, Store
+from gitops_sless.previews.pulls import PullRequest
+from gitops_sless.source import webhooks
+from gitops_sless.state.store import DELIVERY_MAX_AGE_SEC, MAX_DELIVERIES, Store
 
 from . import gitserver
 from .sless_server import WEBHOOK_SECRET, SlessServer

@@ -16,10 +16,11 @@ import uvicorn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gitops_sless import proxy, webhooks
-from gitops_sless.api import create_api
-from gitops_sless.routes import RouteTable
-from gitops_sless.store import Store
+from gitops_sless import proxy
+from gitops_sless.source import webhooks
+from gitops_sless.state.routes import RouteTable
+from gitops_sless.state.store import Store
+from gitops_sless.web.api import create_api
 
 from .test_api import Api, Client, RecordingReconciler, make_api
 
@@ -216,7 +217,9 @@ def wait_for(predicate, what: str, timeout: float = 10) -> None:
 
 def logged(caplog) -> list[logging.LogRecord]:
     """What the API logged, or anything logged as an error."""
-    return [r for r in caplog.records if r.name == "gitops_sless.api" or r.levelno >= logging.ERROR]
+    return [
+        r for r in caplog.records if r.name == "gitops_sless.web.api" or r.levelno >= logging.ERROR
+    ]
 
 
 @pytest.mark.parametrize("http", ["h11", "httptools", "serve"])
@@ -239,7 +242,7 @@ def test_a_client_that_disconnects_mid_body_leaves_no_traceback(tmp_path, caplog
             assert conn.recv(100).startswith(b"HTTP/1.1 200")
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert [f"{r.levelname} {r.name}: {r.getMessage()}" for r in loud] == []
-    gone = [r for r in caplog.records if r.name == "gitops_sless.api"]
+    gone = [r for r in caplog.records if r.name == "gitops_sless.web.api"]
     assert [(r.levelno, r.getMessage()) for r in gone] == [
         (
             logging.DEBUG,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gitops_sless import manifest
-from gitops_sless.source import DirectorySnapshot
+from gitops_sless.manifests import load as manifest
+from gitops_sless.source.snapshot import DirectorySnapshot
 
 M = "fn/sless.yaml"
 GOOD = [

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 
-from gitops_sless import manifest, planner
+from gitops_sless.manifests import load as manifest
 from gitops_sless.metrics import METRICS
+from gitops_sless.plan import planner
 from gitops_sless.serve import ServeConfig, Server
 from tests.gitserver import WorkRepo, free_port
 

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import gitops_sless
 
-from ..client import ClientError
 from ..errors import SlessError
 from . import completion, local, remote, serve
+from .client import ClientError
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
 from .serve import TRUST_LEVELS as _TRUST_LEVELS  # noqa: F401 - tests hold it to trust's
 

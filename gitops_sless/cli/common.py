@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .. import tokenfile
-from ..client import Client, server_url
-from ..source import DirectorySnapshot, Snapshot
+from ..source.snapshot import DirectorySnapshot, Snapshot
+from ..web import tokenfile
+from .client import Client, server_url
 
 __all__ = [
     "ENV_NAME",

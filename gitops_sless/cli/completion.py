@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..client import Client, ClientError, segment, server_url
+from .client import Client, ClientError, segment, server_url
 from .common import EXIT_ERROR, EXIT_OK, exit_epilog
 
 __all__ = ["add_parser", "bash_script", "commands_of", "complete", "zsh_script"]

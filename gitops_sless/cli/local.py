@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import manifest, renderer
-from ..source import open_source
+from ..kube import renderer
+from ..manifests import load as manifest
+from ..source.snapshot import open_source
 from .common import (
     EXIT_INVALID,
     EXIT_NOT_OK,

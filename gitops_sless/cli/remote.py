@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import manifest
-from ..client import Client, NotFound, segment
-from ..source import open_source
+from ..manifests import load as manifest
+from ..source.snapshot import open_source
+from .client import Client, NotFound, segment
 from .common import (
     ENV_NAME,
     EXIT_NOT_OK,
@@ -282,7 +282,7 @@ def _print_open_runs(runs: list[dict[str, Any]], paint: Paint) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from ..api_models import DiffRequest  # pydantic: loaded for this command only
+    from ..web.models import DiffRequest  # pydantic: loaded for this command only
 
     snapshot = open_source(args.path, args.ref)
     state = manifest.load(snapshot)

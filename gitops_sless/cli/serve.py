@@ -474,7 +474,7 @@ def _fn_listen(args: argparse.Namespace, listen: tuple[str, int]) -> tuple[str, 
 def _generated_token(config: Any) -> Any:
     """``config`` with the token of its state folder when it runs functions on this machine
     (the local backend) and none is configured: its functions share the loopback."""
-    from .. import tokenfile
+    from ..web import tokenfile
 
     if config.backend != "local" or config.api_token or config.read_token:
         return config
@@ -489,8 +489,8 @@ def _generated_token(config: Any) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..access import open_reads_refusal
     from ..serve import ServeConfig, Server  # the server stack loads only for this command
+    from ..web.access import open_reads_refusal
 
     _register_secrets(args)
     _check_repo(args.repo)

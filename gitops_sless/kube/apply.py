@@ -14,14 +14,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..renderer import (
-    ENV_LABEL,
-    MANAGED_BY,
-    SPEC_HASH,
-    RenderConfig,
-    environment_objects,
-)
 from .client import KubeClient
+from .renderer import ENV_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig, environment_objects
 from .view import View, annotation, drifted, label
 
 __all__ = ["ORDER", "Applier"]

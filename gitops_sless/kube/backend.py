@@ -16,18 +16,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
 from ..errors import SlessError
-from ..manifest import Function, Job
-from ..renderer import (
-    ENV_LABEL,
-    FUNCTION_LABEL,
-    MANAGED_BY,
-    RenderConfig,
-    render_function,
-)
-from ..routes import Route, RouteTable
-from ..source import Snapshot
+from ..manifests.load import Function, Job
+from ..plan.backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
+from ..source.snapshot import Snapshot
+from ..state.routes import Route, RouteTable
 from .apply import Applier
 from .builds import Builds
 from .client import KubeClient, NotFound
@@ -36,6 +29,7 @@ from .functions import FunctionWriter
 from .gateway import gateway_url
 from .informer import Informer
 from .jobs import JobRunner, finished_runs
+from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, RenderConfig, render_function
 from .status import available_replicas, health, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
 

@@ -30,9 +30,15 @@ import threading
 import time
 from typing import Any
 
-from ..backend import BuildFailed
-from ..manifest import Function
-from ..renderer import (
+from ..manifests.load import Function
+from ..plan.backend import BuildFailed
+from ..source.snapshot import Snapshot
+from ..timestamps import epoch
+from . import runs
+from .client import AlreadyExists, Invalid, KubeClient, NotFound
+from .contexts import build_context
+from .informer import Informer
+from .renderer import (
     BUILD_LABEL,
     MANAGED_BY,
     TRUST_LABEL,
@@ -42,12 +48,6 @@ from ..renderer import (
     image_ref,
     pinned_image,
 )
-from ..source import Snapshot
-from ..timestamps import epoch
-from . import runs
-from .client import AlreadyExists, Invalid, KubeClient, NotFound
-from .contexts import build_context
-from .informer import Informer
 from .status import stuck_reason
 from .storage import ContextStore
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from ..backend import CronRun
 from ..errors import SlessError
-from ..routes import Gateway, Route, RouteTable
+from ..plan.backend import CronRun
+from ..state.routes import Gateway, Route, RouteTable
 from .backend import KubeBackend
 from .builds import Builds
 from .client import KubeClient, api_host

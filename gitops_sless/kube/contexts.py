@@ -5,7 +5,7 @@ folder, read from disk), ``function/`` (the function folder without its
 ``sless.yaml``, read from git objects, never a checkout) and ``deps/``: what
 installing its dependencies reads (``requirements.txt``; ``package.json`` and
 its lock file; the whole folder when those name its files, see
-``gitops_sless.dependencies``) plus ``.sless-deps-key``, the key of that
+``gitops_sless.manifests.dependencies``) plus ``.sless-deps-key``, the key of that
 install. The Dockerfile copies ``deps/`` and installs before it copies
 ``function/``, so kaniko's layer cache (``--cache=true``) reuses the install
 for every build whose ``deps/`` is the same: a code change installs nothing,
@@ -24,14 +24,14 @@ import posixpath
 import tarfile
 from dataclasses import dataclass
 
-from ..backend import BuildFailed
-from ..dependencies import Dependencies, dependencies
 from ..errors import TransientError
-from ..identity import is_manifest, source_id
-from ..manifest import Function, _resolve_in_folder
+from ..manifests.dependencies import Dependencies, dependencies
+from ..manifests.identity import is_manifest, source_id
+from ..manifests.load import Function, _resolve_in_folder
+from ..manifests.runtimes import get as get_runtime
 from ..paths import stays_inside
-from ..runtimes import get as get_runtime
-from ..source import DirectorySnapshot, Snapshot
+from ..plan.backend import BuildFailed
+from ..source.snapshot import DirectorySnapshot, Snapshot
 
 __all__ = ["DEPS_KEY_FILE", "SourceChanged", "build_context"]
 

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..backend import CronRun
 from ..errors import SlessError
-from ..renderer import FUNCTION_LABEL
+from ..plan.backend import CronRun
 from ..timestamps import epoch
 from .client import KubeClient, NotFound
+from .renderer import FUNCTION_LABEL
 from .view import View, annotation, label
 
 __all__ = ["RECORDED", "CronRuns"]

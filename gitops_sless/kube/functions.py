@@ -19,16 +19,10 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..manifest import Function, JobRef, SecretRef
-from ..renderer import (
-    ENV_LABEL,
-    FUNCTION_LABEL,
-    MANAGED_BY,
-    SPEC_HASH,
-    RenderConfig,
-)
+from ..manifests.load import Function, JobRef, SecretRef
 from ..timestamps import rfc3339
 from .client import KubeClient
+from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig
 from .view import View, annotation, drifted
 
 __all__ = ["API_VERSION", "MANIFEST_LABEL", "FunctionWriter"]

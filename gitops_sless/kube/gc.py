@@ -36,12 +36,12 @@ from typing import Any
 from .. import logs
 from ..errors import SlessError
 from ..metrics import METRICS
-from ..renderer import BUILD_LABEL, MANAGED_BY, RenderConfig
 from ..timestamps import epoch
 from . import runs
 from .builds import RECORD_LABEL
 from .client import KubeClient
 from .registry import Image, Registry, credentials_from_docker_config, split_repository
+from .renderer import BUILD_LABEL, MANAGED_BY, RenderConfig
 from .storage import ContextStore, StoredContext
 
 __all__ = ["ClusterGC", "Collected"]

@@ -18,12 +18,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..backend import EnvValue, JobFailed, JobRecord
-from ..manifest import Function, Job
-from ..renderer import FUNCTION_LABEL, JOB_LABEL, RUN_LABEL, RenderConfig, render_job
+from ..manifests.load import Function, Job
+from ..plan.backend import EnvValue, JobFailed, JobRecord
 from ..timestamps import epoch
 from . import runs
 from .client import AlreadyExists, KubeClient
+from .renderer import FUNCTION_LABEL, JOB_LABEL, RUN_LABEL, RenderConfig, render_job
 from .status import stuck_reason
 from .view import View, annotation, label
 

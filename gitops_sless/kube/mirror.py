@@ -18,11 +18,11 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from ..renderer import ENV_LABEL, MANAGED_BY
-from ..routes import Declared, Route, RouteTable
-from ..store import Store
+from ..state.routes import Declared, Route, RouteTable
+from ..state.store import Store
 from ..timestamps import epoch
 from .client import KubeClient
+from .renderer import ENV_LABEL, MANAGED_BY
 
 __all__ = ["FunctionMirror"]
 

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import netpolicy
 from ..errors import PermanentError, SlessError
-from ..renderer import RenderConfig, parse_gateway
+from . import netpolicy
 from .client import KubeClient, KubeUnavailable, own_namespace
+from .renderer import RenderConfig, parse_gateway
 from .storage import S3Config
 
 __all__ = ["DEFAULT_KANIKO_IMAGE", "KubeSettings", "StartupError", "check"]

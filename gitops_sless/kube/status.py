@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backend import Health
-from ..renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
+from ..plan.backend import Health
+from .renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
 from .view import View, annotation, label
 
 __all__ = ["STUCK", "available_replicas", "health", "needs_pods", "stuck_reason"]

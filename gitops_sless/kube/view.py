@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 from .client import KubeClient
 from .informer import Informer
+from .renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 

@@ -11,11 +11,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import logs, runtimes
-from ..backend import Backend, CronRun, Deployment, EnvValue, Health, JobFailed, SecretUnavailable
-from ..manifest import Function, Job, SecretRef, is_preview
-from ..routes import Route, RouteTable
-from ..source import Snapshot
+from .. import logs
+from ..manifests import runtimes
+from ..manifests.load import Function, Job, SecretRef, is_preview
+from ..plan.backend import (
+    Backend,
+    CronRun,
+    Deployment,
+    EnvValue,
+    Health,
+    JobFailed,
+    SecretUnavailable,
+)
+from ..source.snapshot import Snapshot
+from ..state.routes import Route, RouteTable
 from . import builder as local_builder
 from .processes import ProcessSpec, ReplicaEvent, Supervisor, UnitStatus
 from .sandbox import Sandbox

@@ -10,7 +10,7 @@ after a crash. A built tag is never built again: tags are content-derived, so
 the same tag is the same content.
 
 Dependencies are installed once per key (the runtime and what the install
-reads, see ``gitops_sless.dependencies``) into ``root/.deps/<key>/`` and
+reads, see ``gitops_sless.manifests.dependencies``) into ``root/.deps/<key>/`` and
 hard-linked into each artifact that needs them (see ``depcache``): a code change
 that leaves ``requirements.txt`` or ``package.json`` as they were runs no installer.
 
@@ -44,15 +44,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..backend import BuildFailed
-from ..dependencies import Dependencies, dependencies, input_paths
 from ..errors import TransientError
-from ..identity import MANIFEST_NAME, is_manifest, source_id
-from ..manifest import Function
+from ..manifests.dependencies import Dependencies, dependencies, input_paths
+from ..manifests.identity import MANIFEST_NAME, is_manifest, source_id
+from ..manifests.load import Function
+from ..manifests.yamldoc import YamlProblem
+from ..manifests.yamldoc import load as load_yaml
 from ..paths import stays_inside
-from ..source import Snapshot
-from ..yamldoc import YamlProblem
-from ..yamldoc import load as load_yaml
+from ..plan.backend import BuildFailed
+from ..source.snapshot import Snapshot
 from .depcache import DependencyCache, link_tree
 from .installers import BuildCancelled, BuildLog, Installers, build_environment, group_alive, now
 from .leftovers import UnsafeOutput, check_output

@@ -6,7 +6,7 @@ the marker ``.sless-deps.json``. It is installed in ``root/.tmp-<key>-<random>/`
 and renamed into place, like an artifact, so an entry is complete or absent,
 also after a crash. Builders asking for the same key at once wait for the one
 that installs it. The key names what the install read (see
-``gitops_sless.dependencies``), so an entry never changes once published.
+``gitops_sless.manifests.dependencies``), so an entry never changes once published.
 
 Artifacts get their dependencies as hard links to an entry's files (``cp -al``),
 not as a link to the entry: an artifact folder stays self-contained (a sandbox

@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..backend import BuildFailed
 from ..errors import TransientError
+from ..plan.backend import BuildFailed
 from ..redact import url_passwords
 from . import logfiles
 from .orphans import ProcessGroups

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import backoff, failure, logs
-from ..backend import ApplyFailed, JobFailed
-from ..runtimes import Runtime
+from ..manifests.runtimes import Runtime
+from ..plan.backend import ApplyFailed, JobFailed
 from . import logfiles, memory
 from .orphans import ProcessGroups
 from .replica_logs import LogPump, Stream, unstamped

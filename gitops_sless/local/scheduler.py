@@ -2,7 +2,7 @@
 
 APScheduler's own CronTrigger numbers weekdays from Monday and ANDs
 day-of-month with day-of-week; Kubernetes does neither. So the trigger here
-asks ``gitops_sless.cron`` for the next time, the one parser both backends share.
+asks ``gitops_sless.manifests.cron`` for the next time, the one parser both backends share.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from .. import cron
+from ..manifests import cron
 
 __all__ = ["CronScheduler", "ScheduleTrigger"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import logs
-from ..backend import SecretUnavailable
-from ..manifest import SecretRef
+from ..manifests.load import SecretRef
+from ..plan.backend import SecretUnavailable
 
 __all__ = ["SecretMissing", "SecretsDir"]
 

@@ -2,7 +2,7 @@
 
 :class:`ProxyApp` is a raw ASGI 3 application, kept off FastAPI on purpose. It
 only ever connects to an upstream that the
-:class:`~gitops_sless.routes.RouteTable` names: the URL chooses a route, never
+:class:`~gitops_sless.state.routes.RouteTable` names: the URL chooses a route, never
 a host. Per call it writes the request head (see :mod:`.http`) on a
 pooled keep-alive connection (:mod:`.upstream`), streams the request
 body, waits for the response head until the function's timeout, then streams
@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..metrics import METRICS
-from ..routes import Address, Route, RouteTable, Upstream
+from ..state.routes import Address, Route, RouteTable, Upstream
 from .http import (
     CHUNKED,
     LABEL_MAX,

@@ -67,7 +67,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import METRICS
-from ..routes import Route, Upstream
+from ..state.routes import Route, Upstream
 from .http import (
     CHUNKED,
     NO_BODY,

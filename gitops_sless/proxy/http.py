@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from ..routes import Gateway
+from ..state.routes import Gateway
 
 __all__ = [
     "HOP_BY_HOP",

@@ -3,7 +3,7 @@
 One :class:`UpstreamConnection` is an asyncio protocol that writes a request
 head and body, and parses the response with httptools as bytes arrive. The
 :class:`Pool` keeps idle connections per address (an upstream, or a route's
-:class:`~gitops_sless.routes.Gateway`: host, port and TLS) and hands out the
+:class:`~gitops_sless.state.routes.Gateway`: host, port and TLS) and hands out the
 most recently used first (LIFO), so a steady load runs on a few warm sockets
 and the rest time out on the server's side.
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 import httptools
 
 from ..errors import TransientError
-from ..routes import Address
+from ..state.routes import Address
 
 __all__ = ["CLOSED_EARLY", "Pool", "UpstreamConnection", "UpstreamError"]
 

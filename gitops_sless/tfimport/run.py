@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import manifest
 from ..errors import SourceError
-from ..source import open_source
+from ..manifests import load as manifest
+from ..source.snapshot import open_source
 from .convert import Conversion, convert
 from .hcl import read_module
 from .migrating import migrating, secret_instructions

@@ -31,10 +31,20 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from . import diff as diff_mod
-from . import logs, manifest, pulls, webhooks
+from .. import logs
+from ..errors import SlessError
+from ..manifests import load as manifest
+from ..metrics import METRICS
+from ..plan import diff as diff_mod
+from ..previews import pulls
+from ..previews.prlinks import pull_request_link
+from ..reconciler import Reconciler
+from ..source import webhooks
+from ..state.store import MAX_SYNCS, Store
 from .access import Access, ReadGate
-from .api_models import (
+from .dashboard import router as dashboard_router
+from .dashboard import signin_page
+from .models import (
     DiffReply,
     DiffRequest,
     Environment,
@@ -50,13 +60,6 @@ from .api_models import (
     SyncAccepted,
     WebhookReply,
 )
-from .dashboard import router as dashboard_router
-from .dashboard import signin_page
-from .errors import SlessError
-from .metrics import METRICS
-from .prlinks import pull_request_link
-from .reconciler import Reconciler
-from .store import MAX_SYNCS, Store
 
 __all__ = ["DOCS_ASSETS", "MAX_WEBHOOK_BYTES", "create_api"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pygit2
 
-from .errors import SourceError
-from .source import DirectorySnapshot, open_repository
+from ..errors import SourceError
+from .snapshot import DirectorySnapshot, open_repository
 
 __all__ = ["SEED_SIGNATURE", "is_repository", "seed_repository"]
 

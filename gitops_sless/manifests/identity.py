@@ -16,11 +16,11 @@ import hashlib
 import threading
 from typing import TYPE_CHECKING
 
-from .source import git_tree_id
+from ..source.snapshot import git_tree_id
 
 if TYPE_CHECKING:
+    from ..source.snapshot import Snapshot
     from .runtimes import Runtime
-    from .source import Snapshot
 
 __all__ = ["MANIFEST_NAME", "build_tag", "is_manifest", "source_id"]
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from . import paths
-from .errors import RuntimeNotFound
-from .source import DirectorySnapshot
+from .. import paths
+from ..errors import RuntimeNotFound
+from ..source.snapshot import DirectorySnapshot
 
 __all__ = ["Runtime", "available", "get", "reload"]
 

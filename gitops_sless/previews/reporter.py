@@ -27,8 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import logs
-from .errors import ForgeUnavailable
+from .. import logs
+from ..errors import ForgeUnavailable
 from .forge import Forge
 
 __all__ = ["PreviewReport", "Reporter"]

@@ -24,8 +24,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 
-from . import logs
-from .errors import ForgeRefused, ForgeUnavailable
+from .. import logs
+from ..errors import ForgeRefused, ForgeUnavailable
 
 __all__ = ["ForgeHttp", "error_message"]
 

@@ -42,10 +42,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pygit2.enums import RepositoryOpenFlag
 from starlette.requests import ClientDisconnect
 
+from ..previews.prlinks import pull_request_link
+from ..state.store import LOG_TAIL_CHARS, MAX_SYNCS, Store
 from .access import COOKIE, CSRF_HEADER, Access, Level
-from .api_models import Environment, FunctionDetail, Invocation, JobRun, Preview, Status, Sync
-from .prlinks import pull_request_link
-from .store import LOG_TAIL_CHARS, MAX_SYNCS, Store
+from .models import Environment, FunctionDetail, Invocation, JobRun, Preview, Status, Sync
 
 __all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "router", "signin_page"]
 
@@ -296,7 +296,7 @@ class Commits:
 
 
 def _asset(name: str) -> tuple[bytes, str]:
-    data = (resources.files("gitops_sless") / "static" / name).read_bytes()
+    data = (resources.files("gitops_sless.web") / "static" / name).read_bytes()
     return data, f"{ASSETS}/{name}?v={hashlib.sha256(data).hexdigest()[:12]}"
 
 

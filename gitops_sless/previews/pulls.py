@@ -4,7 +4,7 @@ GitHub and Gitea send ``pull_request`` events whose ``pull_request`` object has 
 same shape as their REST API's; GitLab sends ``Merge Request Hook`` events whose
 ``object_attributes`` differ from its REST API's merge request. Each shape is a
 pydantic model; all of them become one :class:`PullRequest`. A body that is not
-what its event promises is a :class:`~gitops_sless.webhooks.PayloadError` naming
+what its event promises is a :class:`~gitops_sless.source.webhooks.PayloadError` naming
 the field, never a crash.
 
 Where the PR comes from matters to previews (see previews.py): ``same_repo`` is
@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .webhooks import FORGES, PayloadError
+from ..source.webhooks import FORGES, PayloadError
 
 __all__ = [
     "PullRequest",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..manifests.load import DesiredState, Function, Job
 from .backend import Deployment, deployment_for
-from .manifest import DesiredState, Function, Job
 
 __all__ = ["Held", "Observed", "Plan", "plan"]
 

@@ -18,13 +18,13 @@ is closed, and it opens again if the ref comes back. Teardown is recorded before
 it starts (``TearingDown``), so a reconciler killed in the middle finishes it
 when it starts again.
 
-Which PRs run, and at which commit, is :mod:`gitops_sless.trust`'s to decide
+Which PRs run, and at which commit, is :mod:`gitops_sless.previews.trust`'s to decide
 (``--preview-trust``, approvals, the label filter): a PR it holds back is listed
 ``Waiting`` with the reason and runs nothing; one that ran before is taken down
 (its environment removed, the row kept). Approval is a label added by a user with
 write access: the event says who added it at which head; the forge says, in this
 thread, whether that user may write. What the forge hears of a preview is
-:class:`~gitops_sless.reporter.PreviewReport`'s: states, names and links only.
+:class:`~gitops_sless.previews.reporter.PreviewReport`'s: states, names and links only.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import logs
-from .backend import Backend
-from .errors import ForgeUnavailable, SlessError
+from .. import logs
+from ..errors import ForgeUnavailable, SlessError
+from ..plan.backend import Backend
+from ..reconciler import Reconciler
+from ..source.snapshot import Snapshot
+from ..state.routes import RouteTable
+from ..state.store import Store
 from .pulls import PullRequest
-from .reconciler import Reconciler
 from .reporter import PreviewReport
-from .routes import RouteTable
-from .source import Snapshot
-from .store import Store
 from .trust import Decision, Gate, adds_label, decide, label_commit
 
 __all__ = ["PREVIEW_STATES", "PreviewConfig", "Previews", "env_name"]

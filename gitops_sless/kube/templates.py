@@ -18,8 +18,8 @@ from typing import Any
 
 import yaml
 
-from . import paths
-from .errors import TemplateError
+from .. import paths
+from ..errors import TemplateError
 
 __all__ = ["OMIT", "fill", "render"]
 

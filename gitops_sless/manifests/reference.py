@@ -1,6 +1,6 @@
 """The sless.yaml reference of the README, generated from the schema.
 
-``python -m gitops_sless.reference`` prints it; a test keeps the README's copy
+``python -m gitops_sless.manifests.reference`` prints it; a test keeps the README's copy
 equal to it, so the documentation cannot drift from what validation enforces.
 """
 

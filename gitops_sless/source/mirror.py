@@ -31,18 +31,17 @@ from urllib.parse import unquote
 import pygit2
 from pygit2.enums import RepositoryOpenFlag
 
-from .errors import SourceError, TransientError
+from ..errors import SourceError, TransientError
+from ..redact import url_passwords
 from .fetcher import (
     Credentials,
     FetchRequest,
     FetchWorker,
     WorkerFailed,
     _AuthFailed,
-    _Callbacks,  # noqa: F401 - tests/test_mirror.py checks the credentials offered here
     _Deadline,
 )
-from .redact import url_passwords
-from .source import GitSnapshot
+from .snapshot import GitSnapshot
 
 __all__ = [
     "Credentials",  # defined in fetcher, where the child process uses it

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonschema
 
-from . import paths
+from .. import paths
 from .yamldoc import Path
 
 __all__ = ["SchemaProblem", "apply_defaults", "check", "load_schema"]

@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
-from .proxy.http import SESSION_COOKIE, parse_networks, peer_of
+from ..proxy.http import SESSION_COOKIE, parse_networks, peer_of
 
 __all__ = [
     "COOKIE",

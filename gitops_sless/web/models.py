@@ -14,12 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from . import manifest, runtimes
-from .diff import Diff, FunctionChange
-from .errors import ManifestError, ManifestProblem
-from .identity import build_tag
-from .store import LOG_TAIL_CHARS
-from .timestamps import rfc3339
+from ..errors import ManifestError, ManifestProblem
+from ..manifests import load as manifest
+from ..manifests import runtimes
+from ..manifests.identity import build_tag
+from ..plan.diff import Diff, FunctionChange
+from ..state.store import LOG_TAIL_CHARS
+from ..timestamps import rfc3339
 
 __all__ = [
     "Build",

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ..errors import ManifestError, ManifestProblem
+from ..source.snapshot import Snapshot
 from . import cron, runtimes, schema, yamldoc
-from .errors import ManifestError, ManifestProblem
 from .identity import MANIFEST_NAME, build_tag, source_id
-from .source import Snapshot
 from .yamldoc import Located, YamlProblem, field_path
 
 __all__ = [

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .backend import Deployment
-from .manifest import CronTrigger, Function, Job, env_as_written, read_env
+from ..manifests.load import CronTrigger, Function, Job, env_as_written, read_env
+from ..plan.backend import Deployment
 
 __all__ = ["from_record", "to_record"]
 

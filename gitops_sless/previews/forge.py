@@ -3,7 +3,7 @@
 GitHub, Gitea and GitLab behind one :class:`Forge` protocol; :func:`forge_for` picks
 the forge from the repository URL (or ``kind``) and its API base (or ``api_url``:
 GitHub Enterprise, self-hosted Gitea or GitLab, tests). Transport, rate limits and
-error types are :mod:`gitops_sless.forgehttp`'s. Our comment on a pull request is the
+error types are :mod:`gitops_sless.previews.forgehttp`'s. Our comment on a pull request is the
 one whose body starts with ``<!-- marker -->``: it is edited in place, created only
 when absent, and left alone when its text is already right.
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
-from . import logs
-from .errors import ForgeRefused, ForgeUnavailable
+from .. import logs
+from ..errors import ForgeRefused, ForgeUnavailable
+from ..source.webhooks import PayloadError
 from .forgehttp import ForgeHttp, error_message
 from .pulls import PullRequest, pull_from_api
-from .webhooks import PayloadError
 
 __all__ = ["KINDS", "STATES", "Forge", "forge_for"]
 

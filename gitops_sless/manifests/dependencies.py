@@ -24,10 +24,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..source.snapshot import Entry, Snapshot
 from .identity import TAG_HASH_CHARS, is_manifest, source_id
-from .manifest import Function
+from .load import Function
 from .runtimes import get as get_runtime
-from .source import Entry, Snapshot
 
 __all__ = ["Dependencies", "dependencies", "input_paths"]
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PermanentError, TransientError
-from .manifest import Function, Job, JobRef, SecretRef, env_as_written
-from .source import Snapshot
+from ..errors import PermanentError, TransientError
+from ..manifests.load import Function, Job, JobRef, SecretRef, env_as_written
+from ..source.snapshot import Snapshot
 
 __all__ = [
     "ApplyFailed",

@@ -23,7 +23,7 @@ from typing import Literal
 
 import pygit2
 
-from .errors import SourceError
+from ..errors import SourceError
 
 __all__ = [
     "DirectorySnapshot",

@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..manifests.load import DesiredState, EnvValue, Function, Job, JobRef, SecretRef
 from .backend import deployment_for
-from .manifest import DesiredState, EnvValue, Function, Job, JobRef, SecretRef
 
 __all__ = [
     "BuildNeeded",

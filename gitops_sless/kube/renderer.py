@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
-from . import netpolicy, runtimes, templates
-from .backend import Deployment
-from .manifest import DesiredState, Function, Job, JobRef, SecretRef, is_preview
+from ..manifests import runtimes
+from ..manifests.load import DesiredState, Function, Job, JobRef, SecretRef, is_preview
+from ..plan.backend import Deployment
+from . import netpolicy, templates
 from .templates import OMIT
 
 __all__ = [

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .backend import Health
-from .manifest import DesiredState, Function
-from .planner import Plan
+from ..manifests.load import DesiredState, Function
+from ..plan.backend import Health
+from ..plan.planner import Plan
 
 __all__ = ["Outcome", "Summary", "derive", "inputs", "summarize"]
 
