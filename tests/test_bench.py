@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 HANG_GUARD_SEC = 600  # a hung benchmark fails here instead of stalling the suite
 
 # script -> lines its report prints once it measured everything

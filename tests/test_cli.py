@@ -16,8 +16,8 @@ from gitops_sless.cli import completion
 from gitops_sless.cli.common import EXIT_CODES
 
 from .gitserver import WorkRepo, git, git_env
+from .paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample-repo"
 
 

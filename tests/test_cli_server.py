@@ -30,6 +30,7 @@ from gitops_sless.cli import completion
 
 from . import gitserver
 from .gitserver import GitDaemon, WorkRepo, free_port, init_bare
+from .paths import ROOT
 from .sless_server import TOKEN, SlessServer
 from .test_serve import HTTP, manifest, setup
 
@@ -37,7 +38,6 @@ git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
 __all__ = ["setup"]  # the fixture, shared with test_serve
 
-ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 GREET = """

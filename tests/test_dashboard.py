@@ -28,6 +28,7 @@ from gitops_sless.web.api import create_api
 
 from . import gitserver
 from .gitserver import GitDaemon
+from .paths import ROOT
 from .sless_server import READ_TOKEN
 from .test_api import Client, RecordingReconciler
 from .test_serve import HTTP, Setup, handler, http_function, manifest, setup
@@ -37,7 +38,7 @@ git_daemon = gitserver.git_daemon
 __all__ = ["setup"]  # the fixture, shared with test_serve
 
 CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 SUBJECT = "Show <script>alert(1)</script> as text, never run it"
 JOB_ERROR = "<img src=x onerror=alert(2)>"
 MISSING = "sless-no-such-package"

@@ -29,7 +29,8 @@ from celpy.evaluation import CELEvalError
 from gitops_sless import paths
 from gitops_sless.kube.client import CALLS, KINDS, OWN_NAMESPACE_ONLY
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "Dockerfile"
 NAMESPACE = "gitops-sless"

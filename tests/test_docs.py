@@ -15,7 +15,8 @@ import pytest
 
 from gitops_sless import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 DOCS = ROOT / "docs"
 CONFIGURATION = (DOCS / "configuration.md").read_text()
 

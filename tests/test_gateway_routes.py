@@ -31,11 +31,11 @@ from .gateway_schema import assert_valid, schema_errors
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, make, settings
 from .kubeapi import FakeKube
+from .paths import DATA, ROOT
 from .s3server import S3Server
 from .test_serve_start import serve as serve_command
 
-ROOT = Path(__file__).resolve().parent.parent
-CRDS = Path(__file__).resolve().parent / "data" / "gateway-api-crds.yaml"
+CRDS = DATA / "gateway-api-crds.yaml"
 GATEWAY = ("edge", "public")
 PROD = "sless-prod"
 BASE_ENV = {"SLESS_NAMESPACE": "ops", "SLESS_S3_ENDPOINT": "http://s3.test", "SLESS_S3_BUCKET": "c"}

@@ -12,7 +12,7 @@ from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests import runtimes
 from gitops_sless.source.snapshot import DirectorySnapshot
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
 
 
 @pytest.fixture

@@ -12,9 +12,10 @@ import pytest
 from gitops_sless import cli
 
 from .conftest import write_files
+from .paths import DATA as TEST_DATA
 from .sless_server import SlessServer
 
-DATA = Path(__file__).parent / "data" / "terraform"
+DATA = TEST_DATA / "terraform"
 DSN = "postgres://notes:tf-fixture-pw-4a7c@db.internal:5432/notes"
 TOKEN = "tok-fixture-9f3e"
 

@@ -24,9 +24,8 @@ from gitops_sless.kube.client import Forbidden, KubeClient
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, kube_env
 from .kubeapi import FakeKube
+from .paths import SAMPLE
 from .sless_server import SlessServer
-
-SAMPLE = Path(__file__).resolve().parent.parent / "sample-repo"
 
 PLUGIN = textwrap.dedent(
     """\

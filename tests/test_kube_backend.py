@@ -23,9 +23,9 @@ from gitops_sless.web.dashboard import Pages
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, REGISTRY, Harness, make, settings
 from .kubeapi import FakeKube
+from .paths import SAMPLE
 from .s3server import S3Server
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample-repo"
 PROD = "sless-prod"
 
 HANDLER = "def handler(event, context):\n    return {'from': %r}\n"

@@ -19,8 +19,8 @@ from gitops_sless.kube.client import KubeClient
 
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, make, settings
+from .paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "deploy" / "crd-functions.yaml"
 PROD = "sless-prod"
 HANDLER = "def handler(event, context):\n    return {'from': %r}\n"

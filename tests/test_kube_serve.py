@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +21,8 @@ from gitops_sless.kube.client import KubeClient
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, kube_env
 from .kubeapi import FakeKube
+from .paths import SAMPLE
 from .sless_server import SlessServer
-
-SAMPLE = Path(__file__).resolve().parent.parent / "sample-repo"
 
 SERVE = (sys.executable, "-m", "gitops_sless", "serve", "--backend", "kubernetes")
 

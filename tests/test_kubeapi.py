@@ -21,6 +21,8 @@ from kubernetes.client.rest import ApiException
 from tests.kubeapi import FakeKube
 from tests.kubeapi.fixtures import fake_kube  # noqa: F401  (the fixture)
 
+from .paths import ROOT
+
 try:  # the team's real S3 (SeaweedFS); moto stands in where it is missing
     from tests.s3server import s3_server
 except ImportError:
@@ -614,7 +616,7 @@ def test_standalone_process(tmp_path: Path) -> None:
         [sys.executable, "-m", "tests.kubeapi", "--port", "0", "--kubeconfig", str(kubeconfig)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     try:

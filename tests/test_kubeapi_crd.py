@@ -8,7 +8,6 @@ import json
 import threading
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +18,8 @@ from kubernetes.client.rest import ApiException
 from tests.kubeapi import FakeKube
 from tests.kubeapi.fixtures import fake_kube  # noqa: F401  (the fixture)
 from tests.test_kubeapi import apply, call, wait_for
+
+from .paths import ROOT
 
 NS = "default"
 GROUP, VERSION, PLURAL = "gitops-sless.dev", "v1alpha1", "functions"
@@ -544,7 +545,7 @@ def test_cluster_scoped_versions_and_namespace_deletion(
 
 
 def test_the_projects_function_crd_is_accepted(fake_kube: FakeKube) -> None:  # noqa: F811
-    path = Path(__file__).parent.parent / "deploy" / "crd-functions.yaml"
+    path = ROOT / "deploy" / "crd-functions.yaml"
     crd = fake_kube.install_crd(path)
     assert {c["type"]: c["status"] for c in crd["status"]["conditions"]} == {
         "NamesAccepted": "True",

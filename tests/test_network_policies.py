@@ -10,7 +10,6 @@ them does.
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -26,9 +25,9 @@ from gitops_sless.source.snapshot import DirectorySnapshot
 
 from .kubeapi import FakeKube
 from .netpolicy_eval import Endpoint, connects, outside, pod
+from .paths import ROOT
 from .test_serve_start import serve as serve_command
 
-ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.30.0"
 CONTROLLER = "gitops-sless"
 UNTRUSTED = "gitops-sless-untrusted"

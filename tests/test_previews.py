@@ -51,6 +51,7 @@ from .conftest import with_their_groups
 from .gitserver import GitDaemon, WorkRepo, git, init_bare
 from .kube_harness import settings as kube_settings
 from .kubeapi import FakeKube
+from .paths import DATA
 from .s3server import S3Server
 from .sless_server import WEBHOOK_SECRET, SlessServer
 from .test_forge import Failure, FakeForge
@@ -59,7 +60,7 @@ from .test_forge import serve as serve_forge
 git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
 
-PAYLOADS = Path(__file__).parent / "data" / "webhooks"
+PAYLOADS = DATA / "webhooks"
 REPO = "acme/functions.git"
 CHANGED = "greet"  # the one http function; the others are disabled
 FUNCTIONS = 50

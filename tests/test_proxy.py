@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -36,9 +35,10 @@ from gitops_sless.proxy.http import SANDBOX_CSP, Peer, Withheld, peer_of, reques
 from gitops_sless.proxy.upstream import CLOSED_EARLY
 from gitops_sless.state.routes import Declared, Route, RouteTable
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import DATA, ROOT
+
 SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
-FUNCTIONS = Path(__file__).resolve().parent / "data" / "proxy_fns"
+FUNCTIONS = DATA / "proxy_fns"
 MAX_BODY = 64 * 1024
 HEX_ID = re.compile(r"[0-9a-f]{32}")
 SANDBOX = SANDBOX_CSP.decode()

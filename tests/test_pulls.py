@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +17,9 @@ from gitops_sless.previews.pulls import (
 )
 from gitops_sless.source.webhooks import PayloadError
 
-PAYLOADS = Path(__file__).parent / "data" / "webhooks"
+from .paths import DATA
+
+PAYLOADS = DATA / "webhooks"
 SHA_OPENED = "c0ffee5d2b1e4f6a8b9c0d1e2f3a4b5c6d7e8f90"
 SHA_PUSHED = "d1e2f3a4b5c6d7e8f90c0ffee5d2b1e4f6a8b9c0"
 GREET = {"title": "greet: say hello v2", "head_branch": "greet-v2", "base": "main"}

@@ -28,6 +28,7 @@ from gitops_sless.web.access import SESSION_SEC, Access, is_loopback, open_reads
 from gitops_sless.web.api import create_api
 
 from .gitserver import free_port
+from .paths import ROOT
 from .sless_server import SlessServer
 from .test_api import Client, RecordingReconciler
 from .test_api_schema import KNOWN, fill
@@ -486,7 +487,7 @@ def test_the_command_line_reads_with_the_read_token_and_cannot_sync_with_it(tmp_
 
 
 def test_the_shipped_deployment_listens_off_loopback_with_a_token_from_its_secret():
-    deploy = Path(__file__).resolve().parent.parent / "deploy"
+    deploy = ROOT / "deploy"
     (container,) = yaml.safe_load((deploy / "deployment.yaml").read_text())["spec"]["template"][
         "spec"
     ]["containers"]

@@ -15,7 +15,8 @@ from gitops_sless import cli
 from gitops_sless.manifests import reference
 from gitops_sless.manifests.schema import load_schema
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 README = (ROOT / "README.md").read_text()
 REFERENCE_PAGE = ROOT / "docs" / "reference.md"
 # every page a user reads: the README and the docs site's own pages

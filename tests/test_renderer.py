@@ -20,7 +20,8 @@ from gitops_sless.kube.renderer import (
 from gitops_sless.manifests import load as manifest
 from gitops_sless.source.snapshot import DirectorySnapshot
 
-ROOT = Path(__file__).resolve().parent.parent
+from .paths import ROOT
+
 SAMPLE = ROOT / "sample-repo"
 K8S_VERSION = "1.30.0"
 SAMPLE_JOB_RESULTS = {

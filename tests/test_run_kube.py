@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from .gitserver import WorkRepo, free_port
+from .paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GREETING = (ROOT / "sample-repo/greeting/python/greeting.py").read_text(encoding="utf-8")
 MANIFEST = """\
 functions:

@@ -21,8 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-RUNTIMES_DIR = Path(__file__).resolve().parent.parent / "runtimes"
-FUNCTIONS_DIR = Path(__file__).resolve().parent / "data" / "runtime_fns"
+from .paths import DATA, ROOT
+
+RUNTIMES_DIR = ROOT / "runtimes"
+FUNCTIONS_DIR = DATA / "runtime_fns"
 NODE = shutil.which("node")
 
 RUNTIMES = [

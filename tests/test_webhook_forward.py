@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +20,9 @@ from gitops_sless.kube.leader import LEADER_URL
 from .gitserver import WorkRepo
 from .kube_harness import NAMESPACE, kube_env
 from .kubeapi import FakeKube
+from .paths import SAMPLE
 from .sless_server import WEBHOOK_SECRET, SlessServer
 
-SAMPLE = Path(__file__).resolve().parent.parent / "sample-repo"
 PUSH = json.dumps({"ref": "refs/heads/main"}).encode()
 
 

@@ -22,11 +22,12 @@ from gitops_sless.state.routes import RouteTable
 from gitops_sless.state.store import Store
 from gitops_sless.web.api import create_api
 
+from .paths import DATA
 from .test_api import Api, Client, RecordingReconciler, make_api
 
 SECRET = "s3cret"
 BODY = json.dumps({"ref": "refs/heads/main", "after": "abc"}).encode()
-PAYLOADS = Path(__file__).parent / "data" / "webhooks"
+PAYLOADS = DATA / "webhooks"
 
 
 def signed(forge: str, body: bytes = BODY, secret: str = SECRET) -> dict[str, str]:
