@@ -67,9 +67,9 @@ sys.path.insert(0, str(ROOT))
 
 from gitops_sless.kube.client import KubeClient  # noqa: E402
 from tests.gitserver import WorkRepo, stop_group  # noqa: E402
+from tests.kube.test_kube_backend import HANDLER, function_folder  # noqa: E402
 from tests.kube_harness import NAMESPACE, Harness, make, settings  # noqa: E402
 from tests.s3server import start_weed  # noqa: E402
-from tests.test_kube_backend import HANDLER, function_folder  # noqa: E402
 
 WRITE_VERBS = ("apply", "create", "patch", "delete", "update", "status")
 

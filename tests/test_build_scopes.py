@@ -5,7 +5,7 @@ build. Its build runs in the untrusted scope (``Backend.for_untrusted``) and may
 there for reasons of its own; that failure is the fork's, and prod, which shares the
 status store with every preview, builds the tag all the same. On the local backend,
 with real pip installs and one store, as ``serve`` has them (on Kubernetes:
-tests/test_kube_builds_isolation.py).
+tests/kube/test_kube_builds_isolation.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gitops_sless.state.inflight import InFlight
 from gitops_sless.state.routes import RouteTable
 from gitops_sless.state.store import Store
 
-from .test_kube_backend import wait_for
-from .test_local_builder import WHEEL_NAME, make_wheel
+from .kube.test_kube_backend import wait_for
+from .local.test_local_builder import WHEEL_NAME, make_wheel
 
 HANDLER = "import sless_tinypkg\n\ndef main(event):\n    return {'answer': sless_tinypkg.ANSWER}\n"
 

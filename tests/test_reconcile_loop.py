@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .kube.test_build_cache import PKG, Package
 from .sless_server import SlessServer
-from .test_build_cache import PKG, Package
 from .test_serve import HTTP, git_daemon, git_root, handler, http_function, manifest, setup
 
 __all__ = ["git_daemon", "git_root", "setup"]  # fixtures, used by name

@@ -2,7 +2,7 @@
 
 Exit codes are the command line's contract with scripts; ``EXIT_CODES`` says, for
 each verb, which codes it returns and what each means (``--help`` shows them, and
-docs/operating.md lists them in one table that tests/test_cli.py checks against
+docs/operating.md lists them in one table that tests/cli/test_cli.py checks against
 this one).
 """
 

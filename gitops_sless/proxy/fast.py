@@ -51,7 +51,7 @@ Behaviour is the ASGI path's (:class:`~gitops_sless.proxy.app.ProxyApp`), checke
 by running the same tests against both. This leans on uvicorn internals (the
 protocol's ``url``, ``headers``, ``parser``, ``cycle``, ``pipeline``, ``flow``,
 ``connections``, ``timeout_keep_alive_task`` and ``on_response_complete``;
-``STATUS_LINE``): tests/test_proxy.py and tests/test_edge.py run them, so an
+``STATUS_LINE``): tests/proxy/test_proxy.py and tests/web/test_edge.py run them, so an
 upgrade of uvicorn that changes them fails there first.
 """
 

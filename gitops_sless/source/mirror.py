@@ -39,6 +39,7 @@ from .fetcher import (
     FetchWorker,
     WorkerFailed,
     _AuthFailed,
+    _Callbacks,  # noqa: F401 - tests/source/test_mirror.py checks the credentials offered here
     _Deadline,
 )
 from .snapshot import GitSnapshot

@@ -1,4 +1,4 @@
-"""Echoes what the runtime made of the request, for tests/test_proxy.py."""
+"""Echoes what the runtime made of the request, for tests/proxy/test_proxy.py."""
 
 
 def main(event, context):

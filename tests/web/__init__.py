@@ -1,0 +1,1 @@
+"""Tests of gitops_sless.web."""
