@@ -220,8 +220,8 @@ def test_a_failed_build_keeps_the_previous_version_and_keeps_its_log_out_of_the_
     harness.sync()
     before = images(kube.get("Deployment", PROD, "alpha"))
     repo.commit("break", {"alpha/main.py": HANDLER % "broken"})
-    harness.reconciler._load(harness.reconciler.source.snapshot())
-    new_tag = harness.reconciler._desired.functions["alpha"].build_tag
+    harness.reconciler.load.run(harness.reconciler.source.snapshot())
+    new_tag = harness.reconciler.context.desired.functions["alpha"].build_tag
     kube.fail_build(new_tag, "INFO step 3/4\nerror building image: pip exited 1\n")
     harness.sync()
     assert images(kube.get("Deployment", PROD, "alpha")) == before
@@ -240,7 +240,7 @@ def test_a_restarted_reconciler_adopts_the_build_job_it_left_running(
     repo.commit("one", function_folder("alpha"))
     first = harness_for(repo, "first")
     # the first reconciler created the build (context and Job), then died
-    desired = first.reconciler._load(first.reconciler.source.snapshot())
+    desired = first.reconciler.load.run(first.reconciler.source.snapshot())
     fn = desired.functions["alpha"]
     from gitops_sless.kube.contexts import build_context
     from gitops_sless.kube.renderer import build_job

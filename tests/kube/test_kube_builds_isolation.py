@@ -167,7 +167,7 @@ def test_a_build_pod_holds_no_storage_key_and_reads_its_context_by_a_presigned_u
 def test_a_build_pod_with_a_storage_key_is_refused_by_the_test_kubelet(kube, prod, s3_server):
     """The check the other tests rely on can fail: a build pod given the key, as before."""
     harness = prod()
-    fn = harness.reconciler._load(harness.reconciler.source.snapshot()).functions["alpha"]
+    fn = harness.reconciler.load.run(harness.reconciler.source.snapshot()).functions["alpha"]
     job = build_job(fn, harness.backend.config, "http://127.0.0.1:9/unused")
     job["metadata"]["name"] = "old-style"
     secret = {"name": "AWS_SECRET_ACCESS_KEY", "value": s3_server.secret_key}
@@ -190,7 +190,7 @@ def test_untrusted_builds_run_apart_and_prod_never_runs_what_they_built(kube, pr
     try:
         preview.sync("test")
         tag = (
-            harness.reconciler._load(harness.reconciler.source.snapshot())
+            harness.reconciler.load.run(harness.reconciler.source.snapshot())
             .functions["alpha"]
             .build_tag
         )

@@ -163,7 +163,7 @@ def test_hand_edits_are_put_back_and_removed_functions_go(kube, harness):
 def test_a_failed_build_shows_on_the_built_condition(kube, harness):
     settle(harness, kube)
     harness.repo.commit("break", {"alpha/main.py": HANDLER % "broken"})
-    desired = harness.reconciler._load(harness.reconciler.source.snapshot())
+    desired = harness.reconciler.load.run(harness.reconciler.source.snapshot())
     kube.fail_build(desired.functions["alpha"].build_tag, "error: pip exited 1\n")
     harness.reconciler.sync("test")
     conditions = {c["type"]: c for c in function(kube, "alpha")["status"]["conditions"]}

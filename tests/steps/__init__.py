@@ -1,0 +1,1 @@
+"""Tests of gitops_sless.steps: each step of a pass, run alone."""
