@@ -99,7 +99,6 @@ class Reconciler:
         self.routes = routes
         self.public_url = public_url.rstrip("/")
         self.patience_sec = patience_sec
-        self.allow_empty = allow_empty
         self.leading = leading or (lambda: True)
         self._after_pass = after_pass  # previews run after each pass of the tracked branch
         self._follow_up = follow_up or (lambda: self.request_sync(FOLLOW_UP) and None)
@@ -340,6 +339,15 @@ class Reconciler:
             left = deadline - time.monotonic()
             if not work.wait_any(current.mine, since, left, self._interrupted):
                 return planned
+
+    @property
+    def allow_empty(self) -> bool:
+        """Argo CD's allowEmpty: whether a commit that declares nothing may prune everything."""
+        return self.decide.allow_empty
+
+    @allow_empty.setter
+    def allow_empty(self, value: bool) -> None:
+        self.decide.allow_empty = value
 
     # --- what others ask ---------------------------------------------------------------
 
