@@ -36,6 +36,9 @@ from kubernetes.config.config_exception import ConfigException
 from ..errors import PermanentError, TransientError
 from .credentials import Credentials
 
+# a generator of its own: the global one stays the caller's (seeded tests, hypothesis)
+_random = random.Random()
+
 __all__ = [
     "FIELD_MANAGER",
     "AlreadyExists",
@@ -352,7 +355,7 @@ class KubeClient:
             except ValueError:
                 pass
         return min(self.backoff_sec * 2 ** (attempt - 1), self.max_wait_sec) * (
-            0.5 + random.random() / 2
+            0.5 + _random.random() / 2
         )
 
     def _json(self, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -36,6 +36,9 @@ from typing import Any
 from ..errors import SlessError
 from .client import Expired, KubeClient
 
+# a generator of its own: the global one stays the caller's (seeded tests, hypothesis)
+_random = random.Random()
+
 __all__ = ["Informer"]
 
 log = logging.getLogger(__name__)
@@ -247,7 +250,7 @@ class Informer:
             with self._list_lock:
                 self._relist()
             return
-        timeout = random.uniform(*self.watch_sec)
+        timeout = _random.uniform(*self.watch_sec)
         events = self.client.watch(self.kind, self.namespace, self.selector, rv, timeout)
         for event in self._current(events, epoch):
             obj, kind = event.get("object") or {}, event.get("type")
@@ -292,7 +295,7 @@ class Informer:
 
     def _backoff(self, failures: int) -> float:
         low, high = self.backoff_sec
-        return min(low * 2 ** max(failures - 1, 0), high) * (0.5 + random.random() / 2)
+        return min(low * 2 ** max(failures - 1, 0), high) * (0.5 + _random.random() / 2)
 
     def _where(self) -> str:
         return f"in {self.namespace}" if self.namespace else "(cluster)"

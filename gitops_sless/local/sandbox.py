@@ -64,6 +64,9 @@ from pathlib import Path
 from .. import logs
 from ..errors import PermanentError
 
+# a generator of its own: the global one stays the caller's (seeded tests, hypothesis)
+_random = random.Random()
+
 __all__ = [
     "FUNCTION_DIR",
     "INSTALLER_MAX_PROCESSES",
@@ -158,7 +161,7 @@ class Uids:
     def take(self) -> int:
         with self._lock:
             while True:
-                uid = self.base + random.randrange(self.slots)
+                uid = self.base + _random.randrange(self.slots)
                 if uid not in self._used:
                     self._used.add(uid)
                     return uid

@@ -122,7 +122,7 @@ PREFIX = b"/fn/"
 _NAME = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
 LABEL_MAX = 64  # how much of an unknown env or name is kept in a record
-_getrandbits = random.getrandbits
+_getrandbits = random.Random().getrandbits  # its own: the global one stays the caller's
 _UUID4_CLEAR = ~(0xF000 << 64 | 0xC000 << 48)  # the version and variant bits
 _UUID4_SET = 0x4000 << 64 | 0x8000 << 48
 
