@@ -1,7 +1,8 @@
 """gitops-sless: serverless functions on Kubernetes, deployed by git push."""
 
 from .errors import ManifestError, PermanentError, SlessError, TransientError
-from .manifests.load import DesiredState, Function, load
+from .manifests.load import load
+from .manifests.model import DesiredState, Function
 from .source.snapshot import open_snapshot
 
 __all__ = [

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from . import logs
 from .errors import SlessError
-from .manifests.load import DesiredState, Function
+from .manifests.model import DesiredState, Function
 from .metrics import METRICS
 from .plan.backend import Backend
 from .plan.planner import Plan

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gitops_sless.manifests.load import Job
+from gitops_sless.manifests.model import Job
 from gitops_sless.plan.diff import job_results
 
 from . import gitserver

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..kube import renderer
 from ..manifests import load as manifest
+from ..manifests import model
 from ..source.snapshot import open_source
 from .common import (
     EXIT_INVALID,
@@ -65,7 +66,7 @@ def add_parsers(commands: Any) -> None:
     )
 
 
-def _report_invalid(state: manifest.DesiredState) -> None:
+def _report_invalid(state: model.DesiredState) -> None:
     for problem in state.problems:
         print(problem, file=sys.stderr)
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import SlessError
-from ..manifests.load import Function, Job
+from ..manifests.model import Function, Job
 from ..plan.backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
 from ..source.snapshot import Snapshot
 from ..state.routes import Route, RouteTable

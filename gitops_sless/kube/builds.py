@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any
 
-from ..manifests.load import Function
+from ..manifests.model import Function
 from ..plan.backend import BuildFailed
 from ..source.snapshot import Snapshot
 from ..timestamps import epoch

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from ..errors import TransientError
 from ..manifests.dependencies import Dependencies, dependencies
 from ..manifests.identity import is_manifest, source_id
-from ..manifests.load import Function, _resolve_in_folder
+from ..manifests.load import _resolve_in_folder
+from ..manifests.model import Function
 from ..manifests.runtimes import get as get_runtime
 from ..paths import stays_inside
 from ..plan.backend import BuildFailed

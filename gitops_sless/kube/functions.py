@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..manifests.load import Function, JobRef, SecretRef
+from ..manifests.model import Function, JobRef, SecretRef
 from ..timestamps import rfc3339
 from .client import KubeClient
 from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..manifests.load import Function, Job
+from ..manifests.model import Function, Job
 from ..plan.backend import EnvValue, JobFailed, JobRecord
 from ..timestamps import epoch
 from . import runs

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from ..manifests import runtimes
-from ..manifests.load import DesiredState, Function, Job, JobRef, SecretRef, is_preview
+from ..manifests.model import DesiredState, Function, Job, JobRef, SecretRef, is_preview
 from ..plan.backend import Deployment
 from . import netpolicy, templates
 from .templates import OMIT

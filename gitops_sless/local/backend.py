@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import logs
 from ..manifests import runtimes
-from ..manifests.load import Function, Job, SecretRef, is_preview
+from ..manifests.model import Function, Job, SecretRef, is_preview
 from ..plan.backend import (
     Backend,
     CronRun,

@@ -47,7 +47,7 @@ from typing import Any
 from ..errors import TransientError
 from ..manifests.dependencies import Dependencies, dependencies, input_paths
 from ..manifests.identity import MANIFEST_NAME, is_manifest, source_id
-from ..manifests.load import Function
+from ..manifests.model import Function
 from ..manifests.yamldoc import YamlProblem
 from ..manifests.yamldoc import load as load_yaml
 from ..paths import stays_inside

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import logs
-from ..manifests.load import SecretRef
+from ..manifests.model import SecretRef
 from ..plan.backend import SecretUnavailable
 
 __all__ = ["SecretMissing", "SecretsDir"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..source.snapshot import Entry, Snapshot
 from .identity import TAG_HASH_CHARS, is_manifest, source_id
-from .load import Function
+from .model import Function
 from .runtimes import get as get_runtime
 
 __all__ = ["Dependencies", "dependencies", "input_paths"]

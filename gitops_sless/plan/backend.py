@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PermanentError, TransientError
-from ..manifests.load import Function, Job, JobRef, SecretRef, env_as_written
+from ..manifests.model import Function, Job, JobRef, SecretRef, env_as_written
 from ..source.snapshot import Snapshot
 
 __all__ = [

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..manifests.load import DesiredState, EnvValue, Function, Job, JobRef, SecretRef
+from ..manifests.model import DesiredState, EnvValue, Function, Job, JobRef, SecretRef
 from .backend import deployment_for
 
 __all__ = [

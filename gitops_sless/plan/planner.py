@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..manifests.load import DesiredState, Function, Job
+from ..manifests.model import DesiredState, Function, Job
 from .backend import Deployment, deployment_for
 
 __all__ = ["Held", "Observed", "Plan", "plan"]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..manifests.load import DesiredState, Function
+from ..manifests.model import DesiredState, Function
 from ..plan.backend import Health
 from ..plan.planner import Plan
 

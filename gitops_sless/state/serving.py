@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..manifests.load import CronTrigger, Function, Job, env_as_written, read_env
+from ..manifests.model import CronTrigger, Function, Job, env_as_written, read_env
 from ..plan.backend import Deployment
 
 __all__ = ["from_record", "to_record"]

@@ -7,7 +7,7 @@ import time
 
 from .. import failure, logs
 from ..errors import SlessError, TransientError
-from ..manifests.load import Function
+from ..manifests.model import Function
 from ..metrics import METRICS
 from ..plan.backend import BuildFailed
 from ..plan.planner import Plan

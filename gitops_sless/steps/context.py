@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import logs
-from ..manifests.load import DesiredState, Function
+from ..manifests.model import DesiredState, Function
 from ..plan.backend import Backend, Deployment
 from ..state.inflight import InFlight
 from ..state.phases import Outcome

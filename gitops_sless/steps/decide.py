@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from ..manifests.load import DesiredState, Function
+from ..manifests.model import DesiredState, Function
 from ..plan.backend import Deployment, deployment_for
 from ..plan.diff import FINISHED, job_errors, job_results
 from ..plan.planner import Held, Observed, Plan, plan

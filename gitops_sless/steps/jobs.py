@@ -8,7 +8,7 @@ import time
 
 from .. import logs
 from ..errors import SlessError
-from ..manifests.load import Function, Job
+from ..manifests.model import Function, Job
 from ..plan.backend import JobFailed, SecretUnavailable, deployment_for
 from ..plan.diff import FINISHED, job_results
 from ..plan.planner import Plan

@@ -6,7 +6,7 @@ import logging
 
 from .. import logs
 from ..manifests import load as manifest
-from ..manifests.load import DesiredState
+from ..manifests.model import DesiredState
 from ..source.snapshot import Snapshot
 from .context import Context, log, short
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import logs
 from ..errors import SlessError
-from ..manifests.load import DesiredState, Function
+from ..manifests.model import DesiredState, Function
 from ..metrics import METRICS
 from ..plan.diff import job_errors
 from ..plan.planner import Plan

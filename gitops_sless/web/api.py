@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect
 from .. import logs
 from ..errors import SlessError
 from ..manifests import load as manifest
+from ..manifests import model
 from ..metrics import METRICS
 from ..plan import diff as diff_mod
 from ..previews import pulls
@@ -548,14 +549,14 @@ def create_api(
     # --- the command line's reads: diff and logs ------------------------------------------
 
     state_dir = store.path.parent  # serve keeps status.db at the top of its state folder
-    deployed_states: dict[str, manifest.DesiredState] = {}  # revision -> what it declared
+    deployed_states: dict[str, model.DesiredState] = {}  # revision -> what it declared
     manifest_cache = manifest.ManifestCache()
     loading = threading.Lock()
 
-    def running_functions(records: list[dict[str, Any]]) -> dict[str, manifest.Function]:
+    def running_functions(records: list[dict[str, Any]]) -> dict[str, model.Function]:
         """Deployed functions as the revision they serve declared them (from the mirror)."""
         source = getattr(reconciler, "source", None)
-        found: dict[str, manifest.Function] = {}
+        found: dict[str, model.Function] = {}
         if source is None:
             return found
         with loading:
@@ -576,7 +577,7 @@ def create_api(
                     found[record["name"]] = state.functions[record["name"]]
         return found
 
-    def compare(env: str, desired: manifest.DesiredState, revision: str | None) -> DiffReply:
+    def compare(env: str, desired: model.DesiredState, revision: str | None) -> DiffReply:
         records = store.functions(env)
         tags = {fn.build_tag for fn in desired.functions.values()}
         result = diff_mod.compute(

@@ -15,8 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from ..errors import ManifestError, ManifestProblem
-from ..manifests import load as manifest
-from ..manifests import runtimes
+from ..manifests import model, runtimes
 from ..manifests.identity import build_tag
 from ..plan.diff import Diff, FunctionChange
 from ..state.store import LOG_TAIL_CHARS
@@ -414,23 +413,23 @@ class JobValue(_Request):
 EnvSpecValue = str | SecretValue | JobValue
 
 
-def _env_spec(values: Mapping[str, manifest.EnvValue]) -> dict[str, EnvSpecValue]:
-    def one(value: manifest.EnvValue) -> EnvSpecValue:
-        if isinstance(value, manifest.SecretRef):
+def _env_spec(values: Mapping[str, model.EnvValue]) -> dict[str, EnvSpecValue]:
+    def one(value: model.EnvValue) -> EnvSpecValue:
+        if isinstance(value, model.SecretRef):
             return SecretValue(secret=value.secret, key=value.key)
-        if isinstance(value, manifest.JobRef):
+        if isinstance(value, model.JobRef):
             return JobValue(job=value.job)
         return value
 
     return {name: one(value) for name, value in values.items()}
 
 
-def _env_values(values: Mapping[str, EnvSpecValue]) -> dict[str, manifest.EnvValue]:
-    def one(value: EnvSpecValue) -> manifest.EnvValue:
+def _env_values(values: Mapping[str, EnvSpecValue]) -> dict[str, model.EnvValue]:
+    def one(value: EnvSpecValue) -> model.EnvValue:
         if isinstance(value, SecretValue):
-            return manifest.SecretRef(value.secret, value.key)
+            return model.SecretRef(value.secret, value.key)
         if isinstance(value, JobValue):
-            return manifest.JobRef(value.job)
+            return model.JobRef(value.job)
         return value
 
     return {name: one(value) for name, value in sorted(values.items())}
@@ -467,7 +466,7 @@ class FunctionSpec(_Request):
     source_id: str = Field(description="the git tree id of the function's folder")
 
     @classmethod
-    def from_function(cls, fn: manifest.Function) -> FunctionSpec:
+    def from_function(cls, fn: model.Function) -> FunctionSpec:
         return cls(
             name=fn.name,
             folder=fn.folder,
@@ -486,9 +485,9 @@ class FunctionSpec(_Request):
             source_id=fn.source_id,
         )
 
-    def function(self) -> manifest.Function:
+    def function(self) -> model.Function:
         """The function, with the build tag this server's runtimes give its folder."""
-        return manifest.Function(
+        return model.Function(
             name=self.name,
             folder=self.folder,
             manifest=self.manifest,
@@ -501,8 +500,8 @@ class FunctionSpec(_Request):
             env=_env_values(self.env),
             preview_env=_env_values(self.preview_env),
             http=self.http,
-            crons=tuple(manifest.CronTrigger(c.schedule, c.event) for c in self.crons),
-            jobs=tuple(manifest.Job(j.name, j.run_id, j.event, self.name) for j in self.jobs),
+            crons=tuple(model.CronTrigger(c.schedule, c.event) for c in self.crons),
+            jobs=tuple(model.Job(j.name, j.run_id, j.event, self.name) for j in self.jobs),
             source_id=self.source_id,
             build_tag=build_tag(self.source_id, runtimes.get(self.runtime)),
         )
@@ -528,7 +527,7 @@ class DiffRequest(_Request):
     invalid: list[InvalidSpec] = []
 
     @classmethod
-    def from_state(cls, state: manifest.DesiredState) -> DiffRequest:
+    def from_state(cls, state: model.DesiredState) -> DiffRequest:
         return cls(
             revision=state.revision,
             functions=[FunctionSpec.from_function(fn) for fn in state.functions.values()],
@@ -547,9 +546,9 @@ class DiffRequest(_Request):
             ],
         )
 
-    def desired_state(self) -> manifest.DesiredState:
+    def desired_state(self) -> model.DesiredState:
         """Raises RuntimeNotFound for a runtime this server does not have."""
-        state = manifest.DesiredState(self.revision or "")
+        state = model.DesiredState(self.revision or "")
         for spec in self.functions:
             state.functions[spec.name] = spec.function()
         for invalid in self.invalid:

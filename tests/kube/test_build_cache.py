@@ -33,7 +33,7 @@ from gitops_sless.local.gc import collect
 from gitops_sless.local.secrets import SecretsDir
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests.dependencies import dependencies
-from gitops_sless.manifests.load import Function
+from gitops_sless.manifests.model import Function
 from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
 from gitops_sless.state.routes import RouteTable
 

@@ -19,7 +19,7 @@ from gitops_sless.kube.storage import ContextStore, S3Config, StorageError, Stor
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests import runtimes
 from gitops_sless.manifests.identity import source_id
-from gitops_sless.manifests.load import Function
+from gitops_sless.manifests.model import Function
 from gitops_sless.plan.backend import BuildFailed
 from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
 

@@ -36,7 +36,7 @@ from gitops_sless.local.builder import (
 )
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests.identity import source_id
-from gitops_sless.manifests.load import Function
+from gitops_sless.manifests.model import Function
 from gitops_sless.source.snapshot import DirectorySnapshot, Snapshot, open_snapshot
 
 from ..gitserver import git

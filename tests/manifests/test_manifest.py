@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from gitops_sless.manifests import load as manifest
-from gitops_sless.manifests.load import CronTrigger, DesiredState, Job, JobRef, SecretRef
+from gitops_sless.manifests import model
+from gitops_sless.manifests.model import CronTrigger, DesiredState, Job, JobRef, SecretRef
 from gitops_sless.source.snapshot import DirectorySnapshot, GitSnapshot, open_snapshot
 
 from ..gitserver import git
@@ -1303,8 +1304,8 @@ def test_preview_env_overrides_apply_only_in_previews(write_repo) -> None:
         "PG_DSN": SecretRef("notes-db-preview", "dsn"),
     }
     assert list(preview) == sorted(preview)
-    assert manifest.is_preview("pr-7")
-    assert not manifest.is_preview("prod")
+    assert model.is_preview("pr-7")
+    assert not model.is_preview("prod")
 
 
 def test_job_references_become_job_dependencies(write_repo) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gitops_sless.manifests import load as manifest
+from gitops_sless.manifests import model
 from gitops_sless.plan.backend import deployment_for
 from gitops_sless.plan.planner import Observed, plan
 from gitops_sless.source.snapshot import DirectorySnapshot
@@ -37,7 +38,7 @@ FILES = {
 
 
 @pytest.fixture
-def desired(tmp_path: Path) -> manifest.DesiredState:
+def desired(tmp_path: Path) -> model.DesiredState:
     state = manifest.load(DirectorySnapshot(write_files(tmp_path, FILES)))
     assert not state.invalid
     return state
@@ -55,7 +56,7 @@ def observed(**overrides) -> Observed:
     return Observed(**fields)
 
 
-def all_built(desired: manifest.DesiredState) -> frozenset[str]:
+def all_built(desired: model.DesiredState) -> frozenset[str]:
     return frozenset(fn.build_tag for fn in desired.functions.values())
 
 

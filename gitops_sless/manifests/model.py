@@ -1,0 +1,152 @@
+"""What a repository declares, as typed values: functions, their jobs, cron triggers and
+environment values, and the desired state of one revision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..errors import ManifestError, ManifestProblem
+
+__all__ = [
+    "CronTrigger",
+    "DesiredState",
+    "EnvValue",
+    "Function",
+    "Job",
+    "JobRef",
+    "SecretRef",
+    "env_as_written",
+    "is_preview",
+    "read_env",
+]
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    secret: str
+    key: str
+
+
+@dataclass(frozen=True)
+class JobRef:
+    job: str
+
+
+EnvValue = str | SecretRef | JobRef
+
+
+@dataclass(frozen=True)
+class CronTrigger:
+    schedule: str
+    event: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    run_id: int
+    event: Mapping[str, Any]
+    function: str
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function of the desired state, with its defaults filled in."""
+
+    name: str
+    folder: str
+    manifest: str
+    runtime: str
+    entrypoint: str
+    memory_mb: int
+    timeout_sec: int
+    replicas: int
+    enabled: bool
+    env: Mapping[str, EnvValue]
+    preview_env: Mapping[str, EnvValue]
+    http: bool
+    crons: tuple[CronTrigger, ...]
+    jobs: tuple[Job, ...]
+    source_id: str
+    build_tag: str
+    max_processes: int = 256  # the schema's default
+    same_origin: bool = False  # the http trigger's sameOrigin: no sandboxing CSP
+
+    def env_for(self, environment: str) -> dict[str, EnvValue]:
+        """Env of this function in ``environment``: preview overrides apply in ``pr-*``."""
+        env = dict(self.env)
+        if is_preview(environment):
+            env.update(self.preview_env)
+        return dict(sorted(env.items()))
+
+    def job_dependencies(self, environment: str) -> list[str]:
+        return list(self._job_dependencies[is_preview(environment)])
+
+    @cached_property
+    def _job_dependencies(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The jobs whose results the env names, outside previews and in them: a pass asks
+        for every function's, so they are worked out once (a Function never changes)."""
+
+        def named(env: Mapping[str, EnvValue]) -> tuple[str, ...]:
+            return tuple(sorted({v.job for v in env.values() if isinstance(v, JobRef)}))
+
+        return named(self.env), named({**self.env, **self.preview_env})
+
+
+@dataclass
+class DesiredState:
+    """What a snapshot asks for: valid functions by name, and every invalid manifest."""
+
+    revision: str
+    functions: dict[str, Function] = field(default_factory=dict)
+    invalid: dict[str, ManifestError] = field(default_factory=dict)
+    # names declared by invalid manifests, as far as they could be read: the
+    # last good version of these keeps running
+    invalid_names: dict[str, str] = field(default_factory=dict)
+
+    # worked out once: a loaded state's functions do not change, and a pass asks often
+    @cached_property
+    def jobs(self) -> dict[str, Job]:
+        return {job.name: job for fn in self.functions.values() for job in fn.jobs}
+
+    @cached_property
+    def ordered(self) -> list[Function]:
+        """The functions by name."""
+        return sorted(self.functions.values(), key=lambda f: f.name)
+
+    @property
+    def problems(self) -> list[ManifestProblem]:
+        return [p for err in self.invalid.values() for p in err.problems]
+
+
+def is_preview(environment: str) -> bool:
+    return environment.startswith("pr-")
+
+
+def read_env(values: Mapping[str, Any]) -> dict[str, EnvValue]:
+    """An env as sless.yaml writes it (a string, ``{secret, key}`` or ``{job}``), as values."""
+
+    def one(value: Any) -> EnvValue:
+        if isinstance(value, str):
+            return value
+        if "job" in value:
+            return JobRef(value["job"])
+        return SecretRef(value["secret"], value["key"])
+
+    return {name: one(value) for name, value in sorted(values.items())}
+
+
+def env_as_written(values: Mapping[str, EnvValue]) -> dict[str, Any]:
+    """The inverse of :func:`read_env`: what a manifest (or a stored record) says."""
+
+    def one(value: EnvValue) -> Any:
+        if isinstance(value, SecretRef):
+            return {"secret": value.secret, "key": value.key}
+        if isinstance(value, JobRef):
+            return {"job": value.job}
+        return value
+
+    return {name: one(value) for name, value in sorted(values.items())}
