@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import schema
+
 __all__ = ["FUNCTION_PHASES", "JOB_PHASES", "Store"]
 
 FUNCTION_PHASES = ("Pending", "Building", "Ready", "Failed", "Invalid", "Disabled")
@@ -28,145 +30,10 @@ MAX_STORED_PATH = 256  # bytes of an invocation's path and query kept; the rest 
 MAX_DELIVERIES = 10_000  # webhook deliveries remembered, and for at most DELIVERY_MAX_AGE_SEC
 DELIVERY_MAX_AGE_SEC = 7 * 86400
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS syncs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    env TEXT NOT NULL,
-    trigger TEXT NOT NULL,
-    started REAL NOT NULL,
-    finished REAL,
-    revision TEXT,
-    result TEXT NOT NULL,
-    error TEXT,
-    count INTEGER NOT NULL DEFAULT 1,
-    last_seen REAL
-);
-CREATE TABLE IF NOT EXISTS functions (
-    env TEXT NOT NULL,
-    name TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    build_tag TEXT,
-    revision TEXT,
-    url TEXT,
-    message TEXT,
-    manifest TEXT,
-    spec TEXT,
-    updated REAL NOT NULL,
-    restarts INTEGER NOT NULL DEFAULT 0,
-    last_exit TEXT,
-    PRIMARY KEY (env, name)
-);
--- what each function serves: the deployment as it was started, so a restart starts
--- exactly it, whatever the repository says now (see serving.py)
-CREATE TABLE IF NOT EXISTS serving (
-    env TEXT NOT NULL,
-    name TEXT NOT NULL,
-    deployment TEXT NOT NULL,
-    revision TEXT,
-    deployed REAL NOT NULL,
-    PRIMARY KEY (env, name)
-);
-CREATE TABLE IF NOT EXISTS jobs (
-    env TEXT NOT NULL,
-    name TEXT NOT NULL,
-    run_id INTEGER NOT NULL,
-    function TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    result TEXT,
-    error TEXT,
-    started REAL,
-    finished REAL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (env, name, run_id)
-);
-CREATE TABLE IF NOT EXISTS invocations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    env TEXT NOT NULL,
-    name TEXT NOT NULL,
-    method TEXT NOT NULL,
-    path TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    duration_ms REAL NOT NULL,
-    time REAL NOT NULL,
-    request_id TEXT NOT NULL,
-    truncated INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS invocations_by_function ON invocations (env, name, id);
-CREATE TABLE IF NOT EXISTS previews (
-    number INTEGER PRIMARY KEY,
-    head TEXT,
-    title TEXT,
-    author TEXT,
-    base TEXT,
-    head_branch TEXT,
-    labels TEXT NOT NULL DEFAULT '[]',
-    forge_open INTEGER,
-    state TEXT NOT NULL,
-    reason TEXT,
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    head_since REAL,
-    reported TEXT
-);
--- webhook deliveries already acted on (see claim_delivery): an id the forge sent, and for
--- pull-request events the body's digest (the signature covers the body, not the id)
-CREATE TABLE IF NOT EXISTS webhook_deliveries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    forge TEXT NOT NULL,
-    delivery TEXT,
-    digest TEXT,
-    received REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS webhook_deliveries_by_id ON webhook_deliveries (forge, delivery);
-CREATE INDEX IF NOT EXISTS webhook_deliveries_by_digest ON webhook_deliveries (forge, digest);
-CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (received);
-"""
-
-# one row per build tag and trust scope (Backend.build_scope: "" trusted, "untrusted" a
-# fork's): a failed build in one scope never holds back the same tag in another
-_BUILDS_TABLE = """
-CREATE TABLE IF NOT EXISTS builds (
-    tag TEXT NOT NULL,
-    scope TEXT NOT NULL DEFAULT '',
-    runtime TEXT NOT NULL,
-    source_id TEXT NOT NULL,
-    phase TEXT NOT NULL,
-    started REAL NOT NULL,
-    finished REAL,
-    log TEXT NOT NULL DEFAULT '',
-    error TEXT,
-    folder TEXT NOT NULL DEFAULT '',
-    image TEXT,
-    PRIMARY KEY (tag, scope)
-);
-"""
-
 
 def _preview(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "labels": json.loads(row["labels"] or "[]")}
 
-
-# columns added after the first release: (table, column, definition) for older databases
-_ADDED_COLUMNS = (
-    ("syncs", "count", "INTEGER NOT NULL DEFAULT 1"),
-    ("functions", "restarts", "INTEGER NOT NULL DEFAULT 0"),
-    ("functions", "last_exit", "TEXT"),
-    ("syncs", "last_seen", "REAL"),
-    ("builds", "folder", "TEXT NOT NULL DEFAULT ''"),
-    ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
-    ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
-    ("functions", "next_retry", "REAL"),
-    ("functions", "wanted_tag", "TEXT"),
-    # who may run a preview (trust.py): the PR's origin (1 same repository, 0 fork, NULL
-    # unknown), the commit the filter's label was added at, the approved commit and by whom,
-    # and a label awaiting the forge's word on its author ({"user", "id", "sha"} as JSON)
-    ("previews", "same_repo", "INTEGER"),
-    ("previews", "label_sha", "TEXT"),
-    ("previews", "approved", "TEXT"),
-    ("previews", "approved_by", "TEXT"),
-    ("previews", "approval_request", "TEXT"),
-    ("builds", "image", "TEXT"),  # what a build made, named immutably (image@sha256:...)
-)
 
 _FUNCTION_FIELDS = (
     "phase",
@@ -180,19 +47,6 @@ _FUNCTION_FIELDS = (
     "last_exit",
     "next_retry",
     "wanted_tag",
-)
-# the columns of a build row before trust scopes (all of them, _ADDED_COLUMNS included)
-_BUILD_COLUMNS = (
-    "tag",
-    "runtime",
-    "source_id",
-    "phase",
-    "started",
-    "finished",
-    "log",
-    "error",
-    "folder",
-    "image",
 )
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
@@ -216,29 +70,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(_SCHEMA + _BUILDS_TABLE)
-        self._add_missing_columns()
-        self._scope_builds()
-
-    def _add_missing_columns(self) -> None:
-        for table, column, definition in _ADDED_COLUMNS:
-            columns = {row["name"] for row in self._all(f"PRAGMA table_info({table})")}
-            if column not in columns:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
-
-    def _scope_builds(self) -> None:
-        """A database from before trust scopes keyed builds by tag alone: its rows are
-        kept, each as the trusted scope's (the only scope that then had builds of its own
-        on the local backend; a fork's failed build there ages out after build_retry_sec)."""
-        columns = {row["name"] for row in self._all("PRAGMA table_info(builds)")}
-        if "scope" in columns:
-            return
-        kept = ", ".join(_BUILD_COLUMNS)
-        with self._tx() as db:
-            db.execute("ALTER TABLE builds RENAME TO builds_by_tag")
-            db.execute(_BUILDS_TABLE)
-            db.execute(f"INSERT INTO builds ({kept}) SELECT {kept} FROM builds_by_tag")
-            db.execute("DROP TABLE builds_by_tag")
+        with self._lock:
+            schema.create_or_upgrade(self._db)
 
     def close(self) -> None:
         with self._lock:
