@@ -282,7 +282,7 @@ def _print_open_runs(runs: list[dict[str, Any]], paint: Paint) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from ..web.models import DiffRequest  # pydantic: loaded for this command only
+    from ..web.diffs import DiffRequest  # pydantic: loaded for this command only
 
     snapshot = open_source(args.path, args.ref)
     state = manifest.load(snapshot)

@@ -45,9 +45,8 @@ from ..state.store import MAX_SYNCS, Store
 from .access import Access, ReadGate
 from .dashboard import router as dashboard_router
 from .dashboard import signin_page
+from .diffs import DiffReply, DiffRequest
 from .models import (
-    DiffReply,
-    DiffRequest,
     Environment,
     ErrorReply,
     Function,

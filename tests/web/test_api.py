@@ -23,7 +23,7 @@ from gitops_sless.state.store import (
 )
 from gitops_sless.web import models as api_models
 from gitops_sless.web.api import create_api
-from gitops_sless.web.models import DiffRequest
+from gitops_sless.web.diffs import DiffRequest
 
 from ..sless_server import ReadAuth
 

@@ -1,0 +1,309 @@
+"""What ``gitops-sless diff`` sends (the desired state it loaded) and what the server
+answers (what a sync would change), as the API's models."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from ..errors import ManifestError, ManifestProblem
+from ..manifests import model, runtimes
+from ..manifests.identity import build_tag
+from ..plan.diff import Diff, FunctionChange
+from .models import ApiModel, JobPhase
+
+__all__ = [
+    "CronSpec",
+    "DiffBuild",
+    "DiffField",
+    "DiffFunction",
+    "DiffInvalid",
+    "DiffJob",
+    "DiffReply",
+    "DiffRequest",
+    "DiffWaiting",
+    "EnvSpecValue",
+    "FunctionSpec",
+    "InvalidSpec",
+    "JobSpec",
+    "JobValue",
+    "ProblemSpec",
+    "SecretValue",
+]
+
+
+# --- diff: what the CLI sends ----------------------------------------------------------------
+
+
+class _Request(ApiModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SecretValue(_Request):
+    secret: str
+    key: str
+
+
+class JobValue(_Request):
+    job: str
+
+
+EnvSpecValue = str | SecretValue | JobValue
+
+
+def _env_spec(values: Mapping[str, model.EnvValue]) -> dict[str, EnvSpecValue]:
+    def one(value: model.EnvValue) -> EnvSpecValue:
+        if isinstance(value, model.SecretRef):
+            return SecretValue(secret=value.secret, key=value.key)
+        if isinstance(value, model.JobRef):
+            return JobValue(job=value.job)
+        return value
+
+    return {name: one(value) for name, value in values.items()}
+
+
+def _env_values(values: Mapping[str, EnvSpecValue]) -> dict[str, model.EnvValue]:
+    def one(value: EnvSpecValue) -> model.EnvValue:
+        if isinstance(value, SecretValue):
+            return model.SecretRef(value.secret, value.key)
+        if isinstance(value, JobValue):
+            return model.JobRef(value.job)
+        return value
+
+    return {name: one(value) for name, value in sorted(values.items())}
+
+
+class CronSpec(_Request):
+    schedule: str
+    event: dict[str, Any] = {}
+
+
+class JobSpec(_Request):
+    name: str
+    run_id: int
+    event: dict[str, Any] = {}
+
+
+class FunctionSpec(_Request):
+    """One valid function as a manifest declares it; the server computes its build tag."""
+
+    name: str
+    folder: str
+    manifest: str
+    runtime: str
+    entrypoint: str
+    memory_mb: int = Field(alias="memoryMB")
+    timeout_sec: int
+    replicas: int
+    enabled: bool
+    env: dict[str, EnvSpecValue] = {}
+    preview_env: dict[str, EnvSpecValue] = {}
+    http: bool
+    crons: list[CronSpec] = []
+    jobs: list[JobSpec] = []
+    source_id: str = Field(description="the git tree id of the function's folder")
+
+    @classmethod
+    def from_function(cls, fn: model.Function) -> FunctionSpec:
+        return cls(
+            name=fn.name,
+            folder=fn.folder,
+            manifest=fn.manifest,
+            runtime=fn.runtime,
+            entrypoint=fn.entrypoint,
+            memory_mb=fn.memory_mb,
+            timeout_sec=fn.timeout_sec,
+            replicas=fn.replicas,
+            enabled=fn.enabled,
+            env=_env_spec(fn.env),
+            preview_env=_env_spec(fn.preview_env),
+            http=fn.http,
+            crons=[CronSpec(schedule=c.schedule, event=dict(c.event)) for c in fn.crons],
+            jobs=[JobSpec(name=j.name, run_id=j.run_id, event=dict(j.event)) for j in fn.jobs],
+            source_id=fn.source_id,
+        )
+
+    def function(self) -> model.Function:
+        """The function, with the build tag this server's runtimes give its folder."""
+        return model.Function(
+            name=self.name,
+            folder=self.folder,
+            manifest=self.manifest,
+            runtime=self.runtime,
+            entrypoint=self.entrypoint,
+            memory_mb=self.memory_mb,
+            timeout_sec=self.timeout_sec,
+            replicas=self.replicas,
+            enabled=self.enabled,
+            env=_env_values(self.env),
+            preview_env=_env_values(self.preview_env),
+            http=self.http,
+            crons=tuple(model.CronTrigger(c.schedule, c.event) for c in self.crons),
+            jobs=tuple(model.Job(j.name, j.run_id, j.event, self.name) for j in self.jobs),
+            source_id=self.source_id,
+            build_tag=build_tag(self.source_id, runtimes.get(self.runtime)),
+        )
+
+
+class ProblemSpec(_Request):
+    line: int
+    field: str
+    reason: str
+
+
+class InvalidSpec(_Request):
+    manifest: str
+    problems: list[ProblemSpec]
+    functions: list[str] = Field([], description="the function names it declares, if readable")
+
+
+class DiffRequest(_Request):
+    """A desired state as the CLI loaded it: valid functions and invalid manifests."""
+
+    revision: str | None = Field(None, description="what was read: a commit, or dir:<tree id>")
+    functions: list[FunctionSpec] = []
+    invalid: list[InvalidSpec] = []
+
+    @classmethod
+    def from_state(cls, state: model.DesiredState) -> DiffRequest:
+        return cls(
+            revision=state.revision,
+            functions=[FunctionSpec.from_function(fn) for fn in state.functions.values()],
+            invalid=[
+                InvalidSpec(
+                    manifest=path,
+                    problems=[
+                        ProblemSpec(line=p.line, field=p.field, reason=p.reason)
+                        for p in error.problems
+                    ],
+                    functions=sorted(
+                        name for name, where in state.invalid_names.items() if where == path
+                    ),
+                )
+                for path, error in state.invalid.items()
+            ],
+        )
+
+    def desired_state(self) -> model.DesiredState:
+        """Raises RuntimeNotFound for a runtime this server does not have."""
+        state = model.DesiredState(self.revision or "")
+        for spec in self.functions:
+            state.functions[spec.name] = spec.function()
+        for invalid in self.invalid:
+            state.invalid[invalid.manifest] = ManifestError(
+                [
+                    ManifestProblem(invalid.manifest, p.line, p.field, p.reason)
+                    for p in invalid.problems
+                ]
+            )
+            for name in invalid.functions:
+                state.invalid_names.setdefault(name, invalid.manifest)
+        return state
+
+
+# --- diff: what the server answers -------------------------------------------------------------
+
+
+class DiffField(ApiModel):
+    field: str = Field(
+        description="image, runtime, entrypoint, memoryMB, timeoutSec, replicas, enabled, "
+        "triggers, env.NAME, or spec when the running version is not known in detail"
+    )
+    old: str | None = Field(description="what runs (literal env values are never shown)")
+    new: str | None
+    detail: str | None
+
+
+class DiffFunction(ApiModel):
+    name: str
+    build_tag: str
+    fields: list[DiffField] = Field(description="what changes (empty for an added function)")
+    note: str | None = Field(description="what it waits for, if anything")
+
+
+class DiffBuild(ApiModel):
+    tag: str
+    folder: str
+    functions: list[str]
+    last_error: str | None = Field(description="why the last build of this tag failed")
+
+
+class DiffJob(ApiModel):
+    name: str
+    run_id: int
+    function: str
+    after: str | None = Field(description="what it waits for in the same pass")
+    phase: JobPhase | None = Field(description="the run's phase, when it has started before")
+
+
+class DiffInvalid(ApiModel):
+    manifest: str
+    problems: list[str] = Field(description="one line per problem: file:line: field: reason")
+    functions: list[str] = Field(
+        description="functions it declares: Invalid, each keeps running its last good version"
+    )
+
+
+class DiffWaiting(ApiModel):
+    name: str
+    reason: str
+
+
+class DiffReply(ApiModel):
+    """What a sync of the posted state would change in the environment."""
+
+    environment: str
+    revision: str | None
+    has_changes: bool = Field(description="anything to build, run, deploy or remove, or invalid")
+    builds: list[DiffBuild]
+    added: list[DiffFunction]
+    changed: list[DiffFunction]
+    removed: list[str]
+    jobs: list[DiffJob] = Field(description="job runs that would run")
+    invalid: list[DiffInvalid]
+    waiting: list[DiffWaiting] = Field(description="functions that would wait for a job result")
+    unchanged: list[str]
+
+    @classmethod
+    def from_diff(cls, diff: Diff, revision: str | None) -> DiffReply:
+        def function(change: FunctionChange) -> DiffFunction:
+            return DiffFunction(
+                name=change.name,
+                build_tag=change.build_tag,
+                fields=[
+                    DiffField(field=f.field, old=f.old, new=f.new, detail=f.detail)
+                    for f in change.fields
+                ],
+                note=change.note,
+            )
+
+        return cls(
+            environment=diff.env,
+            revision=revision,
+            has_changes=diff.has_changes,
+            builds=[
+                DiffBuild(
+                    tag=b.tag, folder=b.folder, functions=list(b.functions), last_error=b.last_error
+                )
+                for b in diff.builds
+            ],
+            added=[function(c) for c in diff.added],
+            changed=[function(c) for c in diff.changed],
+            removed=list(diff.removed),
+            jobs=[
+                DiffJob(
+                    name=j.name, run_id=j.run_id, function=j.function, after=j.after, phase=j.phase
+                )
+                for j in diff.jobs
+            ],
+            invalid=[
+                DiffInvalid(
+                    manifest=i.manifest, problems=list(i.problems), functions=list(i.functions)
+                )
+                for i in diff.invalid
+            ],
+            waiting=[DiffWaiting(name=n, reason=r) for n, r in sorted(diff.waiting.items())],
+            unchanged=list(diff.unchanged),
+        )
