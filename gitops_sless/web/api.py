@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response, Security
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi_offline import FastAPIOffline
 from pydantic import ValidationError
@@ -42,6 +39,7 @@ from ..previews.prlinks import pull_request_link
 from ..reconciler import Reconciler
 from ..source import webhooks
 from ..state.store import MAX_SYNCS, Store
+from . import replies
 from .access import Access, ReadGate
 from .dashboard import router as dashboard_router
 from .dashboard import signin_page
@@ -75,141 +73,11 @@ MAX_WAIT_SEC = 600
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's JavaScript and CSS, from the fastapi-offline package
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
 
-_ERROR_TEXT = {
-    400: "the payload is malformed",
-    401: "the token or signature is missing or wrong",
-    403: "refused: no token or secret is configured, or the read token was given for a change",
-    404: "no such thing",
-    413: "the body is too large",
-    422: "a parameter is not valid",
-}
-
-
-def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses`` for error codes, all answered as ``{"error": ...}``."""
-    return {code: {"model": ErrorReply, "description": _ERROR_TEXT[code]} for code in codes}
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(ErrorReply(error=message).model_dump(), status_code=status, headers=headers)
-
-
-def _invalid_parameters(exc: RequestValidationError) -> str:
-    return "; ".join(
-        f"{err['loc'][0]} parameter {str(err['loc'][-1])!r}: {err['msg']}"
-        if len(err["loc"]) > 1
-        else str(err["msg"])
-        for err in exc.errors()
-    )
-
-
-async def _read_capped(request: Request, limit: int) -> bytes | None:
-    """The body, or None when it exceeds ``limit`` (checked before and while reading)."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return bytes(body)
-
 
 def _ignored(push: webhooks.Push) -> str:
     if push.event != "push":
         return f"{push.event} event"
     return f"push to {push.branch}" if push.branch else "push to a ref that is not a branch"
-
-
-def _invalid_body(exc: ValidationError) -> str:
-    errors = exc.errors()
-    text = "; ".join(
-        f"body field {'.'.join(str(part) for part in err['loc']) or '(root)'!r}: {err['msg']}"
-        for err in errors[:5]
-    )
-    return text + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
-
-
-def _utf8_prefix(data: bytes) -> int:
-    """The length of ``data`` without a UTF-8 character cut at its end."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:  # a continuation byte: look further back for its lead
-            continue
-        need = (
-            2
-            if byte >> 5 == 0b110
-            else 3
-            if byte >> 4 == 0b1110
-            else 4
-            if byte >> 3 == 0b11110
-            else 1
-        )
-        return len(data) - back if need > back else len(data)
-    return len(data)
-
-
-def _log_chunk(data: bytes, size: int, start: int, reset: bool, finished: bool) -> LogChunk:
-    if not (finished and start + len(data) == size):  # a writer may be mid-character
-        data = data[: _utf8_prefix(data)]
-    return LogChunk(
-        text=data.decode("utf-8", "replace"),
-        offset=start,
-        next_offset=start + len(data),
-        size=size,
-        reset=reset,
-        finished=finished,
-    )
-
-
-def _read_log(path: Path, offset: int, limit: int, finished: bool) -> LogChunk:
-    """At most ``limit`` bytes of ``path`` from ``offset``; from 0 when the file got shorter."""
-    try:
-        with path.open("rb") as log_file:
-            size = os.fstat(log_file.fileno()).st_size
-            start = offset if offset <= size else 0
-            log_file.seek(start)
-            data = log_file.read(min(limit, size - start))
-    except (FileNotFoundError, NotADirectoryError):
-        return _log_chunk(b"", 0, 0, offset > 0, finished)
-    return _log_chunk(data, size, start, offset > size, finished)
-
-
-def _text_log(text: str, offset: int, limit: int, finished: bool) -> LogChunk:
-    data = text.encode("utf-8", "replace")
-    start = offset if offset <= len(data) else 0
-    return _log_chunk(data[start : start + limit], len(data), start, offset > len(data), finished)
-
-
-def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic JSON schema with its ``$defs`` inlined (OpenAPI resolves refs from its root)."""
-    defs = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return inline(defs[ref.removeprefix("#/$defs/")])
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return inline(schema)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, str(exc.detail), exc.headers)
-
-    async def invalid_request(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        return _error(422, _invalid_parameters(exc))
-
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, invalid_request)
 
 
 _WEBHOOK_BODY = {
@@ -229,7 +97,7 @@ _DIFF_BODY = {
         f"valid functions and invalid manifests (at most {MAX_DIFF_BYTES} bytes).",
         "content": {
             "application/json": {
-                "schema": _inline_refs(DiffRequest.model_json_schema(by_alias=True))
+                "schema": replies.inline_refs(DiffRequest.model_json_schema(by_alias=True))
             }
         },
     }
@@ -297,7 +165,7 @@ def create_api(
         version="0.1.0",
         lifespan=lifespan,
     )
-    _install_error_handlers(app)
+    replies.install_error_handlers(app)
     app.add_middleware(ReadGate, access=access, signin_page=signin_page)
 
     def authorize(credentials: HTTPAuthorizationCredentials | None) -> None:
@@ -331,7 +199,7 @@ def create_api(
         dependencies=_READ,
         responses={
             401: {
-                "description": _ERROR_TEXT[401],
+                "description": replies.ERROR_TEXT[401],
                 "content": {"application/json": {"schema": ErrorReply.model_json_schema()}},
             }
         },
@@ -339,7 +207,7 @@ def create_api(
     def metrics() -> str:
         return METRICS.render()
 
-    @app.get("/api/v1/status", tags=["status"], dependencies=_READ, responses=_errors(401))
+    @app.get("/api/v1/status", tags=["status"], dependencies=_READ, responses=replies.errors(401))
     def status() -> Status:
         env = reconciler.env
         return Status.from_rows(
@@ -351,7 +219,9 @@ def create_api(
             sandbox=sandbox,
         )
 
-    @app.get("/api/v1/environments", tags=["status"], dependencies=_READ, responses=_errors(401))
+    @app.get(
+        "/api/v1/environments", tags=["status"], dependencies=_READ, responses=replies.errors(401)
+    )
     def environments() -> list[Environment]:
         """Every environment: the tracked branch's and one per pull-request preview."""
         rows = {f"pr-{row['number']}": row for row in (previews.listing() if previews else [])}
@@ -372,7 +242,7 @@ def create_api(
         "/api/v1/environments/{env}",
         tags=["sync"],
         status_code=202,
-        responses=_errors(401, 403, 404, 422),
+        responses=replies.errors(401, 403, 404, 422),
     )
     def delete_environment(
         env: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
@@ -388,7 +258,7 @@ def create_api(
         "/api/v1/environments/{env}/functions",
         tags=["status"],
         dependencies=_READ,
-        responses=_errors(401, 422),
+        responses=replies.errors(401, 422),
     )
     def functions(env: str) -> list[Function]:
         return [Function.from_row(row) for row in store.functions(env)]
@@ -397,7 +267,7 @@ def create_api(
         "/api/v1/environments/{env}/functions/{name}",
         tags=["status"],
         dependencies=_READ,
-        responses=_errors(401, 404, 422),
+        responses=replies.errors(401, 404, 422),
     )
     def function(env: str, name: str) -> FunctionDetail:
         row = store.function(env, name)
@@ -411,12 +281,14 @@ def create_api(
         "/api/v1/environments/{env}/jobs",
         tags=["status"],
         dependencies=_READ,
-        responses=_errors(401, 422),
+        responses=replies.errors(401, 422),
     )
     def jobs(env: str) -> list[JobRun]:
         return [JobRun.from_row(row) for row in store.jobs(env)]
 
-    @app.get("/api/v1/syncs", tags=["status"], dependencies=_READ, responses=_errors(401, 422))
+    @app.get(
+        "/api/v1/syncs", tags=["status"], dependencies=_READ, responses=replies.errors(401, 422)
+    )
     def syncs(
         limit: Annotated[int, Query(description=f"how many, newest first (1-{MAX_SYNCS})")] = 50,
         env: Annotated[str | None, Query(description="only this environment's passes")] = None,
@@ -424,7 +296,9 @@ def create_api(
         rows = store.syncs(min(max(limit, 1), MAX_SYNCS), env)
         return [Sync.from_row(row) for row in rows]
 
-    @app.post("/api/v1/sync", tags=["sync"], status_code=202, responses=_errors(401, 403, 422))
+    @app.post(
+        "/api/v1/sync", tags=["sync"], status_code=202, responses=replies.errors(401, 403, 422)
+    )
     def sync(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
         wait: Annotated[
@@ -452,7 +326,7 @@ def create_api(
                 "description": "ignored: another branch or event, a delivery received before "
                 "(`duplicate delivery`), or a PR the forge says is not open at that head",
             },
-            **_errors(400, 401, 403, 404, 413, 422),
+            **replies.errors(400, 401, 403, 404, 413, 422),
         },
         openapi_extra=_WEBHOOK_BODY,
     )
@@ -469,7 +343,7 @@ def create_api(
                 f"(SLESS_WEBHOOK_SECRET_{forge.upper()} or SLESS_WEBHOOK_SECRET)",
             )
         try:
-            body = await _read_capped(request, MAX_WEBHOOK_BYTES)
+            body = await replies.read_capped(request, MAX_WEBHOOK_BYTES)
         except ClientDisconnect:
             logs.event(
                 log,
@@ -593,13 +467,13 @@ def create_api(
         "/api/v1/environments/{env}/diff",
         tags=["status"],
         dependencies=_READ,
-        responses=_errors(401, 413, 422),
+        responses=replies.errors(401, 413, 422),
         openapi_extra=_DIFF_BODY,
     )
     async def diff(env: str, request: Request) -> DiffReply:
         """What a sync of the posted desired state would change in ``env`` (a read)."""
         try:
-            body = await _read_capped(request, MAX_DIFF_BYTES)
+            body = await replies.read_capped(request, MAX_DIFF_BYTES)
         except ClientDisconnect:
             raise HTTPException(CLIENT_CLOSED, "client closed the connection") from None
         if body is None:
@@ -608,7 +482,7 @@ def create_api(
             wanted = DiffRequest.model_validate_json(body)
             desired = wanted.desired_state()
         except ValidationError as exc:
-            raise HTTPException(422, _invalid_body(exc)) from None
+            raise HTTPException(422, replies.invalid_body(exc)) from None
         except SlessError as exc:  # a runtime this server does not have
             raise HTTPException(422, str(exc)) from None
         return await run_in_threadpool(compare, env, desired, wanted.revision)
@@ -617,7 +491,7 @@ def create_api(
         "/api/v1/environments/{env}/functions/{name}/logs",
         tags=["logs"],
         dependencies=_READ,
-        responses=_errors(401, 404, 422),
+        responses=replies.errors(401, 404, 422),
     )
     def function_logs(
         env: str,
@@ -629,13 +503,15 @@ def create_api(
         known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
         if not known:
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
-        return _read_log(state_dir / "logs" / env / f"{name}.log", offset, limit, finished=False)
+        return replies.read_log(
+            state_dir / "logs" / env / f"{name}.log", offset, limit, finished=False
+        )
 
     @app.get(
         "/api/v1/builds/{tag}/log",
         tags=["logs"],
         dependencies=_READ,
-        responses=_errors(401, 404, 422),
+        responses=replies.errors(401, 404, 422),
     )
     def build_log(
         tag: str,
@@ -649,8 +525,8 @@ def create_api(
         finished = build["phase"] != "Building"  # read before the file: never a short "finished"
         path = state_dir / "artifacts" / f"{tag}.log"
         if path.is_file():
-            return _read_log(path, offset, limit, finished)
-        return _text_log(build["log"] or "", offset, limit, finished)
+            return replies.read_log(path, offset, limit, finished)
+        return replies.text_log(build["log"] or "", offset, limit, finished)
 
     app.include_router(
         dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge)
