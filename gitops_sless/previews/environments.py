@@ -40,30 +40,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import logs
-from ..errors import ForgeUnavailable, SlessError
+from ..errors import SlessError
 from ..plan.backend import Backend
 from ..reconciler import Reconciler
 from ..source.snapshot import Snapshot
 from ..state.routes import RouteTable
 from ..state.store import Store
+from .approvals import Approvals
 from .pulls import PullRequest
 from .reporter import PreviewReport
-from .trust import Decision, Gate, adds_label, decide, label_commit
+from .states import CLOSED, REF_DELETED, REOPEN_ON_NEW_HEAD, env_name
+from .trust import Decision, decide
 
-__all__ = ["PREVIEW_STATES", "PreviewConfig", "Previews", "env_name"]
+__all__ = ["PinnedSource", "PreviewConfig", "Previews"]
 
 log = logging.getLogger(__name__)
-
-PREVIEW_STATES = ("Building", "Ready", "Failed", "Waiting", "TearingDown")
-CLOSED = "Closed"  # kept as a row, so a surviving ref does not bring the preview back
-# closed for these reasons, a preview comes back with a new head commit; closed by the
-# forge or merged, only when the forge says it is open again
-REOPEN_ON_NEW_HEAD = ("expired", "deleted")
-REF_DELETED = "ref deleted"  # closed because its ref left the remote: the ref brings it back
-
-
-def env_name(number: int) -> str:
-    return f"pr-{number}"
 
 
 class Mirror(Protocol):
@@ -149,9 +140,7 @@ class Previews:
         self._hooked: dict[int, tuple[float, str | None]] = {}
         self._forge_read_at = 0.0  # when the last open list was asked for
         self._forge_open: dict[int, PullRequest] | None = None  # the API's last answer
-        self.gate = Gate(config.trust, config.approve_label, config.label, forge is not None)
-        # why the last label did not approve: number -> (the head it was added at, why)
-        self._refused: dict[int, tuple[str, str]] = {}
+        self.approvals = Approvals(store, forge, config)
         self._wanted = threading.Event()
         self._stop = threading.Event()
         self._pass_lock = threading.Lock()
@@ -229,65 +218,20 @@ class Previews:
             fields["state"] = "Waiting"  # reopened
         if pr.state == "open" and pr.head_sha:
             fields["head"] = pr.head_sha
-        if pr.state == "open" and self._approves(row, pr):
+        if pr.state == "open" and self.approvals.approves(row, pr):
             request = {"user": pr.sender, "id": pr.sender_id, "sha": pr.head_sha}
             fields["approval_request"] = json.dumps(request)
         fields = {k: v for k, v in fields.items() if v is not None}
-        fields.update(self._labelled(row, pr.labels, pr.labels_added, pr.head_sha))
+        fields.update(self.approvals.labelled(row, pr.labels, pr.labels_added, pr.head_sha))
         self.store.set_preview(pr.number, **fields)
         if pr.state != "open":
             self.begin_teardown(pr.number, "merged" if pr.merged else "closed")
         self.request()
 
     def unconfirmed(self, pr: PullRequest) -> str | None:
-        """Why a webhook that would open or reopen ``pr``'s preview is to be ignored, or None.
-
-        With a forge token, the forge's API must agree (open, at the head the event
-        names) before anything is built: a replayed ``opened`` of a closed PR, or of an
-        older head, opens nothing. A forge that cannot answer now opens nothing either:
-        its list of open PRs, read later, does.
-        """
-        if self.forge is None or pr.state != "open":
-            return None
-        row = self.store.preview(pr.number)
-        if row is not None and row["state"] not in (CLOSED, "TearingDown"):
-            return None  # open already: this event opens nothing
-        try:
-            now = self.forge.pull(pr.number)
-        except SlessError as exc:
-            return f"pull request {pr.number} could not be confirmed with the forge: {exc}"
-        if now is None or now.state != "open":
-            state = "unknown" if now is None else now.state
-            return f"the forge says pull request {pr.number} is {state}"
-        if pr.head_sha and now.head_sha != pr.head_sha:
-            return (
-                f"the forge says pull request {pr.number} is at {(now.head_sha or '?')[:12]}, "
-                f"not {pr.head_sha[:12]}"
-            )
-        return None
-
-    def _approves(self, row: dict[str, Any] | None, pr: PullRequest) -> bool:
-        """An event that adds the approval label, by someone, at a known head."""
-        before = (row or {}).get("labels") or ()
-        return (
-            self.config.trust == "approved"
-            and bool(pr.sender and pr.head_sha)
-            and adds_label(self.config.approve_label, before, pr.labels, pr.labels_added)
-        )
-
-    def _labelled(
-        self,
-        row: dict[str, Any] | None,
-        labels: tuple[str, ...],
-        added: tuple[str, ...] | None,
-        head: str | None,
-    ) -> dict[str, Any]:
-        """The commit the filter's label selects after this observation (a field to set)."""
-        if self.config.label is None:
-            return {}
-        before = (row or {}).get("labels") or ()
-        previous = (row or {}).get("label_sha")
-        return {"label_sha": label_commit(self.config.label, before, labels, added, head, previous)}
+        """Why a webhook that would open or reopen ``pr``'s preview is to be ignored, or None
+        (see :meth:`Approvals.unconfirmed`)."""
+        return self.approvals.unconfirmed(pr)
 
     def delete(self, number: int) -> bool:
         """``DELETE /api/v1/environments/pr-N``: False when there is no such preview."""
@@ -313,7 +257,7 @@ class Previews:
         if not self.leading():  # another replica runs the previews
             return
         self._finish_teardowns()
-        self._check_approvals()
+        self.approvals.check_all()
         tracked = self.mirror.head()
         refs = self.mirror.preview_heads()
         forge_open = self._forge_open
@@ -332,8 +276,8 @@ class Previews:
                 self.begin_teardown(number, "expired")
             elif (unwanted := self._unwanted(row)) is not None:
                 self._hold(number, head, unwanted)
-            elif (decision := decide(row, head, self.gate)).commit is None:
-                self._hold(number, head, self._why(number, head, decision))
+            elif (decision := decide(row, head, self.approvals.gate)).commit is None:
+                self._hold(number, head, self.approvals.why(number, head, decision))
             else:
                 candidates.append((number, head, decision))
         self._finish_teardowns()
@@ -371,7 +315,7 @@ class Previews:
                 labels=pr.labels,
             )
             # a list says which labels are on, not which were added: compared with the row
-            fields.update(self._labelled(row, pr.labels, None, pr.head_sha))
+            fields.update(self.approvals.labelled(row, pr.labels, None, pr.head_sha))
         elif (
             forge_open is not None
             and row is not None
@@ -455,60 +399,12 @@ class Previews:
 
     # --- trust -----------------------------------------------------------------------------
 
-    def _check_approvals(self) -> None:
-        """Ask the forge whether each user who added the approval label may write."""
-        for row in self.store.previews():
-            if row.get("approval_request") and row["state"] != CLOSED:
-                self._check_approval(row["number"], json.loads(row["approval_request"]))
-
-    def _check_approval(self, number: int, request: dict[str, Any]) -> None:
-        user, sha, env = request["user"], request["sha"], env_name(number)
-        if self.forge is None or self.config.trust != "approved":
-            self.store.set_preview(number, approval_request=None)
-            return
-        try:
-            allowed = self.forge.can_write(user, request.get("id"))
-        except ForgeUnavailable as exc:  # asked again next pass
-            logs.event(log, "forge.unavailable", str(exc), level=logging.WARNING, env=env)
-            return
-        except SlessError as exc:
-            allowed, why = False, f"the forge would not say whether {user} may write: {exc}"
-        else:
-            why = (
-                f'the label "{self.config.approve_label}" added by {user} approves nothing: '
-                f"{user} has no write access"
-            )
-        self.store.set_preview(number, approval_request=None)
-        if allowed:
-            self._refused.pop(number, None)
-            self.store.set_preview(number, approved=sha, approved_by=user)
-            logs.event(log, "preview.approved", f"commit {sha[:12]} by {user}", env=env)
-            return
-        self._refused[number] = (sha, why)
-        logs.event(log, "preview.not_approved", why, level=logging.WARNING, env=env)
-
-    def _why(self, number: int, head: str, decision: Decision) -> str:
-        """The decision's reason, and why the last label at ``head`` approved nothing."""
-        sha, refused = self._refused.get(number, ("", ""))
-        return f"{decision.reason} ({refused})" if sha == head else str(decision.reason)
-
     def _hold(self, number: int, head: str, reason: str) -> None:
         """``number`` may run nothing now: it waits, and what it ran before goes."""
         self._withdraw(number)
         self._set_state(number, "Waiting", reason)
-        if self._awaits_approval(number):
+        if self.approvals.awaits(number):
             self._report(number, head, "Waiting", reason)
-
-    def _awaits_approval(self, number: int) -> bool:
-        """A fork a maintainer can approve: its PR hears that it waits (no other PR does)."""
-        row = self.store.preview(number) or {}
-        return self.gate.trust == "approved" and self.gate.can_approve and row.get("same_repo") == 0
-
-    def _trusted(self, number: int) -> bool:
-        """Whether the PR's builds may use trusted credentials: a same-repo PR, unless the
-        operator trusts every PR (then none is told apart, so every one builds apart)."""
-        row = self.store.preview(number) or {}
-        return self.gate.trust != "all" and row.get("same_repo") == 1
 
     def _withdraw(self, number: int) -> None:
         """Take down what ``number`` ran (a stricter setting, a base that changed)."""
@@ -526,7 +422,7 @@ class Previews:
         env, commit = env_name(number), decision.commit or head
         reconciler = self._reconcilers.get(number)
         if reconciler is None:
-            source = PinnedSource(self.mirror, commit, self._trusted(number))
+            source = PinnedSource(self.mirror, commit, self.approvals.trusted(number))
             reconciler = self.make_reconciler(env, source)
             self._reconcilers[number] = reconciler
         source = reconciler.source
@@ -545,7 +441,7 @@ class Previews:
             return  # closed or deleted while the pass ran: the teardown wins
         failed = result.result in ("Failed", "Degraded", "Invalid")
         state, failures = self._state_of(env, failed, reconciler.busy())
-        notes = [self._why(number, head, decision)] if decision.reason else []
+        notes = [self.approvals.why(number, head, decision)] if decision.reason else []
         self._set_state(number, state, "; ".join(notes + failures) or None)
         if decision.pinned:  # the head hears that it waits; the approved commit said its part
             self._report(number, head, "Waiting", decision.reason)
