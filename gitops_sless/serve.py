@@ -10,16 +10,12 @@ never shares the dashboard's origin.
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import json
 import logging
 import os
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,16 +33,18 @@ from .local.backend import LocalBackend
 from .local.secrets import SecretsDir
 from .manifests import runtimes
 from .metrics import METRICS
-from .plan.backend import Backend, CronRun
+from .plan.backend import Backend
 from .previews.environments import PinnedSource, PreviewConfig, Previews
 from .previews.forge import forge_for
 from .previews.reporter import Reporter
+from .proxy.history import InvocationBuffer
 from .reconciler import Reconciler
 from .source import mirror as mirror_mod
 from .source import seed, webhooks
 from .state.inflight import InFlight
 from .state.routes import RouteTable
 from .state.store import Store
+from .web import listeners
 from .web.api import create_api
 
 __all__ = ["ServeConfig", "Server"]
@@ -54,12 +52,6 @@ __all__ = ["ServeConfig", "Server"]
 log = logging.getLogger("gitops_sless")
 
 FLUSH_SEC = 0.5
-
-ASGIApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
-    Awaitable[None],
-]
-
 
 ANNOUNCE_WAIT_SEC = 60.0
 
@@ -123,115 +115,6 @@ class ServeConfig:
 def _url(host: str, port: int) -> str:
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-class InvocationBuffer:
-    """Invocations from the proxy, written to the store in batches off the hot path."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._rows: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=100_000)
-
-    def record(self, inv: proxy_mod.Invocation) -> None:
-        self._rows.append(
-            (
-                inv.env,
-                inv.name,
-                inv.method,
-                inv.path,
-                inv.status,
-                inv.duration_ms,
-                inv.time,
-                inv.request_id,
-            )
-        )
-
-    def record_cron(self, run: CronRun) -> None:
-        status = 200 if run.ok else 500
-        METRICS.invocations.inc(env=run.env, name=run.function, status=str(status))
-        self._rows.append(
-            (
-                run.env,
-                run.function,
-                "CRON",
-                f"cron/{run.index}",
-                status,
-                run.duration_ms,
-                run.at or time.time(),
-                f"cron-{run.index}",
-            )
-        )
-
-    def flush(self) -> None:
-        rows = []
-        while self._rows:
-            rows.append(self._rows.popleft())
-        self.store.record_invocations(rows)
-
-
-def _dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
-            await proxy(scope, receive, send)
-        else:
-            await api(scope, receive, send)
-
-    return app
-
-
-def _json_answer(status: int, body: dict[str, str]) -> ASGIApp:
-    data = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data))]
-
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
-
-    return app
-
-
-def _without_functions(api: ASGIApp, fn_url: str) -> ASGIApp:
-    """The main listener with --fn-listen: /fn/ is 404 with where functions are served."""
-    moved = _json_answer(
-        404, {"error": f"functions are served on the --fn-listen address: {fn_url}/fn/..."}
-    )
-
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
-            await moved(scope, receive, send)
-        else:
-            await api(scope, receive, send)
-
-    return app
-
-
-def _functions_only(proxy: ASGIApp) -> ASGIApp:
-    """The --fn-listen listener: /fn/ and /healthz; anything else 404."""
-    healthy = _json_answer(200, {"status": "ok"})
-    elsewhere = _json_answer(404, {"error": "not found: this address serves /fn/ only"})
-
-    async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            await proxy(scope, receive, send)
-        elif scope["type"] != "http":
-            await receive()
-            await send({"type": "websocket.close", "code": 1008})
-        elif scope["path"].startswith("/fn/"):
-            await proxy(scope, receive, send)
-        elif scope["path"] == "/healthz":
-            await healthy(scope, receive, send)
-        else:
-            await elsewhere(scope, receive, send)
-
-    return app
-
-
-class _Beside(uvicorn.Server):
-    """A second listener in the main one's loop: the main one handles the signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
 
 
 def local_sandbox(mode: str) -> sandbox_mod.Sandbox:
@@ -315,10 +198,10 @@ class Server:
             forward_webhook=self._forward_webhook if self.elector else None,
         )
         if config.fn_listen:
-            self.app = _without_functions(api, config.fn_url)
-            self.fn_app: ASGIApp | None = _functions_only(self.proxy)
+            self.app = listeners.without_functions(api, config.fn_url)
+            self.fn_app: listeners.ASGIApp | None = listeners.functions_only(self.proxy)
         else:
-            self.app = _dispatch(api, self.proxy)
+            self.app = listeners.dispatch(api, self.proxy)
             self.fn_app = None
         self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
@@ -520,7 +403,7 @@ class Server:
         main = uvicorn.Server(
             proxy_mod.config(self.app, self.config.host, self.config.port, log_config=None)
         )
-        beside = _Beside(
+        beside = listeners.Beside(
             proxy_mod.config(self.fn_app, fn_host, fn_port, proxy=self.proxy, log_config=None)
         )
         try:

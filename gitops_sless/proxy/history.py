@@ -1,0 +1,59 @@
+"""The invocation history: what the proxy (and the local backend's cron runs) did, written
+to the status store in batches off the hot path."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from ..metrics import METRICS
+from ..plan.backend import CronRun
+from ..state.store import Store
+from .app import Invocation
+
+__all__ = ["InvocationBuffer"]
+
+
+class InvocationBuffer:
+    """Invocations from the proxy, written to the store in batches off the hot path."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._rows: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=100_000)
+
+    def record(self, inv: Invocation) -> None:
+        self._rows.append(
+            (
+                inv.env,
+                inv.name,
+                inv.method,
+                inv.path,
+                inv.status,
+                inv.duration_ms,
+                inv.time,
+                inv.request_id,
+            )
+        )
+
+    def record_cron(self, run: CronRun) -> None:
+        status = 200 if run.ok else 500
+        METRICS.invocations.inc(env=run.env, name=run.function, status=str(status))
+        self._rows.append(
+            (
+                run.env,
+                run.function,
+                "CRON",
+                f"cron/{run.index}",
+                status,
+                run.duration_ms,
+                run.at or time.time(),
+                f"cron-{run.index}",
+            )
+        )
+
+    def flush(self) -> None:
+        rows = []
+        while self._rows:
+            rows.append(self._rows.popleft())
+        self.store.record_invocations(rows)
