@@ -199,7 +199,8 @@ def verdict(label: str, ours: Result, base: Result, target: float) -> str:
 def replica_starts(starts: int, sandbox: object, workdir: Path) -> list[float]:
     """Milliseconds from spawn to healthy of ``starts`` replicas started one after another."""
     sys.path.insert(0, str(ROOT))
-    from gitops_sless.local.processes import ProcessSpec, Supervisor
+    from gitops_sless.local.processes import Supervisor
+    from gitops_sless.local.units import ProcessSpec
     from gitops_sless.manifests import runtimes
 
     supervisor = Supervisor(workdir / "state", lambda *_: None, sandbox=sandbox)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gitops_sless import failure
-from gitops_sless.local.processes import ProcessSpec
+from gitops_sless.local.units import ProcessSpec
 from gitops_sless.manifests import runtimes
 
 from .conftest import write_files

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gitops_sless.local.processes import ProcessSpec, Supervisor
+from gitops_sless.local.processes import Supervisor
+from gitops_sless.local.units import ProcessSpec
 from gitops_sless.manifests import runtimes
 from gitops_sless.plan.backend import ApplyFailed, JobFailed
 

@@ -26,10 +26,11 @@ from ..plan.backend import (
 from ..source.snapshot import Snapshot
 from ..state.routes import Route, RouteTable
 from . import builder as local_builder
-from .processes import ProcessSpec, ReplicaEvent, Supervisor, UnitStatus
+from .processes import Supervisor
 from .sandbox import Sandbox
 from .scheduler import CronScheduler
 from .secrets import SecretsDir
+from .units import ProcessSpec, ReplicaEvent, UnitStatus
 
 __all__ = ["CronRun", "LocalBackend"]
 

@@ -36,24 +36,31 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import backoff, failure, logs
-from ..manifests.runtimes import Runtime
 from ..plan.backend import ApplyFailed, JobFailed
 from . import logfiles, memory
 from .orphans import ProcessGroups
-from .replica_logs import LogPump, Stream, unstamped
-from .sandbox import Command, Sandbox
+from .replica_logs import LogPump, unstamped
+from .sandbox import Sandbox
+from .units import (
+    Child,
+    ProcessSpec,
+    Replica,
+    ReplicaEvent,
+    Unit,
+    UnitStatus,
+    Upstreams,
+    free_port,
+)
 
-__all__ = ["ProcessSpec", "ReplicaEvent", "Supervisor", "UnitStatus", "Upstreams", "exit_reason"]
+__all__ = ["Supervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -64,53 +71,6 @@ OUTPUT_WAIT_SEC = 2.0  # for what a replica printed last, still in its pipe
 WATCH_SEC = 0.1
 LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start (or job)
 MAX_RESULT_BYTES = 1 << 20  # a job's result (its runner's stdout): larger fails the job
-_BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
-
-# (env, function, upstreams, why the last replica that left the route ended, the key
-# the function's replicas ask of every call: see ``replica_key``)
-Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None, str], None]
-# (env, function, "exited" | "recovered", reason: "OOMKilled: ..." / "exited with code 1" | None)
-ReplicaEvent = Callable[[str, str, str, str | None], None]
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """Everything needed to start one function's processes."""
-
-    env_name: str
-    function: str
-    runtime: Runtime
-    entrypoint: str
-    artifact: Path
-    timeout_sec: float
-    env_vars: Mapping[str, str]
-    memory_mb: int | None = None  # killed above this (OOMKilled); None: no limit
-    max_processes: int | None = None  # tasks (processes and threads) in its sandbox
-
-    def environ(self, extra: Mapping[str, str]) -> dict[str, str]:
-        base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        return {
-            **base,
-            **self.env_vars,
-            "SLESS_ENTRYPOINT": self.entrypoint,
-            "SLESS_FUNCTION_DIR": str(self.artifact),
-            "SLESS_FUNCTION_NAME": self.function,
-            "SLESS_ENV": self.env_name,
-            "SLESS_TIMEOUT_SEC": f"{self.timeout_sec:g}",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-            **extra,
-        }
-
-    def command(self, role: str) -> list[str]:
-        script = self.runtime.server if role == "server" else self.runtime.runner
-        return [self.runtime.interpreter, str(self.runtime.folder / script)]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _tail(path: Path, since: int) -> str:
@@ -124,78 +84,6 @@ def _tail(path: Path, since: int) -> str:
             return unstamped(f.read()).decode("utf-8", "replace")
     except OSError:
         return ""
-
-
-def exit_reason(returncode: int) -> str:
-    if returncode < 0:
-        return f"killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-@dataclass(frozen=True)
-class UnitStatus:
-    """One function's replicas as the supervisor sees them."""
-
-    wanted: int
-    ready: int
-    restarts: int  # replicas that ended since it was deployed
-    last_exit: str | None
-
-
-@dataclass(eq=False)
-class _Child:
-    """A started process, tracked until it has been waited for."""
-
-    process: subprocess.Popen[bytes]
-    limit: memory.Limit
-    spec: ProcessSpec
-    sandbox: Sandbox
-    command: Command
-    _reason: str | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def finish(self) -> str:
-        """Why the (exited, waited for) process ended; releases its limit. Idempotent."""
-        with self._lock:
-            if self._reason is None:
-                code = self.sandbox.returncode(self.process.returncode)
-                oom = self.limit.reason()
-                self._reason = oom or exit_reason(code if code is not None else -9)
-                self.limit.release()
-                self.sandbox.release(self.command)
-            return self._reason
-
-
-@dataclass(eq=False)
-class _Replica:
-    child: _Child
-    port: int
-    log_path: Path
-    output: Stream
-    started: float = field(default_factory=time.monotonic)
-    withdrawn: bool = False  # being killed: out of the route before it dies
-
-    @property
-    def process(self) -> subprocess.Popen[bytes]:
-        return self.child.process
-
-
-@dataclass(eq=False)
-class _Unit:
-    spec: ProcessSpec
-    spec_hash: str
-    wanted: int
-    replicas: list[_Replica] = field(default_factory=list)
-    failures: int = 0  # in a row: the backoff grows with it
-    restarts: int = 0  # in all, since deployed
-    restart_at: float = 0.0
-    last_exit: str | None = None
-    degraded: bool = False  # a replica exited; "recovered" once all are back
-    restarting: bool = False
 
 
 class _StartFailed(ApplyFailed):
@@ -228,10 +116,10 @@ class Supervisor:
         self.memory.on_kill = self._withdraw
         self._on_upstreams = on_upstreams
         self._on_replica_event = on_replica_event
-        self._units: dict[tuple[str, str], _Unit] = {}
+        self._units: dict[tuple[str, str], Unit] = {}
         self._keys: dict[tuple[str, str], str] = {}  # replica_key of each function
         self.version = 0  # moves whenever a unit or its replicas change: status() may differ
-        self._children: dict[int, _Child] = {}  # every process started and not yet reaped
+        self._children: dict[int, Child] = {}  # every process started and not yet reaped
         self._spawning = 0  # Popen calls under way
         self._closing = False
         self._lock = threading.RLock()
@@ -273,7 +161,7 @@ class Supervisor:
         """Run ``replicas`` healthy servers of ``spec``; the old ones stop after the switch."""
         key = (spec.env_name, spec.function)
         old = None
-        fresh: list[_Replica] = []
+        fresh: list[Replica] = []
         try:
             for _ in range(replicas):
                 fresh.append(self._start_healthy(spec))
@@ -284,7 +172,7 @@ class Supervisor:
             refused = self._closing
             if not refused:
                 old = self._units.get(key)
-                self._units[key] = _Unit(spec, spec_hash, replicas, fresh)
+                self._units[key] = Unit(spec, spec_hash, replicas, fresh)
                 self._publish(key)
         if refused:
             self._stop([r.child for r in fresh])
@@ -391,7 +279,7 @@ class Supervisor:
 
     def _start(
         self, spec: ProcessSpec, command: list[str], refused: Exception, **popen: Any
-    ) -> _Child:
+    ) -> Child:
         """Popen, tracked from the moment it returns; refused once closing."""
         with self._lock:
             if self._closing:
@@ -423,7 +311,7 @@ class Supervisor:
                 limit.release()
                 self.sandbox.release(run)
                 raise
-            child = _Child(process, limit, spec, self.sandbox, run)
+            child = Child(process, limit, spec, self.sandbox, run)
             limit.started(process.pid)
             self.pids.add(process.pid, command)
         finally:
@@ -437,7 +325,7 @@ class Supervisor:
     def _function_dir(self, spec: ProcessSpec) -> Path:
         return self.sandbox.function_dir(spec.artifact)
 
-    def _reap(self, child: _Child) -> str:
+    def _reap(self, child: Child) -> str:
         """The process has been waited for: why it ended; it is no longer tracked."""
         reason = child.finish()
         self.pids.remove(child.pid)
@@ -445,7 +333,7 @@ class Supervisor:
             self._children.pop(child.pid, None)
         return reason
 
-    def _stop(self, children: list[_Child]) -> None:
+    def _stop(self, children: list[Child]) -> None:
         for child in children:
             if child.process.poll() is None:
                 self.sandbox.terminate(child.pid)
@@ -467,7 +355,7 @@ class Supervisor:
                 function=child.spec.function,
             )
 
-    def _stop_later(self, children: list[_Child]) -> None:
+    def _stop_later(self, children: list[Child]) -> None:
         # requests already sent to the old replicas get DRAIN_SEC to be answered; they
         # stay tracked meanwhile, so close() stops them if it comes first
         def later() -> None:
@@ -518,7 +406,7 @@ class Supervisor:
         with self._lock:
             return self._keys.setdefault((env, function), secrets.token_urlsafe(24))
 
-    def _start_healthy(self, spec: ProcessSpec) -> _Replica:
+    def _start_healthy(self, spec: ProcessSpec) -> Replica:
         port = free_port(self.host)
         log_dir = self.logs / spec.env_name
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -567,7 +455,7 @@ class Supervisor:
                     env=spec.env_name,
                     function=spec.function,
                 )
-                return _Replica(child, port, log_path, output)
+                return Replica(child, port, log_path, output)
             time.sleep(0.02)
         self._stop([child])
         raise _StartFailed(
@@ -594,7 +482,7 @@ class Supervisor:
             for key, unit in items:
                 self._check(key, unit)
 
-    def _check(self, key: tuple[str, str], unit: _Unit) -> None:
+    def _check(self, key: tuple[str, str], unit: Unit) -> None:
         dead = [r for r in unit.replicas if r.process.poll() is not None]
         now = time.monotonic()
         if dead:
@@ -633,7 +521,7 @@ class Supervisor:
                 target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
             ).start()
 
-    def _back_off(self, unit: _Unit, now: float) -> float:
+    def _back_off(self, unit: Unit, now: float) -> float:
         """One more failure: the next restart waits longer. Call with the lock held."""
         unit.failures += 1
         unit.restarts += 1
@@ -659,13 +547,13 @@ class Supervisor:
         if reason:
             self._notify(key, "exited", reason)
 
-    def _restart_one(self, key: tuple[str, str], unit: _Unit) -> None:
+    def _restart_one(self, key: tuple[str, str], unit: Unit) -> None:
         try:
             self._restart(key, unit)
         finally:
             unit.restarting = False
 
-    def _restart(self, key: tuple[str, str], unit: _Unit) -> None:
+    def _restart(self, key: tuple[str, str], unit: Unit) -> None:
         try:
             replica = self._start_healthy(unit.spec)
         except ApplyFailed as exc:

@@ -1,0 +1,150 @@
+"""What the supervisor starts and tracks: a function's process spec, each child process, a
+replica, and the replicas of one function (a unit), with how they are reported."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..manifests.runtimes import Runtime
+from . import memory
+from .replica_logs import Stream
+from .sandbox import Command, Sandbox
+
+__all__ = [
+    "Child",
+    "ProcessSpec",
+    "Replica",
+    "ReplicaEvent",
+    "Unit",
+    "UnitStatus",
+    "Upstreams",
+    "exit_reason",
+    "free_port",
+]
+
+_BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
+
+# (env, function, upstreams, why the last replica that left the route ended, the key
+# the function's replicas ask of every call: see ``replica_key``)
+Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None, str], None]
+# (env, function, "exited" | "recovered", reason: "OOMKilled: ..." / "exited with code 1" | None)
+ReplicaEvent = Callable[[str, str, str, str | None], None]
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Everything needed to start one function's processes."""
+
+    env_name: str
+    function: str
+    runtime: Runtime
+    entrypoint: str
+    artifact: Path
+    timeout_sec: float
+    env_vars: Mapping[str, str]
+    memory_mb: int | None = None  # killed above this (OOMKilled); None: no limit
+    max_processes: int | None = None  # tasks (processes and threads) in its sandbox
+
+    def environ(self, extra: Mapping[str, str]) -> dict[str, str]:
+        base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        return {
+            **base,
+            **self.env_vars,
+            "SLESS_ENTRYPOINT": self.entrypoint,
+            "SLESS_FUNCTION_DIR": str(self.artifact),
+            "SLESS_FUNCTION_NAME": self.function,
+            "SLESS_ENV": self.env_name,
+            "SLESS_TIMEOUT_SEC": f"{self.timeout_sec:g}",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
+
+    def command(self, role: str) -> list[str]:
+        script = self.runtime.server if role == "server" else self.runtime.runner
+        return [self.runtime.interpreter, str(self.runtime.folder / script)]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def exit_reason(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class UnitStatus:
+    """One function's replicas as the supervisor sees them."""
+
+    wanted: int
+    ready: int
+    restarts: int  # replicas that ended since it was deployed
+    last_exit: str | None
+
+
+@dataclass(eq=False)
+class Child:
+    """A started process, tracked until it has been waited for."""
+
+    process: subprocess.Popen[bytes]
+    limit: memory.Limit
+    spec: ProcessSpec
+    sandbox: Sandbox
+    command: Command
+    _reason: str | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def finish(self) -> str:
+        """Why the (exited, waited for) process ended; releases its limit. Idempotent."""
+        with self._lock:
+            if self._reason is None:
+                code = self.sandbox.returncode(self.process.returncode)
+                oom = self.limit.reason()
+                self._reason = oom or exit_reason(code if code is not None else -9)
+                self.limit.release()
+                self.sandbox.release(self.command)
+            return self._reason
+
+
+@dataclass(eq=False)
+class Replica:
+    child: Child
+    port: int
+    log_path: Path
+    output: Stream
+    started: float = field(default_factory=time.monotonic)
+    withdrawn: bool = False  # being killed: out of the route before it dies
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.child.process
+
+
+@dataclass(eq=False)
+class Unit:
+    spec: ProcessSpec
+    spec_hash: str
+    wanted: int
+    replicas: list[Replica] = field(default_factory=list)
+    failures: int = 0  # in a row: the backoff grows with it
+    restarts: int = 0  # in all, since deployed
+    restart_at: float = 0.0
+    last_exit: str | None = None
+    degraded: bool = False  # a replica exited; "recovered" once all are back
+    restarting: bool = False
