@@ -12,6 +12,8 @@ function not Ready, a difference, a non-2xx answer, a failed sync, no such
 function); 2 an error: bad arguments, a path or ref that cannot be read, a server
 that cannot be reached or refuses the token, an environment it does not have;
 3 serve cannot listen; 130 interrupted.
+
+May import: every layer below it (it is the top, under ``__main__``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ Its modules, each importing only those before it:
   ``/fn/`` served from its callbacks;
 - :mod:`.app`: :class:`ProxyApp`, the proxy as an ASGI application, and
   :func:`config`, the uvicorn settings that put the fast path in front of it.
+
+``history`` buffers what the proxy did for the status store.
+
+May import: ``state``, ``plan`` and the shared top-level modules; the hot path
+(``fast``) as little as it can.
 """
 
 from .app import Invocation, Limits, ProxyApp, config

@@ -1,5 +1,9 @@
 """The proxy's edge: uvicorn's httptools protocol with limits, and ``/fn/`` served from it.
 
+The one module over 600 lines, on purpose: it is the hot path, kept whole so that
+a request's way through it reads in one place and costs no call it need not
+(docs/layout.md).
+
 :class:`EdgeProtocol` is uvicorn's httptools protocol with the checks and
 limits an edge server needs, for every request whatever serves it (the
 API over ASGI, or the proxy), configured by

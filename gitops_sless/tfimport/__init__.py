@@ -8,6 +8,9 @@ convert    resources -> function folders, sless.yaml entries, secrets, problems
 write      code, sless.yaml and secret files on disk
 migrating  MIGRATING.md: what each resource became and how to retire Terraform
 run        the command: all of the above, then validate the output
+
+May import: ``manifests`` (to validate what it writes), ``source`` and the shared
+top-level modules.
 """
 
 from __future__ import annotations
