@@ -59,7 +59,7 @@ def test_the_tree_keeps_every_contract(tree):
         # a snapshot that knows about previews
         ("gitops_sless.source.snapshot", "from ..previews import trust", "one push flows up"),
         # the local backend borrowing from the Kubernetes one
-        ("gitops_sless.local.builder", "from ..kube import renderer", "one push flows up"),
+        ("gitops_sless.local.builder", "from ..kube import renderer", "are independent"),
         # a backend that reaches for the API's models
         ("gitops_sless.kube.backend", "from ..web import models", "know nothing of HTTP"),
         # the proxy's lowest module importing the hot path
