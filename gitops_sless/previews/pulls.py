@@ -7,7 +7,7 @@ pydantic model; all of them become one :class:`PullRequest`. A body that is not
 what its event promises is a :class:`~gitops_sless.source.webhooks.PayloadError` naming
 the field, never a crash.
 
-Where the PR comes from matters to previews (see previews.py): ``same_repo`` is
+Where the PR comes from matters to previews (see environments.py): ``same_repo`` is
 True when its head is in the repository it targets (GitHub and Gitea
 ``head.repo.full_name == base.repo.full_name``, GitLab ``source_project_id ==
 target_project_id``), False for a fork (or a fork since deleted), None when the

@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS functions (
     PRIMARY KEY (env, name)
 );
 -- what each function serves: the deployment as it was started, so a restart starts
--- exactly it, whatever the repository says now (see serving.py)
+-- exactly it, whatever the repository says now (see state/serving.py)
 CREATE TABLE IF NOT EXISTS serving (
     env TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -132,7 +132,7 @@ _ADDED_COLUMNS = (
     ("invocations", "truncated", "INTEGER NOT NULL DEFAULT 0"),
     ("functions", "next_retry", "REAL"),
     ("functions", "wanted_tag", "TEXT"),
-    # who may run a preview (trust.py): the PR's origin (1 same repository, 0 fork, NULL
+    # who may run a preview (previews/trust.py): the PR's origin (1 same repository, 0 fork, NULL
     # unknown), the commit the filter's label was added at, the approved commit and by whom,
     # and a label awaiting the forge's word on its author ({"user", "id", "sha"} as JSON)
     ("previews", "same_repo", "INTEGER"),

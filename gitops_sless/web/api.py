@@ -5,7 +5,7 @@ Reads come from the status store; the only writes are "sync now" and
 signature. With no token or secret configured those calls are refused, never
 open. Reads need the read or the API token (or a dashboard session) when one is
 configured: :mod:`access` decides, before any route runs.
-Every answer is a model from :mod:`api_models` (camelCase keys, RFC 3339
+Every answer is a model from :mod:`.models` (camelCase keys, RFC 3339
 times) and every error is ``{"error": "..."}``. ``/docs`` serves Swagger UI
 from assets installed with the package, so it works without the internet.
 """
