@@ -254,7 +254,7 @@ def test_a_forks_failed_build_of_a_tag_never_holds_back_prods_build_of_it(kube, 
         routes=harness.routes,
         workers=4,
     )
-    tag = fork._load(fork.source.snapshot()).functions["alpha"].build_tag
+    tag = fork.load.run(fork.source.snapshot()).functions["alpha"].build_tag
     try:
         wait_for(
             lambda: fork.sync("test") and fork.store.function("pr-7", "alpha")["phase"] == "Failed",
