@@ -115,7 +115,8 @@ def _render(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     sys.stdout.write(renderer.dump(rendered.objects))
-    return EXIT_INVALID if state.invalid else EXIT_OK
+    # 0 says every function rendered: one left out for a job's result is not
+    return EXIT_INVALID if state.invalid or rendered.waiting else EXIT_OK
 
 
 def add_import_parser(commands: Any) -> None:

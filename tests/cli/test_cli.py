@@ -120,7 +120,8 @@ def test_render_prints_multi_document_yaml_for_the_environment():
         'get-time-py={"utc": "now"}',
         "--no-builds",
     )
-    assert result.returncode == 0, result.stderr
+    # time-display-js waits for get-time-js's result: rendered without it, so not 0
+    assert result.returncode == 1, result.stderr
     objects = list(yaml.safe_load_all(result.stdout))
     namespaces = {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"}
     assert namespaces == {"sless-pr-3"}
@@ -131,6 +132,16 @@ def test_render_prints_multi_document_yaml_for_the_environment():
     assert result.stderr.splitlines() == [
         "# time-display-js: not rendered, waits for the result of job get-time-js"
     ]
+
+
+def test_render_exits_zero_only_when_every_function_rendered():
+    results = ["--job-result", 'get-time-py={"utc": "now"}']
+    results += ["--job-result", 'get-time-js={"utc": "now"}']
+    result = _cli("render", str(SAMPLE), "--env", "prod", "--no-builds", *results)
+    assert result.returncode == 0, result.stderr
+    names = {o["metadata"]["name"] for o in yaml.safe_load_all(result.stdout)}
+    assert {"time-display-py", "time-display-js"} <= names
+    assert "not rendered" not in result.stderr
 
 
 def test_serve_usage_errors_exit_two_before_anything_starts(tmp_path):

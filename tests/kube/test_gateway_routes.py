@@ -166,7 +166,9 @@ def test_serve_refuses_a_bad_gateway_flag_before_it_contacts_anything(tmp_path):
 
 
 def test_render_shows_the_routes_with_a_gateway_and_refuses_a_bad_one(capsys):
-    assert cli.main(["render", str(ROOT / "sample-repo"), "--gateway", "edge/public"]) == 0
+    results = ["--job-result", 'get-time-py={"utc": "now"}', "--job-result", "get-time-js={}"]
+    args = ["render", str(ROOT / "sample-repo"), "--gateway", "edge/public", *results]
+    assert cli.main(args) == 0
     objects = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
     routes = _routes(objects)
     assert routes and set(routes) <= {
