@@ -387,14 +387,15 @@ class Server:
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM, then stop every process this server started."""
         self.start_background()
-        threading.Thread(target=self._announce, name="sless-announce", daemon=True).start()
         # log_config=None: uvicorn's own lines go through logs.configure's handler (json too)
         if self.fn_app is None:
             config = proxy_mod.config(
                 self.app, self.config.host, self.config.port, proxy=self.proxy, log_config=None
             )
+            only = uvicorn.Server(config)
+            self._announce_when_listening(only)
             try:
-                uvicorn.Server(config).run()
+                only.run()
             finally:
                 self.close()
             return
@@ -406,6 +407,7 @@ class Server:
         beside = listeners.Beside(
             proxy_mod.config(self.fn_app, fn_host, fn_port, proxy=self.proxy, log_config=None)
         )
+        self._announce_when_listening(main, beside)
         try:
             with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
                 runner.run(_both(main, beside))
@@ -500,12 +502,24 @@ class Server:
         self.store.close()
         logs.event(log, "server.stopped", "stopped")
 
-    def _announce(self) -> None:
+    def _announce_when_listening(self, *servers: uvicorn.Server) -> None:
+        """The banner, once the first pass is done and every listener is up: a server that
+        cannot listen exits 3 without saying where it would have served."""
+        threading.Thread(
+            target=self._announce, args=(servers,), name="sless-announce", daemon=True
+        ).start()
+
+    def _announce(self, servers: tuple[uvicorn.Server, ...]) -> None:
         if not self.reconciler.wait_for_pass(0, 600):
             return
         # the builds and jobs the first pass started: the listing says where each one ended,
         # unless one takes long (it then says Building)
         self.reconciler.wait_for_settled(0, ANNOUNCE_WAIT_SEC)
+        while not all(server.started for server in servers):
+            if self._closed.wait(0.05):
+                return
+        if self._closed.is_set():
+            return
         base = self.config.public_url
         lines = [f"gitops-sless is serving {mirror_mod.redact(self.url)} ({self.config.branch})"]
         for fn in self.store.functions(self.config.env):

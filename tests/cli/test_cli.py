@@ -432,14 +432,22 @@ def test_each_verbs_help_ends_with_its_exit_codes():
         assert "130 interrupted (Ctrl-C)" in shown, verb
 
 
-def test_serve_on_a_port_in_use_exits_three(tmp_path):
+@pytest.mark.parametrize("repo", ["sample", "empty"])
+def test_serve_on_a_port_in_use_exits_three(tmp_path, repo):
+    # empty: a first pass that ends at once, before the listener has failed
+    folder = SAMPLE if repo == "sample" else tmp_path / "empty"
+    if repo == "empty":
+        folder.mkdir()
+        (folder / "README.md").write_text("nothing to serve yet\n")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = _cli(
-            "serve", "--repo", str(SAMPLE), "--state-dir", str(tmp_path / "state"),
+            "serve", "--repo", str(folder), "--state-dir", str(tmp_path / "state"),
             "--listen", f"127.0.0.1:{port}", "--sandbox", "off", "--poll-interval", "3600",
         )  # fmt: skip
     assert result.returncode == 3, result.stdout + result.stderr
     assert "address already in use" in result.stderr.lower()
+    # a server that cannot listen never says where it serves
+    assert "is serving" not in result.stderr and "curl http" not in result.stderr
