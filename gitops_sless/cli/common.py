@@ -57,7 +57,8 @@ EXIT_CODES: dict[str, dict[int, str]] = {
     },
     "render": {
         0: "every function rendered",
-        1: "a manifest is invalid, or a function waits for a job's result (--job-result): the others are rendered",
+        1: "a manifest is invalid, or a function waits for a job's result (--job-result): "
+        "the others are rendered",
         2: _USAGE,
     },
     "serve": {

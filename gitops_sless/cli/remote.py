@@ -13,7 +13,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -531,7 +531,8 @@ def _invoke(args: argparse.Namespace) -> int:
     took = (time.monotonic() - started) * 1000
     content = response.content
     sys.stdout.buffer.write(content)
-    if content and not content.endswith(b"\n") and sys.stdout.isatty():
+    if content and not content.endswith(b"\n") and _textual(response.headers):
+        # a shell prompt after the answer, not on its line; bytes stay exactly as sent
         sys.stdout.buffer.write(b"\n")
     sys.stdout.buffer.flush()
     request_id = response.headers.get("x-request-id")
@@ -570,3 +571,9 @@ def _sync(args: argparse.Namespace) -> int:
     error = f": {last['error']}" if last["error"] else ""
     print(f"{styled(last['result'], paint)} at {short(last['revision'])}{error}")
     return EXIT_OK if last["result"] == "Succeeded" else EXIT_NOT_OK
+
+
+def _textual(headers: Mapping[str, str]) -> bool:
+    """Text or JSON (what a person reads), as opposed to bytes kept exact (an image)."""
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind.startswith("text/") or kind == "application/json" or kind.endswith("+json")

@@ -487,6 +487,7 @@ def test_invoke_sends_the_body_to_the_sub_path_and_prints_the_answer(stack, tmp_
         "method": "POST",
     }
     assert re.fullmatch(r"200 OK in \d+ ms, request id \S+\n", result.stderr)
+    assert result.stdout.endswith("}\n")  # JSON ends its line, for the shell's prompt
 
     body = tmp_path / "body.json"
     body.write_text('{"name": "Grace"}')
