@@ -356,6 +356,11 @@ class Reconciler:
         if env == self.env and not self._stopping.is_set():
             self._follow_up()
 
+    def declared(self) -> Mapping[str, Function]:
+        """The functions the last state loaded declares (none before the first pass)."""
+        desired = self.context.desired
+        return desired.functions if desired is not None else {}
+
     def url(self, fn: Function) -> str | None:
         return self.report.url(fn)
 

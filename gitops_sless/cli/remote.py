@@ -314,17 +314,7 @@ def _print_diff(answer: dict[str, Any], what: str) -> None:
         out.append(f"{paint('+ added', 'green')}   {fn['name']}  {fn['buildTag']}{note}")
     for fn in answer["changed"]:
         out.append(f"{paint('~ changed', 'yellow')} {fn['name']}")
-        for field in fn["fields"]:
-            if (
-                field["old"] is not None
-                and field["new"] is not None
-                and field["old"] != field["new"]
-            ):
-                values = f"{field['old']} -> {field['new']}"
-            else:
-                values = field["new"] or field["old"] or ""
-            detail = f" ({field['detail']})" if field["detail"] else ""
-            out.append(f"    {field['field']}: {values}{detail}".rstrip())
+        out += [f"    {field['field']}: {_field_change(field)}" for field in fn["fields"]]
     for name in answer["removed"]:
         out.append(f"{paint('- removed', 'red')} {name}")
     for job in answer["jobs"]:
@@ -577,3 +567,16 @@ def _textual(headers: Mapping[str, str]) -> bool:
     """Text or JSON (what a person reads), as opposed to bytes kept exact (an image)."""
     kind = headers.get("content-type", "").split(";")[0].strip().lower()
     return kind.startswith("text/") or kind == "application/json" or kind.endswith("+json")
+
+
+def _field_change(field: Mapping[str, Any]) -> str:
+    """One changed field as a person reads it: ``old -> new``, ``added secret db key dsn``,
+    or what changed when the values are not shown (two literals)."""
+    old, new, detail = field["old"], field["new"], field["detail"]
+    if detail in ("added", "removed"):
+        return f"{detail} {new if detail == 'added' else old}"
+    if old is not None and new is not None and old != new:
+        return f"{old} -> {new}" + (f" ({detail})" if detail else "")
+    if detail:
+        return detail
+    return new or old or ""

@@ -263,6 +263,12 @@ def _unexplained(
     return [FieldChange("spec", None, None, "differs from the spec that runs")]
 
 
+def _same(env: str, already: Function, fn: Function, fresh: Mapping[str, JobToRun]) -> bool:
+    """Whether ``fn`` is what the server declares already, with no job to run first."""
+    same_build = already.build_tag == fn.build_tag
+    return not fresh and same_build and not _field_changes(env, already, fn, {})
+
+
 def compute(
     desired: DesiredState,
     env: str,
@@ -270,17 +276,22 @@ def compute(
     builds: Mapping[str, Mapping[str, Any] | None],
     runs: Iterable[Mapping[str, Any]],
     running: Mapping[str, Function] | None = None,
+    declared: Mapping[str, Function] | None = None,
 ) -> Diff:
     """What a pass would do in ``env`` to bring what the store records to ``desired``.
 
     ``records``: the store's functions of ``env`` (with the ``spec`` column);
     ``builds``: build tag -> the store's build row (or None), for the desired tags;
     ``runs``: the store's job runs of ``env``; ``running``: name -> the function
-    as it was declared in the revision that runs (for the changed fields).
+    as it was declared in the revision that runs (for the changed fields);
+    ``declared``: name -> the function as the server's last pass declares it. One
+    it declares as ``desired`` does but has never deployed (it waits for a secret)
+    is waiting, not a change: a sync would do nothing more for it.
     """
     records = {r["name"]: r for r in records}
     runs = list(runs)
     running = running or {}
+    declared = declared or {}
     jobs = desired.jobs
     out = Diff(env)
     deployed = {name: h for name, r in records.items() if (h := _deployed_hash(r))}
@@ -329,6 +340,10 @@ def compute(
         new_hash = deployment_for(env, fn, results).spec_hash if known else None
         old_hash = deployed.get(fn.name)
         if old_hash is None:
+            already = declared.get(fn.name)
+            if fn.name in records and already is not None and _same(env, already, fn, fresh):
+                out.waiting[fn.name] = _not_running(records[fn.name])
+                continue
             notes = [f"after job {', '.join(fresh)}"] if fresh else []
             if fn.name in records:  # declared before, never deployed: tried again
                 notes.append(_not_running(records[fn.name]))

@@ -460,8 +460,13 @@ def create_api(
             {tag: store.build(tag) for tag in tags},
             store.jobs(env),
             running_functions(records),
+            declared_functions(env),
         )
         return DiffReply.from_diff(result, revision)
+
+    def declared_functions(env: str) -> dict[str, model.Function]:
+        """What the server's last pass of ``env`` declares (the tracked branch's only)."""
+        return dict(reconciler.declared()) if env == reconciler.env else {}
 
     @app.post(
         "/api/v1/environments/{env}/diff",

@@ -263,7 +263,10 @@ class DiffReply(ApiModel):
     removed: list[str]
     jobs: list[DiffJob] = Field(description="job runs that would run")
     invalid: list[DiffInvalid]
-    waiting: list[DiffWaiting] = Field(description="functions that would wait for a job result")
+    waiting: list[DiffWaiting] = Field(
+        description="functions that would wait: for a job's result, or, declared already and"
+        " never started, for what they wait for now (a secret); not a change"
+    )
     unchanged: list[str]
 
     @classmethod

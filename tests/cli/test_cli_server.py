@@ -288,8 +288,8 @@ def test_diff_names_each_change_without_showing_literal_values(stack, tmp_path):
     assert re.search(r"image: python3\.11-\w+ -> python3\.11-\w+", out)
     assert "replicas: 1 -> 2" in out
     assert "memoryMB: 128 -> 256" in out
-    assert "env.GREETING: (literal) (value changed (literal values are not shown))" in out
-    assert "env.EXTRA: (literal) (added)" in out
+    assert "env.GREETING: value changed (literal values are not shown)" in out
+    assert "env.EXTRA: added (literal)" in out
     assert "+ added   added  python3.11-" in out
     assert "- removed resting" in out
     # a runId bump alone is no build: the tag leaves sless.yaml out

@@ -51,6 +51,11 @@ class RecordingReconciler:
         self.waits.append(timeout)
         return self.finishes
 
+    declared_state: dict[str, Any] = {}  # noqa: RUF012 - what the last pass loaded
+
+    def declared(self) -> dict[str, Any]:
+        return self.declared_state
+
 
 class Client:
     """Calls the ASGI app in process, over httpx's ASGI transport.
@@ -538,6 +543,32 @@ def test_diff_of_what_is_deployed_is_empty(tmp_path, write_repo):
     assert answer["hasChanges"] is False
     assert answer["unchanged"] == ["greet", "shower"]
     assert answer["builds"] == answer["added"] == answer["changed"] == answer["jobs"] == []
+
+
+def test_diff_of_what_the_server_declares_but_cannot_run_yet_is_waiting_not_added(
+    tmp_path, write_repo
+):
+    """A function the server's pass declares and cannot start (its secret is missing) is
+    not a change: a sync would do no more for it. The same function changed is."""
+    api, state = _deployed_api(tmp_path, write_repo)
+    api.store.delete_function("prod", "greet")  # never deployed: it waits for db/dsn
+    api.store.set_function(
+        "prod", "greet", phase="Pending", manifest="greet/sless.yaml",
+        message="secret 'db' key 'dsn': no secrets directory is configured",
+    )  # fmt: skip
+    api.reconciler.declared_state = state.functions
+    answer = _diff_of(api, tmp_path, write_repo, _manifest_files())
+    assert answer["hasChanges"] is False
+    assert answer["added"] == []
+    assert answer["waiting"] == [
+        {
+            "name": "greet",
+            "reason": "not running yet, Pending: secret 'db' key 'dsn': "
+            "no secrets directory is configured",
+        }
+    ]
+    changed = _diff_of(api, tmp_path, write_repo, _manifest_files(replicas=3), "changed")
+    assert [fn["name"] for fn in changed["added"]] == ["greet"]  # what a sync would start
 
 
 def test_diff_of_a_manifest_only_change_needs_no_build(tmp_path, write_repo):
