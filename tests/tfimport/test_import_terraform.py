@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +16,11 @@ from gitops_sless import cli
 
 from ..conftest import write_files
 from ..paths import DATA as TEST_DATA
+from ..paths import ROOT
 from ..sless_server import SlessServer
 
 DATA = TEST_DATA / "terraform"
+EXAMPLE = ROOT / "examples" / "terraform" / "hello-node"  # docs/migrating.md's worked example
 DSN = "postgres://notes:tf-fixture-pw-4a7c@db.internal:5432/notes"
 TOKEN = "tok-fixture-9f3e"
 
@@ -45,7 +50,7 @@ def _valid(capsys: pytest.CaptureFixture[str], repo: Path) -> None:
 def test_the_provider_layout_is_served_with_its_jobs_results_and_secrets(tmp_path, capsys):
     out, secrets = tmp_path / "functions", tmp_path / "secrets"
     code, printed, err = _import(
-        capsys, str(DATA / "hello-node"), "--out", str(out), "--secrets-dir", str(secrets)
+        capsys, str(EXAMPLE), "--out", str(out), "--secrets-dir", str(secrets)
     )
     assert code == 0, printed + err
     _valid(capsys, out)
@@ -95,7 +100,7 @@ def test_the_provider_layout_is_served_with_its_jobs_results_and_secrets(tmp_pat
 
 def test_without_a_secrets_dir_it_says_how_to_create_each_secret(tmp_path, capsys):
     out = tmp_path / "functions"
-    code, printed, _ = _import(capsys, str(DATA / "hello-node"), "--out", str(out))
+    code, printed, _ = _import(capsys, str(EXAMPLE), "--out", str(out))
     assert code == 0
     assert DSN not in printed and TOKEN not in printed
     assert "secrets/time-display/DB_DSN" in printed
@@ -190,10 +195,10 @@ def test_force_writes_what_can_be_converted_despite_a_refusal(tmp_path, capsys):
 
 def test_a_non_empty_out_is_never_overwritten_without_force(tmp_path, capsys):
     out = write_files(tmp_path / "mine", {"keep.txt": "mine"})
-    code, _, err = _import(capsys, str(DATA / "hello-node"), "--out", str(out))
+    code, _, err = _import(capsys, str(EXAMPLE), "--out", str(out))
     assert code == 2 and "not empty" in err
     assert [p.name for p in _files(out)] == ["keep.txt"]
-    code, _, _ = _import(capsys, str(DATA / "hello-node"), "--out", str(out), "--force")
+    code, _, _ = _import(capsys, str(EXAMPLE), "--out", str(out), "--force")
     assert code == 0 and (out / "keep.txt").read_text() == "mine"
     assert (out / "code" / "hello" / "sless.yaml").is_file()
 
@@ -255,3 +260,28 @@ def test_a_disabled_trigger_disables_its_function_only_when_it_is_the_only_kind_
     assert "enabled: false" in paused and "{type: http}" in paused
     assert "enabled" not in live and "cron" not in live
     _valid(capsys, out)
+
+
+def test_the_migration_guides_commands_run_as_written_from_the_repository_root(tmp_path):
+    """docs/migrating.md's first commands, typed at the root of a checkout (here a copy
+    of its examples/): the import and the validate of what it wrote both succeed."""
+    text = (ROOT / "docs" / "migrating.md").read_text()
+    block = text.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    ran = []
+    for argv in commands:
+        assert argv[0] == ".venv/bin/gitops-sless", argv
+        if argv[1] == "serve":
+            continue  # serves until stopped: the import's other tests run it
+        done = subprocess.run(
+            [sys.executable, "-m", "gitops_sless", *argv[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (argv, done.stderr)
+        ran.append(argv[1])
+    assert ran == ["import", "validate"]
+    assert (tmp_path / "secrets" / "time-display" / "DB_DSN").is_file()
