@@ -41,6 +41,7 @@ class _Manifest:
         self.problems: list[ManifestProblem] = []
         self.doc: Located | None = None
         self.data: dict[str, Any] = {}
+        self._schema_bad: list[tuple[str | int, ...]] = []  # where the schema found problems
         self._declared: tuple[tuple[yamldoc.Path, str, str], ...] | None = None
         self._job_refs: tuple[tuple[yamldoc.Path, str], ...] | None = None
 
@@ -91,14 +92,31 @@ class _Manifest:
             return
         for at, reason in schema.check(self.doc.data):
             self.problem(at, reason)
+            self._schema_bad.append(tuple(at))
         if not self.problems:
             self.data = schema.apply_defaults(self.doc.data)
 
     def check_functions(self) -> None:
-        files = self.folder_files()
-        for i, fn in enumerate(self.data.get("functions", [])):
-            self._check_entrypoint(("functions", i), fn, files)
-            self._check_triggers(("functions", i), fn)
+        """The checks the schema cannot make (files, schedules), on every part of every
+        function the schema let through: a bad name never hides a bad schedule."""
+        data = self.doc.data if self.doc is not None and self._schema_bad else self.data
+        functions = data.get("functions") if isinstance(data, dict) else None
+        if not isinstance(functions, list):
+            return
+        files: dict[str, str] | None = None
+        for i, fn in enumerate(functions):
+            at = ("functions", i)
+            if not isinstance(fn, dict):
+                continue
+            if self._valid(*at, "entrypoint") and self._valid(*at, "runtime"):
+                files = self.folder_files() if files is None else files
+                self._check_entrypoint(at, fn, files)
+            if "triggers" in fn and self._valid(*at, "triggers"):
+                self._check_triggers(at, fn)
+
+    def _valid(self, *at: str | int) -> bool:
+        """Whether the schema found nothing wrong at ``at``, in it or around it."""
+        return not any(bad[: len(at)] == at or at[: len(bad)] == bad for bad in self._schema_bad)
 
     def _check_entrypoint(
         self, at: yamldoc.Path, fn: dict[str, Any], files: dict[str, str]
@@ -334,8 +352,7 @@ class ManifestCache:
             m.problems = list(problems)
             return m
         m.parse()
-        if not m.problems:
-            m.check_functions()
+        m.check_functions()
         self._entries[key] = (m.doc, m.data, list(m.problems), m.declared(), m.job_refs())
         return m
 

@@ -1549,3 +1549,38 @@ def test_a_cache_following_commits_answers_as_a_load_from_scratch(tmp_path: Path
         assert _answers(cached) == _answers(fresh), f"step {number}: {files}"
         assert cached.revision == snapshot.revision
     assert sorted(cached.functions) == ["a", "b", "c", "e2", "p", "q"], cached.problems
+
+
+def test_every_problem_of_a_file_is_reported_at_once(write_repo) -> None:
+    """A bad name does not hide a bad schedule or a missing handler file, in the same
+    function or the next one: one run of validate lists them all."""
+    root = write_repo(
+        {
+            "fn/sless.yaml": (
+                "functions:\n"
+                "  - name: New_Fn\n"
+                "    runtime: python3.11\n"
+                "    entrypoint: missing.main\n"
+                "    triggers:\n"
+                "      - {type: cron, schedule: '61 * * * *'}\n"
+                "  - name: second\n"
+                "    runtime: python3.11\n"
+                "    entrypoint: handler.main\n"
+                "    memoryMB: 1\n"
+                "    triggers:\n"
+                "      - {type: cron, schedule: '* * 32 * *'}\n"
+            ),
+            "fn/handler.py": HANDLER,
+        }
+    )
+    assert problem_lines(load_dir(root)) == [
+        'fn/sless.yaml:2: functions[0].name: "New_Fn" must be a DNS-1123 label: lowercase '
+        "letters, digits and '-', starting with a letter and ending with a letter or digit",
+        "fn/sless.yaml:4: functions[0].entrypoint: fn/missing.py does not exist (runtime "
+        "python3.11)",
+        "fn/sless.yaml:6: functions[0].triggers[0].schedule: minute field: 61 is out of range "
+        "0..59",
+        "fn/sless.yaml:10: functions[1].memoryMB: 1 is less than the minimum of 64",
+        "fn/sless.yaml:12: functions[1].triggers[0].schedule: day-of-month field: 32 is out of "
+        "range 1..31",
+    ]
