@@ -107,6 +107,10 @@ class SlessServer:
             args += ["--read-token", self.read_token]
         if self.secrets_dir:
             args += ["--secrets-dir", str(self.secrets_dir)]
+        if "--sandbox" not in self.extra_args and "SLESS_SANDBOX" not in self.extra_env:
+            # never "auto": where bubblewrap cannot start, the test fails instead of quietly
+            # running its functions unconfined
+            args += ["--sandbox", "bubblewrap"]
         return args + self.extra_args
 
     def start(self, wait_for_sync: bool = True) -> SlessServer:

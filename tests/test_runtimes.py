@@ -140,7 +140,7 @@ def runtime(request, function_dirs) -> Runtime:
     name = request.param
     if name == "nodejs20":
         if NODE is None:
-            pytest.skip("node is not installed")
+            pytest.fail("node is not installed: scripts/setup installs it (the nodejs20 runtime)")
         interpreter = NODE
     else:
         interpreter = sys.executable

@@ -20,13 +20,9 @@ from kubernetes.client.rest import ApiException
 
 from tests.kubeapi import FakeKube
 from tests.kubeapi.fixtures import fake_kube  # noqa: F401  (the fixture)
+from tests.s3server import s3_server  # noqa: F401  (the fixture: a real S3, SeaweedFS)
 
 from ..paths import ROOT
-
-try:  # the team's real S3 (SeaweedFS); moto stands in where it is missing
-    from tests.s3server import s3_server
-except ImportError:
-    s3_server = None
 
 NS = "default"
 IMAGE = "registry.local/app:v1"
@@ -500,28 +496,14 @@ def _tarball(files: dict[str, bytes]) -> bytes:
 
 @pytest.fixture
 def s3(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any, dict[str, str]]]:
-    """(endpoint, boto3 client, keys) of a real S3: the team's SeaweedFS, else moto."""
-    if s3_server is not None:
-        server = request.getfixturevalue("s3_server")
-        yield (
-            server.endpoint,
-            server.client(),
-            {"id": server.access_key, "secret": server.secret_key},
-        )
-        return
-    moto_server = pytest.importorskip("moto.server")
-    import boto3
-
-    moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    host, port = moto.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    keys = {"aws_access_key_id": "ak", "aws_secret_access_key": "sk"}
-    try:
-        s3_client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **keys)
-        yield endpoint, s3_client, {"id": "ak", "secret": "sk"}
-    finally:
-        moto.stop()
+    """(endpoint, boto3 client, keys) of a real S3: the team's SeaweedFS (weed must be
+    installed: a missing part fails the test, it never quietly swaps in a double)."""
+    server = request.getfixturevalue("s3_server")
+    yield (
+        server.endpoint,
+        server.client(),
+        {"id": server.access_key, "secret": server.secret_key},
+    )
 
 
 def test_kaniko_build_reads_s3(api: client.ApiClient, fake_kube: FakeKube, s3: Any) -> None:  # noqa: F811

@@ -269,7 +269,8 @@ class Tls:
 
 @pytest.fixture(scope="module")
 def tls(gateways: Gateways) -> Tls:
-    trustme = pytest.importorskip("trustme")
+    import trustme  # a test dependency (pyproject's test extra): missing fails, never skips
+
     ca, other_ca = trustme.CA(), trustme.CA()
     # the certificate names only gateway.test: the proxy connects to 127.0.0.1 and
     # checks it against the route's server_hostname
