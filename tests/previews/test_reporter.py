@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -117,14 +117,25 @@ def test_a_report_already_shown_is_not_sent_again(forge, reporter):
     assert forge.calls[-1] == ("comment", 1, MARKER, "ready, 2 functions")
 
 
+def returns(calls: Callable[[], object]) -> bool:
+    """Whether ``calls`` return while the forge still hangs (a deadlock would never)."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (calls(), done.set()), daemon=True).start()
+    return done.wait(30)
+
+
 def test_report_never_waits_on_a_hanging_forge(forge, reporter):
     forge.gate.clear()
     reporter.report(1, _sha(1), "pending", "building", None, None)
     assert forge.entered.wait(5)
-    started = time.monotonic()
-    for number in range(2, 50):
-        reporter.report(number, _sha(number), "pending", "building", None, "body")
-    assert time.monotonic() - started < 0.05 * 48  # loosely: nothing waited for the forge
+    # the forge hangs until the gate opens, after these: a report that waited would never
+    # return (returns() says so instead of hanging the test)
+    assert returns(
+        lambda: [
+            reporter.report(number, _sha(number), "pending", "building", None, "body")
+            for number in range(2, 50)
+        ]
+    )
     assert not reporter.flush(0.05)  # still stuck behind the hanging call
     forge.gate.set()
     assert reporter.flush(5)
@@ -198,10 +209,13 @@ def test_with_a_rate_limited_forge_report_returns_at_once_and_later_succeeds(sta
         for _ in range(2):
             fake.fail("POST", "/statuses/", status, limit)
         fake.gate = threading.Event()  # the forge hangs until the gate opens
-        started = time.monotonic()
-        made.report(5, SHA, "pending", "building", None, "building")
-        made.report(5, SHA, "success", "ready", "https://sless.example/pr-5", "ready")
-        assert time.monotonic() - started < 0.05
+        # the forge hangs until the gate opens, which is after both reports returned
+        assert returns(
+            lambda: (
+                made.report(5, SHA, "pending", "building", None, "building"),
+                made.report(5, SHA, "success", "ready", "https://sless.example/pr-5", "ready"),
+            )
+        )
         fake.gate.set()
         assert made.flush(10)
         statuses = [body["state"] for _, body in fake.statuses]
