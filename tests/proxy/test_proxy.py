@@ -660,11 +660,10 @@ def test_a_refused_connection_names_the_reason_too(proxy):
 def test_no_answer_within_the_route_timeout_is_504(proxy, route, fakes):
     fake = fakes.start(silent)
     name = route(("127.0.0.1", fake.port), timeout=1)
-    started = time.monotonic()
     reply = proxy.request("GET", f"/fn/prod/{name}/")
-    elapsed = time.monotonic() - started
-    _assert_json_error(reply, 504, "prod", name)
-    assert 0.9 < elapsed < 2.0
+    # the route's own timeout ended it (the upstream never answers): the error names it
+    error = _assert_json_error(reply, 504, "prod", name)["error"]
+    assert error == "function did not answer within 1s"
     proxy.recorded(reply)
     _wait_for(lambda: fake.eofs == 1)  # the stuck upstream connection is not kept
 
