@@ -54,6 +54,23 @@ def cause(output: str, folder: Path | str | None = None) -> str:
     return _relative(_fallback(lines) if found is None else _render(found), folder)
 
 
+def installer_cause(output: str) -> str | None:
+    """The line in which pip or npm says why it failed (``No matching distribution found
+    for x``, ``npm error 404 Not Found ...``), or None when it said nothing such."""
+    lines = _lines(output)
+    pip = [line.removeprefix("ERROR: ") for line in lines if line.startswith("ERROR: ")]
+    if pip:
+        return _bounded(pip[-1])  # pip says the conclusion last
+    npm = [
+        line
+        for line in lines
+        if line.startswith(("npm error", "npm ERR!")) and "complete log" not in line
+    ]
+    # npm says the code first ("npm error code E404"), then what happened
+    told = [line for line in npm if line.split()[2:3] not in ([], ["code"])]
+    return _bounded((told or npm)[0]) if npm else None
+
+
 def _lines(output: str) -> list[str]:
     if len(output) > SCAN_CHARS:
         # the first line is cut: drop it rather than show half of it (unless it is all there is)

@@ -263,3 +263,31 @@ LONG = " ".join(f"word{i:03d}" for i in range(100))  # 799 characters
 )
 def test_other_output_keeps_its_last_lines_whole(output: str, expected: str) -> None:
     assert failure.cause(output) == expected
+
+
+@pytest.mark.parametrize(
+    ("output", "said"),
+    [
+        (
+            "Collecting no-such-package==1\n"
+            "ERROR: Could not find a version that satisfies the requirement no-such-package==1 "
+            "(from versions: none)\n"
+            "ERROR: No matching distribution found for no-such-package==1\n"
+            "FAILED: pip install exited 1\n",
+            "No matching distribution found for no-such-package==1",
+        ),
+        (
+            "npm error code E404\n"
+            "npm error 404 Not Found - GET http://registry.invalid/left-padx - Not found\n"
+            "npm error A complete log of this run can be found in: /tmp/x.log\n",
+            "npm error 404 Not Found - GET http://registry.invalid/left-padx - Not found",
+        ),
+        (
+            "npm ERR! code ENOTFOUND\nnpm ERR! A complete log of this run can be found in: x\n",
+            "npm ERR! code ENOTFOUND",
+        ),
+        ("Traceback (most recent call last):\nValueError: not an installer\n", None),
+    ],
+)
+def test_the_installers_own_reason_is_found(output, said):
+    assert failure.installer_cause(output) == said

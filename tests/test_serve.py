@@ -12,6 +12,8 @@ import hmac
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -454,7 +456,20 @@ def test_failed_build_keeps_the_old_version_serving(setup):
     assert status["phase"] == "Failed"
     assert "pip install exited" in status["message"]
     assert "no-such-package" in status["message"]  # the log tail says why
+    # pip's own reason on the first line, the one status shows
+    first = status["message"].splitlines()[0]
+    assert first.startswith("build failed: pip install exited 1: ")
+    assert "No matching distribution found for no-such-package" in first
     assert server.call("dep").json()["message"] == "old"
+    # logs --build shows the build that failed, not the one still serving
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLESS_")}
+    env |= {"SLESS_SERVER": server.base, "SLESS_API_TOKEN": server.api_token() or ""}
+    logs = subprocess.run(
+        [sys.executable, "-m", "gitops_sless", "logs", "prod/dep", "--build"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert logs.returncode == 0, logs.stderr
+    assert "no-such-package" in logs.stdout
 
 
 def test_stopping_the_server_stops_every_process_it_started(setup, tmp_path):

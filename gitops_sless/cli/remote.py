@@ -439,7 +439,8 @@ def _logs(args: argparse.Namespace) -> int:
                 return _print_no_replicas(env, detail)
             if not args.build:
                 return _print_log(client, f"{where}/logs", args.follow)
-            tag = detail["buildTag"]
+            # the build of what the repository asks for (a failed one too), else what runs
+            tag = (detail.get("build") or {}).get("tag") or detail["buildTag"]
             if not tag:
                 print(f"gitops-sless logs: {env}/{name} has no build yet", file=sys.stderr)
                 return EXIT_NOT_OK

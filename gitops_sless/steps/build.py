@@ -79,5 +79,10 @@ def _build_error(exc: SlessError) -> str:
         return str(exc)
     if exc.summary is not None:  # the backend keeps the build's output out of the status
         return exc.summary
-    why = failure.cause(exc.log_tail) if exc.log_tail.strip() else ""
-    return f"build failed: {exc.reason}" + (f"\n{why}" if why else "")
+    tail = exc.log_tail if exc.log_tail.strip() else ""
+    # the installer's own word on the first line: what a one-line view (status) shows
+    said = failure.installer_cause(tail) if tail else None
+    why = failure.cause(tail) if tail else ""
+    return (
+        f"build failed: {exc.reason}" + (f": {said}" if said else "") + (f"\n{why}" if why else "")
+    )
