@@ -99,7 +99,13 @@ class Report:
         urls = {name: self.url(desired.functions[name]) for name in changed}
         fields = derive(desired, planned, ctx.outcomes, health, hashes, urls, changed)
         writes = sum(ctx.records.update(name, **f) for name, f in fields.items())
+        # a refused prune (the guard against emptying an environment) leaves them serving:
+        # they stay listed, and say why they still run
+        kept = ctx.serving if planned.refused else set()
         for name in set(ctx.records.names()) - fresh.keys() - desired.invalid_names.keys():
+            if name in kept:
+                writes += ctx.records.update(name, message=planned.refused)
+                continue
             ctx.records.delete(name)  # neither declared nor served: nothing to say of it
             writes += 1
         self._derived_for = fresh

@@ -327,12 +327,18 @@ def test_a_commit_that_declares_nothing_does_not_empty_the_environment(kube, har
     repo = WorkRepo(tmp_path / "repo")
     repo.commit("two", {**function_folder("alpha"), **function_folder("beta")})
     harness = harness_for(repo)
-    harness.sync()
+    ready = lambda: all(harness.function(n)["phase"] == "Ready" for n in ("alpha", "beta"))  # noqa: E731
+    wait_for(lambda: harness.sync() and ready(), "both Ready")
     repo.git("rm", "-rq", "alpha", "beta")
     repo.commit("everything gone", {"README.md": "moved elsewhere\n"})
     result = harness.sync()
     assert result.error and "refused to prune all 2 functions" in result.error
     assert len(kube.objects("Deployment", PROD)) == 2
+    # what still runs is still shown, with the refusal as the reason
+    for name in ("alpha", "beta"):
+        record = harness.function(name)
+        assert record["phase"] == "Ready", record
+        assert "refused to prune all 2 functions" in record["message"]
     harness.reconciler.allow_empty = True
     assert harness.sync().error is None
     assert kube.objects("Deployment", PROD) == []
