@@ -19,7 +19,7 @@ PACKAGE = HERE / "node_modules" / "@kubernetes-models" / "gateway-api"
 def schema_errors(objects: Iterable[dict[str, Any]]) -> list[str | None]:
     """For each object, None when the schema accepts it, else what the schema says."""
     batch = list(objects)
-    assert PACKAGE.is_dir(), "run scripts/setup: it installs tests/node_modules (npm ci)"
+    assert PACKAGE.is_dir(), "run scripts/setup --tests: it installs tests/node_modules (npm ci)"
     done = subprocess.run(
         ["node", str(SCRIPT)],
         input=json.dumps(batch),

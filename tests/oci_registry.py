@@ -68,7 +68,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 def oci_registry(tmp_path: Path) -> Iterator[OciRegistry]:
     binary = shutil.which("docker-registry")
     if binary is None:
-        raise RuntimeError("no docker-registry: scripts/setup installs the Debian package")
+        raise RuntimeError("no docker-registry: scripts/setup --tests installs the Debian package")
     folder = tmp_path / "registry"
     (folder / "data").mkdir(parents=True)
     port = _free_port()

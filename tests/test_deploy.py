@@ -797,7 +797,7 @@ def test_writes_by_anyone_else_are_not_looked_at(user):
 def test_kubectl_builds_deploy_and_an_overlay_with_the_restrict_component(tmp_path: Path) -> None:
     """What an admin runs: `kubectl apply -k deploy/`, and an overlay adding deploy/restrict."""
     kubectl = shutil.which("kubectl")
-    assert kubectl, "scripts/setup installs kubectl"
+    assert kubectl, "scripts/setup --tests installs kubectl"
     plain = subprocess.run(
         [kubectl, "kustomize", str(DEPLOY)], capture_output=True, text=True, check=True
     )
