@@ -171,7 +171,8 @@ class KubeBackend(Backend):
         self._published[view.env] = view.version
 
     def health(self, env: str) -> Mapping[str, Health]:
-        return _Health(self.view(env))
+        job_only = {name for (e, name) in self._job_only if e == env}
+        return _Health(self.view(env), job_only)
 
     def report(
         self,
@@ -292,12 +293,18 @@ class _Untrusted(KubeBackend):
         self.__dict__ = backend.__dict__  # views, routes, locks: one backend seen two ways
 
 
+_NOTHING_TO_RUN = Health("Ready")
+
+
 class _Health(Mapping[str, Health]):
     """Each function's health, worked out when asked: one lookup costs one function."""
 
-    def __init__(self, view: View) -> None:
+    def __init__(self, view: View, job_only: set[str]) -> None:
         self.view = view
-        self._names = view.functions()
+        # applied functions with no object of their own (jobs only): nothing starts, so
+        # they are Ready once applied, as on the local backend; their runs say the rest
+        self._job_only = job_only - view.functions()
+        self._names = view.functions() | self._job_only
 
     def __getitem__(self, name: str) -> Health:
         found = self._health(name) if name in self._names else None
@@ -310,6 +317,8 @@ class _Health(Mapping[str, Health]):
         return default if found is None else found
 
     def _health(self, name: str) -> Health | None:
+        if name in self._job_only:
+            return _NOTHING_TO_RUN
         if self.view.pods is not None:  # a rollout under way: what the pods say now
             return health(self.view, name)
         return self.view.memo("health", name, lambda: health(self.view, name))

@@ -454,6 +454,26 @@ def test_a_job_result_that_cannot_be_kept_fails_the_run_with_why(
     assert expected in job["metadata"]["annotations"]["gitops-sless.dev/error"]
 
 
+def test_a_job_only_function_beside_an_http_one_becomes_ready(kube, harness_for, tmp_path):
+    """A function with jobs and no trigger has no object of its own: once applied it is
+    Ready (as on the local backend), even beside functions the cluster reports on."""
+    repo = WorkRepo(tmp_path / "repo")
+    job_only = (
+        "functions:\n  - name: once\n    runtime: python3.11\n    entrypoint: main.handler\n"
+        "    jobs:\n      - name: seed\n        runId: 1\n"
+    )
+    repo.commit(
+        "two",
+        {**function_folder("alpha"), "once/sless.yaml": job_only, "once/main.py": HANDLER % "j"},
+    )
+    kube.set_job_log(PROD, "seed-run-1", '{"seeded": true}\n')
+    harness = harness_for(repo)
+    phases = lambda: {n: (harness.function(n) or {}).get("phase") for n in ("alpha", "once")}  # noqa: E731
+    wait_for(lambda: harness.sync() and phases() == {"alpha": "Ready", "once": "Ready"}, "Ready")
+    assert harness.store.job_run("prod", "seed", 1)["phase"] == "Succeeded"
+    assert harness.function("once")["message"] is None  # not "starting: not seen running yet"
+
+
 def test_a_build_pod_that_cannot_start_fails_with_the_kubelets_reason(kube, s3_server, tmp_path):
     repo = WorkRepo(tmp_path / "repo")
     repo.commit("one", function_folder("alpha"))
