@@ -454,6 +454,38 @@ def test_a_job_result_that_cannot_be_kept_fails_the_run_with_why(
     assert expected in job["metadata"]["annotations"]["gitops-sless.dev/error"]
 
 
+def test_every_sample_function_becomes_ready_on_kubernetes(kube, harness_for, tmp_path):
+    """The Kubernetes twin of the local sample: with its secret and its jobs' results,
+    every function of sample-repo/ is Ready and the pass converges (Succeeded)."""
+    repo = sample_repo(tmp_path)
+    for job in ("get-time-py", "get-time-js", "sum-numbers-py", "sum-numbers-js"):
+        kube.set_job_log(PROD, f"{job}-run-1", '{"utc": "2026-12-01T00:00:00Z", "sum": 3}\n')
+    for job in ("notes-create-table-py", "notes-create-table-js"):
+        kube.set_job_log(PROD, f"{job}-run-1", '{"created": true}\n')
+    # the operator's part: the environment's namespace and the notes functions' secret
+    client = KubeClient.from_config(str(kube.kubeconfig), calls=None)
+    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROD}})
+    client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "notes-db", "namespace": PROD},
+            "stringData": {"dsn": "postgres://notes@db.invalid/notes"},
+        }
+    )
+    harness = harness_for(repo)
+
+    def converged() -> bool:
+        result = harness.sync()
+        records = harness.store.functions("prod")
+        ready = all(r["phase"] == "Ready" for r in records)
+        return bool(records) and ready and result.result == "Succeeded"
+
+    wait_for(converged, "every sample function Ready and the pass Succeeded", 60)
+    records = harness.store.functions("prod")
+    assert len(records) == 16, sorted(r["name"] for r in records)  # validate's count
+
+
 def test_a_job_only_function_beside_an_http_one_becomes_ready(kube, harness_for, tmp_path):
     """A function with jobs and no trigger has no object of its own: once applied it is
     Ready (as on the local backend), even beside functions the cluster reports on."""
