@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -850,11 +849,11 @@ def test_bad_manifest_in_git_commit(
     assert state.functions == {}
 
 
-def test_alias_bomb_is_refused_quickly(write_repo) -> None:
+def test_alias_bomb_is_refused_before_it_is_expanded(write_repo) -> None:
+    # expanded, it would be billions of nodes (this test would never end): the refusal
+    # comes from counting aliases, and says so
     root = write_repo(repo(ALIAS_BOMB))
-    started = time.monotonic()
     state = load_dir(root)
-    assert time.monotonic() - started < 2
     [problem] = state.problems
     assert "alias bomb" in problem.reason
 
