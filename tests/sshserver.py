@@ -42,7 +42,9 @@ class Sshd:
 
     def __init__(self, folder: Path, client_key: Path | None = None, config: str = "") -> None:
         if not SSHD.exists():
-            raise AssertionError(f"{SSHD} is missing: run scripts/setup --tests (installs openssh-server)")
+            raise AssertionError(
+                f"{SSHD} is missing: run scripts/setup --tests (installs openssh-server)"
+            )
         self.folder = folder
         self.user = pwd.getpwuid(os.getuid()).pw_name
         self.port = 0
