@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi.responses import HTMLResponse
 
+from ... import failure
 from ...state.store import LOG_TAIL_CHARS
 from ..models import FunctionDetail, Invocation, JobRun
 from .html import (
@@ -91,8 +92,12 @@ class FunctionPage(Site):
         ]
         failed = fn.build is not None and fn.build.phase == "Failed"
         message = (fn.message or "").strip()
-        if failed:
-            message = message.partition("\n")[0]  # the log is below, its errors just under
+        if failed and fn.build is not None:
+            # the log is below, its errors just under: the headline leaves out the
+            # installer's own reason, which they show (status shows it on this line)
+            message = message.partition("\n")[0]
+            said = failure.installer_cause(fn.build.log_tail)
+            message = message.removesuffix(f": {said}") if said else message
         return _h(
             '<nav class="crumbs" aria-label="Breadcrumb"><a href="/">All functions</a>'
             " &rsaquo; {env}</nav><h1>{name} {badge}</h1>{message}{problems}{facts}",
