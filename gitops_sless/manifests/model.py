@@ -17,7 +17,10 @@ __all__ = [
     "Function",
     "Job",
     "JobRef",
+    "RateLimit",
+    "Scale",
     "SecretRef",
+    "Warm",
     "env_as_written",
     "is_preview",
     "read_env",
@@ -42,6 +45,58 @@ EnvValue = str | SecretRef | JobRef
 class CronTrigger:
     schedule: str
     event: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Warm:
+    """A floor on a schedule: from each time ``cron`` fires (UTC), ``min`` replicas for
+    ``for_sec`` seconds."""
+
+    cron: str
+    for_sec: float
+    min: int
+
+
+# the schema's defaults for a ``scale`` block (schemas/sless.schema.json)
+DEFAULT_MAX = 10
+DEFAULT_TARGET = 10
+DEFAULT_IDLE_SEC = 300.0
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How many replicas serve a function's http trigger in one environment.
+
+    ``replicas: N`` is ``Scale(N, N)``: fixed, never autoscaled. Otherwise the
+    autoscaler keeps ``ceil(observed in-flight / target)`` within ``[min, max]``
+    (``min`` raised by ``warm`` floors while they hold), and with ``min`` 0 stops
+    the last replica after ``idle_sec`` without a request.
+    """
+
+    min: int
+    max: int
+    target: int = DEFAULT_TARGET
+    idle_sec: float = DEFAULT_IDLE_SEC
+    warm: tuple[Warm, ...] = ()
+
+    @classmethod
+    def fixed(cls, replicas: int) -> Scale:
+        return cls(replicas, replicas)
+
+    @property
+    def autoscaled(self) -> bool:
+        """False for a fixed count (``replicas: N``, or min = max and no warm floor):
+        the backends then run exactly ``min`` replicas, as they always have."""
+        return self.min != self.max or bool(self.warm)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A token bucket per function and environment: ``rps`` tokens a second, at most
+    ``burst`` saved up."""
+
+    rps: float
+    burst: int
 
 
 @dataclass(frozen=True)
@@ -74,6 +129,28 @@ class Function:
     build_tag: str
     max_processes: int = 256  # the schema's default
     same_origin: bool = False  # the http trigger's sameOrigin: no sandboxing CSP
+    # the replicas of the http trigger outside previews and in them (see scale_in); None:
+    # ``replicas`` fixed outside previews, and in previews too when the manifest names
+    # ``replicas``, else Scale(0, max(replicas, 1)) there (a preview nobody calls costs
+    # nothing)
+    scale: Scale | None = None
+    preview_scale: Scale | None = None
+    replicas_named: bool = False  # the manifest says ``replicas`` (not the default)
+    concurrency: int = 0  # in-flight calls per replica at most; 0: no limit
+    rate_limit: RateLimit | None = None
+    max_body_bytes: int | None = None  # None: the proxy's own limit
+
+    def scale_in(self, environment: str) -> Scale:
+        """The replicas policy of this function in ``environment``."""
+        if is_preview(environment):
+            if self.preview_scale is not None:
+                return self.preview_scale
+            if self.scale is not None:
+                return self.scale
+            if self.replicas_named:
+                return Scale.fixed(self.replicas)
+            return Scale(0, max(self.replicas, 1))
+        return self.scale if self.scale is not None else Scale.fixed(self.replicas)
 
     def env_for(self, environment: str) -> dict[str, EnvValue]:
         """Env of this function in ``environment``: preview overrides apply in ``pr-*``."""
