@@ -67,25 +67,40 @@ class Histogram:
     def __init__(self, name: str, help_text: str, buckets: tuple[float, ...] = BUCKETS) -> None:
         self.name, self.help = name, help_text
         self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)
+        self.counts = [0] * (len(buckets) + 1)  # of observations without labels
         self.total = 0.0
+        self.series: dict[Labels, tuple[list[int], list[float]]] = {}  # with labels
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: float, **labels: str) -> None:
+        if labels:
+            key = _labels(labels)
+            series = self.series.get(key)
+            if series is None:
+                series = self.series[key] = ([0] * (len(self.buckets) + 1), [0.0])
+            counts, total = series
+            total[0] += seconds
+        else:
+            counts = self.counts
+            self.total += seconds
         for i, bound in enumerate(self.buckets):
             if seconds <= bound:
-                self.counts[i] += 1
+                counts[i] += 1
                 break
         else:
-            self.counts[-1] += 1
-        self.total += seconds
+            counts[-1] += 1
 
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        running = 0
-        for bound, count in zip((*self.buckets, "+Inf"), self.counts, strict=True):
-            running += count
-            lines.append(f'{self.name}_bucket{{le="{bound}"}} {running}')
-        lines += [f"{self.name}_sum {_num(self.total)}", f"{self.name}_count {running}"]
+        every = [((), self.counts, self.total)] if not self.series or any(self.counts) else []
+        every += [(k, c, t[0]) for k, (c, t) in sorted(self.series.items())]
+        for labels, counts, total in every:
+            running = 0
+            for bound, count in zip((*self.buckets, "+Inf"), counts, strict=True):
+                running += count
+                le = _fmt(labels, (("le", str(bound)),))
+                lines.append(f"{self.name}_bucket{le} {running}")
+            lines += [f"{self.name}_sum{_fmt(labels)} {_num(total)}"]
+            lines += [f"{self.name}_count{_fmt(labels)} {running}"]
         return lines
 
 
@@ -128,6 +143,28 @@ class Registry:
         self.functions = Gauge(
             "sless_functions", "Functions by environment and phase, after the last pass."
         )
+        self.cold_start = Histogram(
+            "sless_cold_start_seconds",
+            "Cold starts: a call that waited for a replica to start, by environment, function, "
+            "runtime and phase: process (sandbox and interpreter start), runtime (the runtime's "
+            "imports), handler (the handler's import), ready (listening until the call was "
+            "sent), answer (sent until the response head) and total (arrival to response head).",
+            (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.replicas = Gauge(
+            "sless_function_replicas",
+            "Replicas of an autoscaled function by environment, function and kind: desired "
+            "(the autoscaler's decision) or ready (serving).",
+        )
+        self.concurrency = Gauge(
+            "sless_function_concurrency",
+            "Calls in flight through the proxy (waiting ones included), averaged over the "
+            "autoscaler's stable window, by environment and function.",
+        )
+        self.idle_functions = Counter(
+            "sless_scaled_to_zero_total",
+            "Times an autoscaled function stopped its last replica after its idle time.",
+        )
         self.last_success = Gauge(
             "sless_last_successful_sync_timestamp_seconds",
             "When the last pass that fetched and converged finished (Unix time), by environment.",
@@ -148,6 +185,10 @@ class Registry:
                 self.gc_reclaimed,
                 self.gc_objects,
                 self.proxy_latency,
+                self.cold_start,
+                self.replicas,
+                self.concurrency,
+                self.idle_functions,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 

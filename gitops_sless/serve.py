@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ from .previews.forge import forge_for
 from .previews.reporter import Reporter
 from .proxy.history import InvocationBuffer
 from .reconciler import Reconciler
+from .scaling.autoscaler import Windows
+from .scaling.scaler import Scaler
 from .source import mirror as mirror_mod
 from .source import seed, webhooks
 from .state.inflight import InFlight
@@ -101,6 +103,8 @@ class ServeConfig:
     forge_token: str | None = None
     forge_kind: str | None = None
     forge_api: str | None = None
+    # the autoscaler's windows (scaling.autoscaler.Windows): Knative's 60 s and 6 s
+    scale_windows: Windows = field(default_factory=Windows)
 
     @property
     def public_url(self) -> str:
@@ -170,6 +174,13 @@ class Server:
             work=self.work,
         )
         self.previews = self._previews() if config.previews else None
+        # every environment runs on the one backend; only the leader writes decisions
+        self.scaler = Scaler(
+            self.routes,
+            lambda env: self.backend,
+            config.scale_windows,
+            leading=self.elector.is_leader if self.elector else None,
+        )
         self.proxy = proxy_mod.ProxyApp(
             self.routes,
             record=self.invocations.record,
@@ -177,6 +188,7 @@ class Server:
             trusted_proxies=config.trusted_proxies,
             # a function never gets the server's own credentials, whoever sends them
             withheld_tokens=(config.api_token, config.read_token),
+            wake=self.scaler.wake,
         )
         api = create_api(
             self.reconciler,
@@ -366,6 +378,7 @@ class Server:
             self.elector.start()
             self.followers.start()
         threading.Thread(target=self.reconciler.run_forever, name="sless-sync", daemon=True).start()
+        self.scaler.start()
         self.scheduler.add_job(
             self.reconciler.request_sync,
             "interval",
@@ -485,6 +498,7 @@ class Server:
             return
         self._closed.set()
         logs.event(log, "server.stopping", "stopping every process this server started")
+        self.scaler.close()  # decides nothing more: the processes are about to stop
         self.reconciler.stop()
         self.work.shutdown()
         if self.previews is not None:

@@ -16,6 +16,7 @@ Paint = Callable[[str, str], str]
 
 PHASE_STYLE = {
     "Ready": "green",
+    "Idle": "dim",
     "Disabled": "dim",
     "Pending": "yellow",
     "Building": "yellow",

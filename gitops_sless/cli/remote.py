@@ -38,7 +38,7 @@ from .output import PHASE_STYLE, Paint, colour, progress, short, styled, table, 
 __all__ = ["add_parsers"]
 
 POLL_SEC = 0.5  # logs -f: how often to ask for more
-GOOD_PHASES = ("Ready", "Disabled")
+GOOD_PHASES = ("Ready", "Idle", "Disabled")
 # a last pass that says so: a job waits or failed, a build runs, a function failed
 NOT_CONVERGED = ("Failed", "Degraded", "Progressing")
 MAX_SYNC_WAIT = 600  # the server waits at most this long

@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import logs
 from ..manifests import runtimes
-from ..manifests.model import Function, Job, SecretRef, is_preview
+from ..manifests.model import Function, Job, RateLimit, Scale, SecretRef, is_preview
 from ..plan.backend import (
     Backend,
     CronRun,
@@ -65,8 +66,8 @@ class LocalBackend(Backend):
             timeout_sec=build_timeout_sec,
             sandbox=sandbox,
         )
-        # http functions -> (timeout, same origin)
-        self._http: dict[tuple[str, str], tuple[float, bool]] = {}
+        # what the route of each http function says besides its upstreams
+        self._http: dict[tuple[str, str], _HttpTrigger] = {}
         self._on_cron = on_cron
         self.supervisor = Supervisor(
             state_dir, self._upstreams_changed, on_replica_event=on_replica_event, sandbox=sandbox
@@ -119,15 +120,22 @@ class LocalBackend(Backend):
         if http is None:
             self.routes.remove(env, name)
         else:
-            timeout, same_origin = http
+            failed = self.supervisor.start_failure(env, name)
             route = Route(
                 env,
                 name,
-                timeout,
+                http.timeout_sec,
                 upstreams,
                 last_exit=last_exit,
-                same_origin=same_origin,
+                same_origin=http.same_origin,
                 proof=b"x-sless-replica: " + replica_key.encode("ascii") + b"\r\n",
+                scale=http.scale,
+                concurrency=http.concurrency,
+                rate_limit=http.rate_limit,
+                max_body_bytes=http.max_body_bytes,
+                runtime=http.runtime,
+                failed=failed[0] if failed else None,
+                retry_at=failed[1] if failed else 0.0,
             )
             self.routes.set(route)
 
@@ -142,7 +150,13 @@ class LocalBackend(Backend):
         version = self.supervisor.version
         cached = self._health.get(env)
         if cached is None or cached[0] != version:  # a pass asks twice, every poll
-            cached = (version, {n: _health(u) for n, u in self.supervisor.status(env).items()})
+            cached = (
+                version,
+                {
+                    n: _health(u, self._http.get((env, n)))
+                    for n, u in self.supervisor.status(env).items()
+                },
+            )
             self._health[env] = cached
         return cached[1]
 
@@ -169,11 +183,30 @@ class LocalBackend(Backend):
     def apply(self, deployment: Deployment, revision: str | None = None) -> None:
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
+        policy = fn.scale_in(env)
+        autoscaled = policy if policy.autoscaled else None
         if fn.http:
-            self._http[(env, fn.name)] = (float(fn.timeout_sec), fn.same_origin)
+            self._http[(env, fn.name)] = _HttpTrigger(
+                float(fn.timeout_sec),
+                fn.same_origin,
+                autoscaled if fn.enabled else None,
+                fn.concurrency,
+                fn.rate_limit,
+                fn.max_body_bytes,
+                fn.runtime,
+            )
         else:
             self._http.pop((env, fn.name), None)
-        replicas = fn.replicas if fn.enabled and fn.http else 0
+        if not (fn.enabled and fn.http):
+            replicas = 0
+        elif autoscaled is None:
+            replicas = policy.min
+        else:
+            # a new version starts as many as run now, and one at least (Knative's initial
+            # scale): the deploy shows that it starts; idle, it goes to zero
+            running = self.supervisor.status(env).get(fn.name)
+            now = running.wanted if running else 0
+            replicas = min(max(now, policy.min, 1), policy.max)
         self.supervisor.apply(spec, deployment.spec_hash, replicas)
         triggers = [(c.schedule, c.event) for c in fn.crons] if fn.enabled else []
         schedules = [schedule for schedule, _ in triggers]
@@ -200,6 +233,9 @@ class LocalBackend(Backend):
                 self._on_cron(CronRun(spec.env_name, spec.function, index, ok, elapsed, output))
 
         return fire
+
+    def scale(self, env: str, name: str, replicas: int) -> None:
+        self.supervisor.scale(env, name, replicas)
 
     def remove(self, env: str, name: str) -> None:
         self._http.pop((env, name), None)
@@ -252,11 +288,28 @@ def _log_cron(spec: ProcessSpec, schedule: str, elapsed_ms: float, failed: str |
     )
 
 
-def _health(unit: UnitStatus) -> Health:
-    """A function with no healthy replica left is Failed (CrashLoopBackOff), as on Kubernetes."""
+@dataclass(frozen=True)
+class _HttpTrigger:
+    """What the route of an http function says besides where its replicas listen."""
+
+    timeout_sec: float
+    same_origin: bool
+    scale: Scale | None  # autoscaled: no replica means idle, and a call wakes one
+    concurrency: int
+    rate_limit: RateLimit | None
+    max_body_bytes: int | None
+    runtime: str
+
+
+def _health(unit: UnitStatus, http: _HttpTrigger | None) -> Health:
+    """A function whose replicas keep ending with none healthy is Failed (CrashLoopBackOff),
+    as on Kubernetes; an autoscaled one at zero replicas is Idle."""
     # no countdown in the message: it would change the record on every pass
     ended = f"a replica ended: {unit.last_exit}; restarting" if unit.last_exit else None
+    if unit.wanted == 0 and http is not None and http.scale is not None:
+        idle = f"no calls for {http.scale.idle_sec:g}s: no replica runs; a call starts one"
+        return Health("Idle", idle, unit.last_exit, unit.restarts)
     degraded = unit.ready < unit.wanted
-    if degraded and unit.ready == 0:
+    if degraded and unit.ready == 0 and unit.failing:
         return Health("Failed", ended, unit.last_exit, unit.restarts)
     return Health("Ready", ended if degraded else None, unit.last_exit, unit.restarts)

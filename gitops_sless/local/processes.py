@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import signal
 import subprocess
 import threading
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import backoff, failure, logs
+from ..metrics import METRICS
 from ..plan.backend import ApplyFailed, JobFailed
 from . import logfiles, memory
 from .orphans import ProcessGroups
@@ -146,6 +148,7 @@ class Supervisor:
                     ready=sum(1 for r in u.replicas if not r.withdrawn),
                     restarts=u.restarts,
                     last_exit=u.last_exit,
+                    failing=u.failures > 0,
                 )
                 for (e, name), u in self._units.items()
                 if e == env
@@ -179,6 +182,34 @@ class Supervisor:
             raise self._shutting_down(spec)
         if old:
             self._stop_later([r.child for r in old.replicas])
+
+    def scale(self, env: str, name: str, replicas: int) -> None:
+        """Run ``replicas`` of an applied function from now on: more start at once (unless
+        a failed start's backoff holds: then when it ends), fewer leave the route at once
+        and stop once their calls are answered (within the function's timeout)."""
+        key = (env, name)
+        with self._lock:
+            unit = self._units.get(key)
+            if unit is None or self._closing or unit.wanted == replicas:
+                return
+            unit.wanted = replicas
+            self.version += 1
+            extra = unit.replicas[replicas:]
+            if extra:
+                unit.replicas = unit.replicas[:replicas]
+                self._publish(key)
+        if extra:
+            grace = unit.spec.timeout_sec + STOP_GRACE_SEC
+            self._stop_later([r.child for r in extra], grace)
+        self._grow(key, unit)
+
+    def start_failure(self, env: str, name: str) -> tuple[str, float] | None:
+        """(why, until when: monotonic) while a failed start's backoff holds, else None."""
+        with self._lock:
+            unit = self._units.get((env, name))
+            if unit is None or unit.start_failed is None:
+                return None
+            return unit.start_failed, unit.restart_at
 
     def remove(self, env: str, name: str) -> None:
         with self._lock:
@@ -333,11 +364,11 @@ class Supervisor:
             self._children.pop(child.pid, None)
         return reason
 
-    def _stop(self, children: list[Child]) -> None:
+    def _stop(self, children: list[Child], grace: float = STOP_GRACE_SEC) -> None:
         for child in children:
             if child.process.poll() is None:
                 self.sandbox.terminate(child.pid)
-        deadline = time.monotonic() + STOP_GRACE_SEC
+        deadline = time.monotonic() + grace
         for child in children:
             try:
                 child.process.wait(max(0.0, deadline - time.monotonic()))
@@ -355,12 +386,13 @@ class Supervisor:
                 function=child.spec.function,
             )
 
-    def _stop_later(self, children: list[Child]) -> None:
-        # requests already sent to the old replicas get DRAIN_SEC to be answered; they
-        # stay tracked meanwhile, so close() stops them if it comes first
+    def _stop_later(self, children: list[Child], grace: float = STOP_GRACE_SEC) -> None:
+        # requests already sent to the old replicas get DRAIN_SEC to be answered (and
+        # then ``grace`` to end after SIGTERM, which the runtimes drain on); they stay
+        # tracked meanwhile, so close() stops them if it comes first
         def later() -> None:
             time.sleep(DRAIN_SEC)
-            self._stop(children)
+            self._stop(children, grace)
 
         threading.Thread(target=later, name="sless-drain", daemon=True).start()
 
@@ -413,50 +445,71 @@ class Supervisor:
         log_path = log_dir / f"{spec.function}.log"
         with log_path.open("ab") as out:
             since = out.seek(0, os.SEEK_END)  # the log goes on across starts: read only ours
-        child = self._start(
-            spec,
-            spec.command("server"),
-            self._shutting_down(spec),
-            env=spec.environ(
-                {
-                    "PORT": str(port),
-                    "SLESS_HOST": self.host,
-                    "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.function),
-                }
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # the runtime says on this pipe when it listens, with when each phase ended: no
+        # polling of /health, so a start is seen the moment it is done
+        ready_fd, write_fd = os.pipe()
+        spawned = time.monotonic()
+        try:
+            child = self._start(
+                spec,
+                spec.command("server"),
+                self._shutting_down(spec),
+                env=spec.environ(
+                    {
+                        "PORT": str(port),
+                        "SLESS_HOST": self.host,
+                        "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.function),
+                        "SLESS_READY_FD": str(write_fd),
+                    }
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+            )
+        except BaseException:
+            os.close(ready_fd)
+            raise
+        finally:
+            os.close(write_fd)
         assert child.process.stdout is not None
         output = self.output.attach(child.process.stdout, log_path)
+        ready = _ReadyLine(ready_fd)
         deadline = time.monotonic() + HEALTH_TIMEOUT_SEC
-        while time.monotonic() < deadline:
-            if self._closing:
-                self._stop([child])
-                raise self._shutting_down(spec)
-            if child.process.poll() is not None:
-                reason = self._reap(child)
-                output.wait(OUTPUT_WAIT_SEC)  # its last lines say why
-                why = failure.cause(_tail(log_path, since), self._function_dir(spec)) or "no output"
-                self.output.note(
-                    log_path, f"replica pid {child.pid} ended before it was healthy: {reason}"
-                )
-                raise _StartFailed(
-                    f"{spec.function}: the runtime ended before it was healthy ({reason}): {why}",
-                    reason,
-                )
-            if self._healthy(port):
-                logs.event(
-                    log,
-                    "replica.started",
-                    f"replica on port {port} is healthy (pid {child.pid})",
-                    level=logging.DEBUG,
-                    env=spec.env_name,
-                    function=spec.function,
-                )
-                return Replica(child, port, log_path, output)
-            time.sleep(0.02)
+        try:
+            while time.monotonic() < deadline:
+                if self._closing:
+                    self._stop([child])
+                    raise self._shutting_down(spec)
+                phases = ready.wait(0.05) if not ready.done else None
+                if phases is not None or (ready.done and self._healthy(port)):
+                    _record_start(spec, spawned, phases)
+                    logs.event(
+                        log,
+                        "replica.started",
+                        f"replica on port {port} is healthy (pid {child.pid})",
+                        level=logging.DEBUG,
+                        env=spec.env_name,
+                        function=spec.function,
+                    )
+                    return Replica(child, port, log_path, output)
+                if child.process.poll() is not None:
+                    reason = self._reap(child)
+                    output.wait(OUTPUT_WAIT_SEC)  # its last lines say why
+                    tail = _tail(log_path, since)
+                    why = failure.cause(tail, self._function_dir(spec)) or "no output"
+                    self.output.note(
+                        log_path, f"replica pid {child.pid} ended before it was healthy: {reason}"
+                    )
+                    raise _StartFailed(
+                        f"{spec.function}: the runtime ended before it was healthy "
+                        f"({reason}): {why}",
+                        reason,
+                    )
+                if ready.done:  # said nothing and lives on (not one of our runtimes): poll
+                    time.sleep(0.02)
+        finally:
+            ready.close()
         self._stop([child])
         raise _StartFailed(
             f"{spec.function}: no healthy answer on /health in {HEALTH_TIMEOUT_SEC:g}s", None
@@ -506,17 +559,28 @@ class Supervisor:
         with self._lock:
             if self._units.get(key) is not unit or self._closing:
                 return
-            restart = (
-                len(unit.replicas) < unit.wanted and now >= unit.restart_at and not unit.restarting
-            )
-            if restart:
-                unit.restarting = True
-            elif unit.failures and all(
-                now - r.started > backoff.RESET_AFTER_SEC for r in unit.replicas
+            if (
+                unit.failures
+                and len(unit.replicas) >= unit.wanted
+                and all(now - r.started > backoff.RESET_AFTER_SEC for r in unit.replicas)
             ):
                 unit.failures = 0
-        if restart:
-            # in its own thread: a slow start never delays noticing another function's crash
+        self._grow(key, unit)
+
+    def _grow(self, key: tuple[str, str], unit: Unit) -> None:
+        """Start the replicas ``unit`` lacks, each in its own thread (a slow start never
+        delays another, nor noticing another function's crash), unless a backoff holds."""
+        with self._lock:
+            missing = unit.wanted - len(unit.replicas) - unit.starting
+            if (
+                missing <= 0
+                or time.monotonic() < unit.restart_at
+                or self._closing
+                or self._units.get(key) is not unit
+            ):
+                return
+            unit.starting += missing
+        for _ in range(missing):
             threading.Thread(
                 target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
             ).start()
@@ -551,7 +615,8 @@ class Supervisor:
         try:
             self._restart(key, unit)
         finally:
-            unit.restarting = False
+            with self._lock:
+                unit.starting -= 1
 
     def _restart(self, key: tuple[str, str], unit: Unit) -> None:
         try:
@@ -562,17 +627,23 @@ class Supervisor:
                 if self._units.get(key) is not unit or self._closing:
                     return
                 wait = self._back_off(unit, time.monotonic())
+                unit.start_failed = str(exc)
                 if reason:
                     unit.last_exit = reason
-                    self._publish(key)
+                self._publish(key)
             event = "replica.exited" if reason else "replica.unhealthy"
             message = f"restart failed (next try in {wait:.1f}s): {exc}"
             self._exited(key, event, message, reason, wait)
             return
         with self._lock:
-            current = self._units.get(key) is unit and not self._closing
+            current = (
+                self._units.get(key) is unit
+                and not self._closing
+                and len(unit.replicas) < unit.wanted  # not scaled down meanwhile
+            )
             recovered = False
             if current:
+                unit.start_failed = None
                 unit.replicas.append(replica)
                 recovered = unit.degraded and len(unit.replicas) >= unit.wanted
                 if recovered:
@@ -581,15 +652,60 @@ class Supervisor:
         if not current:
             self._stop([replica.child])
             return
-        logs.event(
-            log,
-            "replica.restarted",
-            f"replica on port {replica.port} is healthy again",
-            env=key[0],
-            function=key[1],
-        )
+        if unit.restarts:  # a scale-up's start says so in _start_healthy's own event
+            logs.event(
+                log,
+                "replica.restarted",
+                f"replica on port {replica.port} is healthy again",
+                env=key[0],
+                function=key[1],
+            )
         if recovered:
             self._notify(key, "recovered", None)
+
+
+class _ReadyLine:
+    """The line a runtime writes on ``SLESS_READY_FD`` once it listens (runtimes/README.md):
+    when its start phases ended, on the monotonic clock that this process reads too."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.data = b""
+        self.done = False  # the runtime closed its end (or wrote its line)
+
+    def wait(self, timeout: float) -> dict[str, float] | None:
+        """The phases once the line is in; None while it is not (``done``: never will be)."""
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if not readable:
+            return None
+        chunk = os.read(self.fd, 4096)
+        self.data += chunk
+        if chunk and b"\n" not in self.data and len(self.data) < 65536:
+            return None
+        self.done = True
+        try:
+            line = json.loads(self.data.partition(b"\n")[0])
+            phases = line["t"]
+            return {k: float(phases[k]) for k in ("start", "runtime", "handler", "listening")}
+        except (ValueError, KeyError, TypeError):
+            return None  # EOF without a line: the start failed, or an older runtime
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def _record_start(spec: ProcessSpec, spawned: float, phases: dict[str, float] | None) -> None:
+    """The phases of a replica's start in the cold-start histogram (METRICS.cold_start)."""
+    if phases is None:
+        return
+    now = time.monotonic()
+    labels = {"env": spec.env_name, "function": spec.function, "runtime": spec.runtime.name}
+    edges = [("process", spawned, phases["start"]), ("runtime", phases["start"], phases["runtime"])]
+    edges += [("handler", phases["runtime"], phases["handler"])]
+    edges += [("ready", phases["handler"], now)]
+    for phase, begun, ended in edges:
+        METRICS.cold_start.observe(max(0.0, ended - begun), phase=phase, **labels)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

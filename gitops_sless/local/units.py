@@ -92,6 +92,7 @@ class UnitStatus:
     ready: int
     restarts: int  # replicas that ended since it was deployed
     last_exit: str | None
+    failing: bool = False  # the last replica ended or failed to start, and none came back
 
 
 @dataclass(eq=False)
@@ -147,4 +148,7 @@ class Unit:
     restart_at: float = 0.0
     last_exit: str | None = None
     degraded: bool = False  # a replica exited; "recovered" once all are back
-    restarting: bool = False
+    starting: int = 0  # replicas being started now
+    # why the last start failed, until a replica starts: with restart_at, what a call that
+    # waits for a replica is told (the activator answers 502 with it while the backoff holds)
+    start_failed: str | None = None

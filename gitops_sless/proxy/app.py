@@ -35,6 +35,7 @@ from urllib.parse import quote
 
 from ..metrics import METRICS
 from ..state.routes import Address, Route, RouteTable, Upstream
+from .activator import Activator, Refused
 from .http import (
     CHUNKED,
     LABEL_MAX,
@@ -97,8 +98,11 @@ class ProxyApp:
         max_body_bytes: int = 1 << 20,
         trusted_proxies: Iterable[str] = (),
         withheld_tokens: Iterable[str | None] = (),
+        wake: Callable[[str, str], None] | None = None,
     ) -> None:
         self.routes = routes
+        # ``wake(env, name)``: start a replica of a function scaled to zero (see .activator)
+        self.activator = Activator(routes, wake)
         self.withheld = Withheld(withheld_tokens)
         self.record = record
         self.max_body_bytes = max_body_bytes
@@ -139,8 +143,9 @@ class ProxyApp:
     def begin(self, raw_path: bytes, query: bytes, method: str) -> tuple[Call, Route | None, bytes]:
         """The call's record, its route (None: not routed) and the target to send upstream.
 
-        A call whose route has no upstream, or that has no route, carries the function's
-        declaration, if the repository declares it, in ``call.declared``.
+        A call whose route cannot take it (see :func:`serves`), or that has no route,
+        carries the function's declaration, if the repository declares it, in
+        ``call.declared``.
         """
         env, name, valid, tail = split_target(raw_path)
         target = b"/" + tail + b"?" + query if query else b"/" + tail
@@ -149,12 +154,49 @@ class ProxyApp:
             return call, None, target
         routes = self.routes
         route = routes.get(env, name)
-        if route is None or not route.upstreams:
+        if route is None or not (route.upstreams or route.scale):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None
         else:
             call.known = True
         return call, route, target
+
+    def admit(self, call: Call, route: Route) -> Refused | None:
+        """Count the call in its function's load, or the refusal that answers it (its rate
+        limit). Then ``activator.must_wait(route, call.load)`` says whether it is held."""
+        now = time.monotonic()
+        if route.rate_limit is not None:
+            refused = self.activator.rate_limited(route, now)
+            if refused is not None:
+                return refused
+        load = call.load = route.load
+        load.begin(now)
+        return None
+
+    def body_limit(self, route: Route) -> int:
+        """The most request body bytes a call of ``route``'s function may send."""
+        own = route.max_body_bytes
+        return self.max_body_bytes if own is None else min(own, self.max_body_bytes)
+
+    def sent(self, call: Call, route: Route, waited_for: Route) -> None:
+        """A held call goes on: if it waited for a replica to start, it is a cold start."""
+        if not waited_for.upstreams:
+            call.cold = (time.perf_counter(), route.runtime)
+
+    def cold_start(self, call: Call) -> bytes:
+        """The ``X-Sless-Cold-Start`` header line of a call that waited for a start, with
+        its phases recorded; b"" for any other call."""
+        if call.cold is None:
+            return b""
+        sent, runtime = call.cold
+        now = time.perf_counter()
+        waited = sent - call.started
+        labels = {"env": call.env, "function": call.name, "runtime": runtime}
+        METRICS.cold_start.observe(now - sent, phase="answer", **labels)
+        METRICS.cold_start.observe(now - call.started, phase="total", **labels)
+        if call.load is not None:
+            call.load.cold_start(waited * 1000)
+        return b"x-sless-cold-start: %d\r\n" % round(waited * 1000)
 
     def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]:
         """The status and error for a call with no route or no ready upstream."""
@@ -191,6 +233,11 @@ class ProxyApp:
 
     def finish(self, call: Call) -> None:
         """Count the call and hand it to ``record``; once per call, whatever happened."""
+        load = call.load
+        if load is not None:  # its slot is free: a call waiting for one may go
+            call.load = None
+            load.end(time.monotonic())
+            self.activator.released(call.env, call.name)
         if not call.known:
             # An undeclared name comes from the URL: as a metric label, or in the
             # invocation history, it would grow without bound.
@@ -221,9 +268,14 @@ class ProxyApp:
         raw = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
         call, route, target = self.begin(raw, scope.get("query_string", b""), scope["method"])
         try:
-            if route is None or not route.upstreams:
+            if route is None or not (route.upstreams or route.scale):
                 call.request_id = request_id_of(scope["headers"])
                 await self._error(call, send, *self.not_serving(call, route))
+                return
+            refused = self.admit(call, route)
+            if refused is not None:
+                call.request_id = request_id_of(scope["headers"])
+                await self._refused(call, send, refused)
                 return
             client = scope.get("client")
             host = client[0] if client else None
@@ -239,7 +291,20 @@ class ProxyApp:
                 self.withheld,
                 route.proof,
             )
-            await self._forward(call, route, head, body_mode, length, receive, send)
+            limit = self.body_limit(route)
+            if length > limit:
+                await self._too_large(call, send, limit)
+                return
+            if self.activator.must_wait(route, call.load):
+                deadline = asyncio.get_running_loop().time() + route.timeout_sec
+                try:
+                    held = await self.activator.hold(route, deadline)
+                except Refused as exc:
+                    await self._refused(call, send, exc)
+                    return
+                self.sent(call, held, route)
+                route = held
+            await self._forward(call, route, head, body_mode, limit, receive, send)
         finally:
             self.finish(call)
 
@@ -249,19 +314,16 @@ class ProxyApp:
         route: Route,
         head: bytes,
         body_mode: int,
-        length: int,
+        limit: int,
         receive: Receive,
         send: Send,
     ) -> None:
-        if length > self.max_body_bytes:
-            await self._too_large(call, send)
-            return
         upstream = route.pick()
-        assert upstream is not None  # begin() saw upstreams, and a route never changes
+        assert upstream is not None  # begin() or hold() saw upstreams; a route never changes
         address = upstream if route.gateway is None else route.gateway.address
         timeout = route.timeout_sec
         try:
-            conn = await self._exchange(address, head, body_mode, timeout, receive)
+            conn = await self._exchange(address, head, body_mode, timeout, limit, receive)
         except UpstreamError as exc:
             await self._error(call, send, 502, self.closed_early(call, upstream, str(exc)))
             return
@@ -269,7 +331,7 @@ class ProxyApp:
             await self._error(call, send, 504, f"function did not answer within {timeout:g}s")
             return
         except _TooLarge:
-            await self._too_large(call, send)
+            await self._too_large(call, send, limit)
             return
         except _ClientGone:
             call.status = 499
@@ -277,7 +339,13 @@ class ProxyApp:
         await self._respond(call, conn, address, receive, send, not route.same_origin)
 
     async def _exchange(
-        self, address: Address, head: bytes, body_mode: int, timeout: float, receive: Receive
+        self,
+        address: Address,
+        head: bytes,
+        body_mode: int,
+        timeout: float,
+        limit: int,
+        receive: Receive,
     ) -> UpstreamConnection:
         """Send the request, wait for the response head; the connection holding it."""
         pool = self.pool
@@ -292,7 +360,7 @@ class ProxyApp:
                 conn.write(head)
             else:
                 async with asyncio.timeout_at(deadline):
-                    await self._send_body(conn, head, body_mode, receive)
+                    await self._send_body(conn, head, body_mode, limit, receive)
             while not conn.head_done:
                 if conn.timed_out:
                     raise TimeoutError
@@ -316,9 +384,8 @@ class ProxyApp:
         return conn
 
     async def _send_body(
-        self, conn: UpstreamConnection, head: bytes, body_mode: int, receive: Receive
+        self, conn: UpstreamConnection, head: bytes, body_mode: int, limit: int, receive: Receive
     ) -> None:
-        limit = self.max_body_bytes
         total = 0
         pending = head
         while True:
@@ -356,7 +423,11 @@ class ProxyApp:
         call.status = conn.status
         METRICS.proxy_latency.observe(time.perf_counter() - call.started)
         headers = response_headers(conn.headers, conn.connection, call.request_id, sandbox)[0]
-        start = {"type": "http.response.start", "status": conn.status, "headers": _pairs(headers)}
+        pairs = _pairs(headers)
+        cold = self.cold_start(call)
+        if cold:
+            pairs.append((b"x-sless-cold-start", cold.split(b": ", 1)[1].strip()))
+        start = {"type": "http.response.start", "status": conn.status, "headers": pairs}
         if call.method == "HEAD":
             conn.close()  # its parser would read the next response as this one's body
             await send(start)
@@ -400,13 +471,21 @@ class ProxyApp:
 
     # -- answers of the proxy itself
 
-    async def _too_large(self, call: Call, send: Send) -> None:
+    async def _too_large(self, call: Call, send: Send, limit: int) -> None:
         # Close: the rest of an oversized body is not worth reading.
-        message = f"request body larger than {self.max_body_bytes} bytes"
-        await self._error(call, send, 413, message, close=True)
+        await self._error(call, send, 413, f"request body larger than {limit} bytes", close=True)
+
+    async def _refused(self, call: Call, send: Send, refused: Refused) -> None:
+        await self._error(call, send, refused.status, refused.message, False, refused.retry_after)
 
     async def _error(
-        self, call: Call, send: Send, status: int, message: str, close: bool = False
+        self,
+        call: Call,
+        send: Send,
+        status: int,
+        message: str,
+        close: bool = False,
+        retry_after: int | None = None,
     ) -> None:
         call.status = status
         METRICS.proxy_latency.observe(time.perf_counter() - call.started)
@@ -417,6 +496,8 @@ class ProxyApp:
             (b"x-request-id", call.request_id),
             (b"content-security-policy", SANDBOX_CSP),
         ]
+        if retry_after is not None:
+            headers.append((b"retry-after", b"%d" % retry_after))
         if close:
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -72,6 +72,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..metrics import METRICS
 from ..state.routes import Route, Upstream
+from .activator import Activator, Refused
 from .http import (
     CHUNKED,
     NO_BODY,
@@ -125,10 +126,19 @@ class Proxy(Protocol):
     max_body_bytes: int
     pool: Pool
     withheld: Withheld
+    activator: Activator
 
     def begin(
         self, raw_path: bytes, query: bytes, method: str
     ) -> tuple[Call, Route | None, bytes]: ...
+
+    def admit(self, call: Call, route: Route) -> Refused | None: ...
+
+    def body_limit(self, route: Route) -> int: ...
+
+    def sent(self, call: Call, route: Route, waited_for: Route) -> None: ...
+
+    def cold_start(self, call: Call) -> bytes: ...
 
     def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]: ...
 
@@ -586,6 +596,7 @@ class FastCall:
         "http11",
         "is_head",
         "keep_alive",
+        "limit",
         "proto",
         "proxy",
         "request_complete",
@@ -611,6 +622,7 @@ class FastCall:
         self.task: asyncio.Task[None] | None = None
         self.upstream_out: list[bytes] = []
         self.total = 0
+        self.limit = self.proxy.max_body_bytes  # the route's, once it is known
 
     # -- the client's side
 
@@ -622,16 +634,22 @@ class FastCall:
         raw_path, _, query = url.partition(b"?")
         method = proto.parser.get_method()
         self.is_head = method == b"HEAD"
-        self.call, route, target = self.proxy.begin(raw_path, query, method.decode("ascii"))
+        proxy = self.proxy
+        self.call, route, target = proxy.begin(raw_path, query, method.decode("ascii"))
         call = self.call
-        if route is None or not route.upstreams:
+        if route is None or not (route.upstreams or route.scale):
             call.request_id = request_id_of(proto.headers)
-            self.fail(*self.proxy.not_serving(call, route))
+            self.fail(*proxy.not_serving(call, route))
+            return
+        refused = proxy.admit(call, route)
+        if refused is not None:
+            call.request_id = request_id_of(proto.headers)
+            self.fail(refused.status, refused.message, retry_after=refused.retry_after)
             return
         peer = proto.peer
         if peer is None:
             client = proto.client
-            peer = proto.peer = self.proxy.peer(client[0] if client else None)
+            peer = proto.peer = proxy.peer(client[0] if client else None)
         self.head, self.body_mode, length, call.request_id = request_head(
             method,
             target,
@@ -641,20 +659,49 @@ class FastCall:
             route.env,
             route.name,
             route.gateway,
-            self.proxy.withheld,
+            proxy.withheld,
             route.proof,
         )
-        if length > self.proxy.max_body_bytes:
+        self.limit = proxy.body_limit(route)
+        if length > self.limit:
             self.too_large()
             return
+        self.route = route
+        self.upstream_out.append(self.head)
+        self.deadline = proto.loop.time() + route.timeout_sec
+        if proxy.activator.must_wait(route, call.load):
+            self.task = proto.loop.create_task(self._hold(route))
+            return
+        self.go(route)
+
+    async def _hold(self, route: Route) -> None:
+        """Wait for a replica or a free slot (see .activator), then go on."""
+        try:
+            held = await self.proxy.activator.hold(route, self.deadline)
+        except Refused as exc:
+            self.task = None
+            if not self.response_complete:
+                self.fail(exc.status, exc.message, retry_after=exc.retry_after)
+            return
+        self.task = None
+        if self.response_complete:
+            return
+        self.proxy.sent(self.call, held, route)
+        self.deadline = self.proto.loop.time() + held.timeout_sec
+        self.go(held)
+        if self.conn is not None:
+            self.flush_upstream()  # what the client sent while the call waited
+            if not self.proto.flow.write_paused:
+                self.proto.flow.resume_reading()
+
+    def go(self, route: Route) -> None:
+        """Send the call to one of ``route``'s upstreams."""
         upstream = route.pick()
-        assert upstream is not None  # begin() saw upstreams, and a route never changes
+        assert upstream is not None  # begin() or hold() saw upstreams; a route never changes
         self.route, self.upstream = route, upstream
         # where to connect: the upstream, or the gateway it is reached through
         gateway = route.gateway
         self.address = upstream if gateway is None else gateway.address
-        self.deadline = proto.loop.time() + route.timeout_sec
-        self.upstream_out.append(self.head)
         conn = self.proxy.pool.take(self.address)
         if conn is None:
             self.connect()
@@ -666,7 +713,7 @@ class FastCall:
         if self.response_complete:
             return  # answered already (an error): the rest of the body is read and dropped
         self.total += len(body)
-        if self.total > self.proxy.max_body_bytes:
+        if self.total > self.limit:
             self.too_large()
             return
         if self.body_mode == CHUNKED:
@@ -804,6 +851,8 @@ class FastCall:
             conn.headers, conn.connection, call.request_id, not self.route.same_origin
         )
         out += headers
+        if call.cold is not None:
+            out.append(self.proxy.cold_start(call))
         if not (has_length or self.is_head or status == 204 or status == 304):
             if self.http11:
                 self.chunked_out = True
@@ -817,7 +866,9 @@ class FastCall:
 
     # -- endings
 
-    def fail(self, status: int, message: str, close: bool = False) -> None:
+    def fail(
+        self, status: int, message: str, close: bool = False, retry_after: int | None = None
+    ) -> None:
         """Answer with the proxy's own JSON error (the response must not have started)."""
         self._drop_upstream()
         call = self.call
@@ -833,6 +884,7 @@ class FastCall:
             _ERROR_HEAD % len(body),
             call.request_id,
             b"\r\n" if self.keep_alive else b"\r\nconnection: close\r\n",
+            b"" if retry_after is None else b"retry-after: %d\r\n" % retry_after,
             b"\r\n",
             b"" if self.is_head else body,
         )
@@ -847,7 +899,7 @@ class FastCall:
             self.proxy.finish(self.call)
             return
         # Close: the rest of an oversized body is not worth reading.
-        self.fail(413, f"request body larger than {self.proxy.max_body_bytes} bytes", close=True)
+        self.fail(413, f"request body larger than {self.limit} bytes", close=True)
 
     def _drop_upstream(self) -> None:
         if self.task is not None:

@@ -182,7 +182,8 @@ def _kind_of(name: bytes) -> int:
 
 
 # The serving HTTP server writes its own Date; the proxy writes its own request id.
-_RESPONSE_DROP = HOP_BY_HOP | {b"date", b"x-request-id"}
+# x-sless-cold-start is the proxy's to say (a function could pretend)
+_RESPONSE_DROP = HOP_BY_HOP | {b"date", b"x-request-id", b"x-sless-cold-start"}
 # Whatever Connection names, these stay: the upstream needs them to read the request.
 _FRAMING = frozenset((b"", b"host", b"content-length"))
 
@@ -231,9 +232,11 @@ class Call:
     """One request through the proxy, as it will be recorded; ``status`` is what the client got."""
 
     __slots__ = (
+        "cold",
         "declared",
         "env",
         "known",
+        "load",
         "method",
         "name",
         "path",
@@ -251,6 +254,10 @@ class Call:
         self.status = 0
         self.started = time.perf_counter()
         self.wall = time.time()
+        self.load: Any = None  # the function's load.Load while the call counts in it
+        # (perf_counter when the replica that the call waited for was ready, the route's
+        # runtime) of a call that waited for a start; None: it did not
+        self.cold: tuple[float, str] | None = None
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:

@@ -78,4 +78,4 @@ class Records:
 
 
 def _settled(row: dict[str, Any]) -> bool:
-    return row["phase"] in ("Ready", "Disabled")
+    return row["phase"] in ("Ready", "Idle", "Disabled")

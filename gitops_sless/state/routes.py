@@ -13,13 +13,19 @@ Kubernetes API server's service proxy for a backend outside the cluster.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
+from ..manifests.model import RateLimit, Scale
+from .load import Load
+
 __all__ = ["Address", "Declared", "Gateway", "Route", "RouteTable"]
+
+log = logging.getLogger(__name__)
 
 Upstream = tuple[str, int]
 # Where the proxy connects: (host, port) over plain HTTP, (host, port, context, server
@@ -137,6 +143,20 @@ class Route:
     # a header line the proxy adds to every call (``x-sless-replica: KEY``): the local
     # backend's replicas refuse calls without it, so nobody reaches them but the proxy
     proof: bytes = b""
+    # the function's replicas policy when it is autoscaled (None: a fixed count). With one,
+    # no upstream means scaled to zero: a call waits for a replica rather than a 503
+    scale: Scale | None = None
+    concurrency: int = 0  # in-flight calls per replica at most; 0: no limit
+    rate_limit: RateLimit | None = None
+    max_body_bytes: int | None = None  # the function's own limit (the proxy's stays a ceiling)
+    runtime: str = ""  # for the cold-start metrics
+    # why the last start of a replica failed, while the crash-loop backoff holds (until
+    # ``retry_at``, monotonic): a call that would wait for a start answers 502 with it
+    failed: str | None = None
+    retry_at: float = 0.0
+    # what the function's calls cost now: the same object across every route the function
+    # has while it is deployed (RouteTable.set carries it over)
+    load: Load = field(default_factory=Load, compare=False, repr=False)
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
 
     @property
@@ -163,6 +183,23 @@ class RouteTable:
         self._declared: dict[str, dict[str, Declared]] = {}
         self._closed: frozenset[str] = frozenset()  # environments being torn down
         self._write = threading.Lock()
+        self._watchers: list[Callable[[str, str], None]] = []
+
+    def watch(self, changed: Callable[[str, str], None]) -> None:
+        """Call ``changed(env, name)`` after every change of a route, from the thread that
+        made it: it must return at once (the proxy's activator hands it to its loop)."""
+        self._watchers.append(changed)
+
+    def _changed(self, env: str, name: str) -> None:
+        for changed in self._watchers:
+            try:
+                changed(env, name)
+            except Exception:  # a watcher's bug must not stop a backend's update
+                log.exception("route watcher failed for %s/%s", env, name)
+
+    def all(self) -> list[Route]:
+        """Every route, for the autoscaler's tick."""
+        return list(self._routes.values())
 
     def close(self, env: str) -> None:
         """Forget ``env`` and ignore what is said of it until :meth:`reopen`: a pass still
@@ -170,7 +207,10 @@ class RouteTable:
         with self._write:
             self._closed = self._closed | {env}
             self._declared = {e: d for e, d in self._declared.items() if e != env}
+            gone = [key for key in self._routes if key[0] == env]
             self._routes = {key: r for key, r in self._routes.items() if key[0] != env}
+        for key in gone:
+            self._changed(*key)
 
     def reopen(self, env: str) -> None:
         with self._write:
@@ -196,13 +236,20 @@ class RouteTable:
         with self._write:
             if route.env in self._closed:
                 return
-            self._routes = {**self._routes, (route.env, route.name): route}
+            key = (route.env, route.name)
+            old = self._routes.get(key)
+            if old is not None:  # the function's load goes on across its routes
+                object.__setattr__(route, "load", old.load)
+            self._routes = {**self._routes, key: route}
+        self._changed(route.env, route.name)
 
     def remove(self, env: str, name: str) -> None:
         with self._write:
             routes = dict(self._routes)
-            routes.pop((env, name), None)
+            gone = routes.pop((env, name), None)
             self._routes = routes
+        if gone is not None:
+            self._changed(env, name)
 
     def names(self, env: str) -> list[str]:
         return sorted(name for e, name in self._routes if e == env)

@@ -20,7 +20,7 @@ from . import schema
 
 __all__ = ["FUNCTION_PHASES", "JOB_PHASES", "Store"]
 
-FUNCTION_PHASES = ("Pending", "Building", "Ready", "Failed", "Invalid", "Disabled")
+FUNCTION_PHASES = ("Pending", "Building", "Ready", "Idle", "Failed", "Invalid", "Disabled")
 JOB_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Skipped")
 BUILD_PHASES = ("Building", "Succeeded", "Failed")
 MAX_INVOCATIONS_PER_FUNCTION = 500  # per function: a flood on one never evicts another's

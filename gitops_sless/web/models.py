@@ -33,7 +33,7 @@ __all__ = [
     "rfc3339",
 ]
 
-FunctionPhase = Literal["Pending", "Building", "Ready", "Failed", "Invalid", "Disabled"]
+FunctionPhase = Literal["Pending", "Building", "Ready", "Idle", "Failed", "Invalid", "Disabled"]
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
 BuildPhase = Literal["Building", "Succeeded", "Failed"]
 # Succeeded: every function serves its commit; Progressing: builds, jobs or secrets are

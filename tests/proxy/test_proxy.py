@@ -127,13 +127,19 @@ class ProxyServer:
         front: Callable | None = None,
         trusted: tuple[str, ...] = (),
         limits: Limits | None = None,
+        wake: Callable[[str, str], None] | None = None,
     ) -> None:
-        """``front(proxy) -> app``: an ASGI app that hands /fn/ to the proxy (default: none)."""
+        """``front(proxy) -> app``: an ASGI app that hands /fn/ to the proxy (default: none);
+        ``wake``: the proxy's way to start a function at zero (see proxy.activator)."""
         self.mode = mode
         self.routes = RouteTable()
         self.records: list[Invocation] = []
         self.app = ProxyApp(
-            self.routes, self.records.append, max_body_bytes=MAX_BODY, trusted_proxies=trusted
+            self.routes,
+            self.records.append,
+            max_body_bytes=MAX_BODY,
+            trusted_proxies=trusted,
+            wake=wake,
         )
         # IPPROTO_TCP spelled out: asyncio sets TCP_NODELAY only on sockets that say so,
         # and without it h11's two writes per response meet the client's delayed ACK.

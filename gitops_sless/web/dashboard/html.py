@@ -41,6 +41,7 @@ _ERROR_LINE = re.compile(
 )
 _KIND = {
     "Ready": "ok",
+    "Idle": "ok",
     "Succeeded": "ok",
     "Failed": "bad",
     "Invalid": "warn",

@@ -1,0 +1,201 @@
+"""The autoscaler's tick: every autoscaled route's replicas decided and written.
+
+A thread wakes every ``tick_sec``; for each route with a ``scale`` policy it
+reads the function's load, asks its :class:`~.autoscaler.Autoscaler`, and
+writes a changed decision through ``Backend.scale``. :meth:`Scaler.wake` is
+the activator's way in: a call waits for a function at zero, so one replica
+is wanted now (any reconciler replica may wake a function; only the leader
+writes the tick's decisions). What it decided is kept for the status API,
+the dashboard and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from .. import logs
+from ..metrics import METRICS
+from ..plan.backend import Backend
+from ..state.routes import Route, RouteTable
+from . import warm
+from .autoscaler import Autoscaler, Decision, Windows
+
+__all__ = ["ScaleStatus", "Scaler"]
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ScaleStatus:
+    """What the status API shows of an autoscaled function."""
+
+    desired: int
+    ready: int
+    concurrency: float  # averaged over the stable window
+    panicking: bool
+    floor: int  # min, raised by a warm schedule that holds now
+
+
+class Scaler:
+    """Decides and writes the replicas of every autoscaled function (module doc)."""
+
+    def __init__(
+        self,
+        routes: RouteTable,
+        backends: Callable[[str], Backend | None],
+        windows: Windows | None = None,
+        leading: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        """``backends(env)``: the backend that runs ``env`` (None: not ours to scale)."""
+        self.routes = routes
+        self.backends = backends
+        self.windows = windows or Windows()
+        self.leading = leading
+        self.clock = clock
+        self.wall = wall
+        self._scalers: dict[Key, tuple[Route, Autoscaler, float]] = {}  # route, its scaler, since
+        self._status: dict[Key, ScaleStatus] = {}
+        self._lock = threading.Lock()
+        # wakes and writes one at a time: a tick's "0" never lands after a wake's "1"
+        self._writing = threading.Lock()
+        self._written: dict[Key, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sless-autoscaler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def status(self, env: str, name: str) -> ScaleStatus | None:
+        return self._status.get((env, name))
+
+    def wake(self, env: str, name: str) -> None:
+        """A call waits for ``name`` at zero replicas: one now (called on a worker thread)."""
+        route = self.routes.get(env, name)
+        backend = self.backends(env)
+        if route is None or route.scale is None or backend is None:
+            return
+        with self._lock:
+            kept = self._scalers.get((env, name))
+            if kept is not None and kept[1].desired:
+                desired = kept[1].desired
+            else:
+                desired = 1
+                if kept is not None:
+                    kept[1].desired = 1
+        try:
+            with self._writing:
+                backend.scale(env, name, desired)
+                self._written[(env, name)] = desired
+        except Exception as exc:
+            logs.event(
+                log,
+                "scale.wake_failed",
+                f"could not start a replica for a waiting call: {exc}",
+                level=logging.WARNING,
+                env=env,
+                function=name,
+            )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.windows.tick_sec):
+            try:
+                self.tick()
+            except Exception:  # the next tick tries again; a bug must not stop scaling
+                log.exception("autoscaler tick failed")
+
+    def tick(self) -> None:
+        """Decide every autoscaled function once, and write what changed (when leading)."""
+        now = self.clock()
+        wall = self.wall()
+        seen: set[Key] = set()
+        writes: list[tuple[Backend, Route, int]] = []
+        leading = self.leading is None or self.leading()
+        for route in self.routes.all():
+            policy = route.scale
+            if policy is None:
+                continue
+            key = (route.env, route.name)
+            seen.add(key)
+            load = route.load
+            with self._lock:
+                kept = self._scalers.get(key)
+                if kept is None or kept[0].scale != policy:  # new, or a new policy
+                    since = kept[2] if kept is not None else now
+                    autoscaler = Autoscaler(self.windows, now, load.busy_until(now))
+                    autoscaler.desired = kept[1].desired if kept is not None else None
+                    kept = (route, autoscaler, since)
+                kept = self._scalers[key] = (route, kept[1], kept[2])
+            floor = warm.floor(policy, wall)
+            ready = route.serving
+            decision = kept[1].decide(
+                policy, floor, now, load.busy_until(now), ready, load.idle_for(now, kept[2])
+            )
+            self._report(key, decision, ready, floor)
+            backend = self.backends(route.env)
+            if backend is not None and leading:
+                writes.append((backend, route, decision.desired))
+        with self._lock:
+            for key in set(self._scalers) - seen:
+                del self._scalers[key]
+                self._status.pop(key, None)
+                self._written.pop(key, None)
+        for backend, route, desired in writes:
+            self._write(backend, route, desired)
+
+    def _report(self, key: Key, decision: Decision, ready: int, floor: int) -> None:
+        previous = self._status.get(key)
+        self._status[key] = ScaleStatus(
+            decision.desired, ready, decision.stable, decision.panicking, floor
+        )
+        env, name = key
+        METRICS.replicas.set(decision.desired, env=env, name=name, kind="desired")
+        METRICS.replicas.set(ready, env=env, name=name, kind="ready")
+        METRICS.concurrency.set(round(decision.stable, 3), env=env, name=name)
+        if previous is not None and previous.desired != decision.desired:
+            if decision.desired == 0:
+                METRICS.idle_functions.inc(env=env, name=name)
+            logs.event(
+                log,
+                "scale.changed",
+                f"replicas {previous.desired} -> {decision.desired} (concurrency "
+                f"{decision.stable:.2f} stable, {decision.panic:.2f} panic"
+                f"{', panicking' if decision.panicking else ''})",
+                level=logging.INFO,
+                env=env,
+                function=name,
+            )
+
+    def _write(self, backend: Backend, route: Route, desired: int) -> None:
+        key = (route.env, route.name)
+        try:
+            with self._writing:
+                if self._written.get(key) == desired:
+                    return
+                if desired == 0 and route.load.inflight:
+                    return  # a call came since the decision: it has woken the function
+                backend.scale(route.env, route.name, desired)
+                self._written[key] = desired
+        except Exception as exc:  # the next tick writes it again
+            logs.event(
+                log,
+                "scale.write_failed",
+                f"could not set replicas to {desired}: {exc}",
+                level=logging.WARNING,
+                env=route.env,
+                function=route.name,
+            )
