@@ -9,6 +9,7 @@ the others load.
 
 from __future__ import annotations
 
+import math
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -16,9 +17,19 @@ from typing import Any
 
 from ..errors import ManifestError, ManifestProblem
 from ..source.snapshot import Snapshot
-from . import cron, runtimes, schema, yamldoc
+from . import cron, durations, runtimes, schema, yamldoc
 from .identity import MANIFEST_NAME, build_tag, source_id
-from .model import CronTrigger, DesiredState, Function, Job, read_env
+from .model import (
+    DEFAULT_MAX,
+    CronTrigger,
+    DesiredState,
+    Function,
+    Job,
+    RateLimit,
+    Scale,
+    Warm,
+    read_env,
+)
 from .yamldoc import Located, YamlProblem, field_path
 
 __all__ = [
@@ -113,6 +124,7 @@ class _Manifest:
                 self._check_entrypoint(at, fn, files)
             if "triggers" in fn and self._valid(*at, "triggers"):
                 self._check_triggers(at, fn)
+            self._check_scaling(at, self._written(i))
 
     def _valid(self, *at: str | int) -> bool:
         """Whether the schema found nothing wrong at ``at``, in it or around it."""
@@ -152,6 +164,68 @@ class _Manifest:
                 except cron.CronError as exc:
                     self.problem((*at, "triggers", j, "schedule"), str(exc))
 
+    def _written(self, i: int) -> dict[str, Any]:
+        """Function ``i`` as the file writes it, before the schema's defaults."""
+        assert self.doc is not None
+        return self.doc.data["functions"][i]
+
+    def _check_scaling(self, at: yamldoc.Path, fn: dict[str, Any]) -> None:
+        """``replicas`` or ``scale``, never both; in each scale block, min and every warm floor
+        at most max, warm schedules that parse, durations within their bounds."""
+        if "scale" in fn and "replicas" in fn:
+            self.problem(
+                (*at, "scale"),
+                "a function names replicas or scale, not both (replicas: N is scale min N, max N)",
+            )
+        preview = fn.get("preview")
+        blocks = {
+            ("scale",): fn.get("scale"),
+            ("preview", "scale"): preview.get("scale") if isinstance(preview, dict) else None,
+        }
+        for where, block in blocks.items():
+            if isinstance(block, dict):
+                self._check_scale((*at, *where), block)
+
+    def _check_scale(self, at: yamldoc.Path, block: dict[str, Any]) -> None:
+        """One scale block, every part of it the schema let through."""
+        high = block.get("max", DEFAULT_MAX) if self._valid(*at, "max") else None
+        default = "" if "max" in block else " (the default)"
+        low = block.get("min", 0) if self._valid(*at, "min") else None
+        if low is not None and high is not None and low > high:
+            self.problem((*at, "min"), f"{low} is more than max {high}{default}")
+        if "idle" in block and self._valid(*at, "idle"):
+            self._check_duration((*at, "idle"), block["idle"], _bounds("scale", "idle"))
+        warms = block.get("warm", [])
+        for j, warm in enumerate(warms if isinstance(warms, list) else []):
+            w = (*at, "warm", j)
+            if self._valid(*w, "cron"):
+                try:
+                    cron.parse(warm["cron"])
+                except cron.CronError as exc:
+                    self.problem((*w, "cron"), str(exc))
+            if self._valid(*w, "for"):
+                self._check_duration((*w, "for"), warm["for"], _bounds("warm", "for"))
+            if self._valid(*w, "min") and high is not None and warm["min"] > high:
+                self.problem(
+                    (*w, "min"),
+                    f"{warm['min']} is more than max {high}{default}: a floor never exceeds max",
+                )
+
+    def _check_duration(self, at: yamldoc.Path, value: Any, bounds: tuple[int, int]) -> None:
+        """The bounds of a duration written as a string (the schema bounds whole seconds)."""
+        if not isinstance(value, str):
+            return
+        try:
+            seconds = durations.parse(value)
+        except durations.DurationError as exc:
+            self.problem(at, str(exc))
+            return
+        low, high = bounds
+        if seconds < low:
+            self.problem(at, f'"{value}" is less than the minimum of {durations.shown(low)}')
+        elif seconds > high:
+            self.problem(at, f'"{value}" is greater than the maximum of {durations.shown(high)}')
+
     def declared(self) -> tuple[tuple[yamldoc.Path, str, str], ...]:
         """(path, name, what) of every function and job name, read as far as possible."""
         if self._declared is None:
@@ -188,7 +262,10 @@ class _Manifest:
     def functions(self) -> list[Function]:
         # the folder without this file: an edit of the manifest alone builds nothing
         folder_id = source_id(self.snapshot, self.folder)
-        return [_function(self, fn, folder_id) for fn in self.data["functions"]]
+        return [
+            _function(self, fn, folder_id, "replicas" in self._written(i))
+            for i, fn in enumerate(self.data["functions"])
+        ]
 
 
 def _resolve_in_folder(rel: str, links: Mapping[str, str], hops: int = 0) -> str | None:
@@ -221,7 +298,30 @@ def _resolve_in_folder(rel: str, links: Mapping[str, str], hops: int = 0) -> str
     return "/".join(out)
 
 
-def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Function:
+def _bounds(definition: str, name: str) -> tuple[int, int]:
+    """The schema's bounds of a duration field, in seconds."""
+    prop = schema.load_schema()["$defs"][definition]["properties"][name]
+    return prop["minimum"], prop["maximum"]
+
+
+def _scale(block: dict[str, Any] | None) -> Scale | None:
+    """A valid scale block with the schema's defaults filled in, as a Scale."""
+    if block is None:
+        return None
+    warm = tuple(Warm(w["cron"], float(durations.parse(w["for"])), w["min"]) for w in block["warm"])
+    idle = float(durations.parse(block["idle"]))
+    return Scale(block["min"], block["max"], block["target"], idle, warm)
+
+
+def _rate_limit(block: dict[str, Any] | None) -> RateLimit | None:
+    if block is None:
+        return None
+    return RateLimit(float(block["rps"]), block.get("burst", math.ceil(block["rps"])))
+
+
+def _function(
+    manifest: _Manifest, fn: dict[str, Any], source_id: str, replicas_named: bool
+) -> Function:
     runtime = runtimes.get(fn["runtime"])
     return Function(
         name=fn["name"],
@@ -244,6 +344,12 @@ def _function(manifest: _Manifest, fn: dict[str, Any], source_id: str) -> Functi
         build_tag=build_tag(source_id, runtime),
         max_processes=fn["maxProcesses"],
         same_origin=any(t.get("sameOrigin", False) for t in fn["triggers"] if t["type"] == "http"),
+        scale=_scale(fn.get("scale")),
+        preview_scale=_scale(fn["preview"].get("scale")),
+        replicas_named=replicas_named,
+        concurrency=fn["concurrency"],
+        rate_limit=_rate_limit(fn.get("rateLimit")),
+        max_body_bytes=fn.get("maxBodyBytes"),
     )
 
 

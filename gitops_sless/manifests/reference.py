@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import durations
 from .schema import load_schema
 
 __all__ = ["markdown"]
@@ -16,6 +17,9 @@ _SECTIONS = [
     ("Function (`functions[]`)", "function"),
     ("Secret reference (env value)", "secretRef"),
     ("Job-result reference (env value)", "jobRef"),
+    ("Scale (`scale`, `preview.scale`)", "scale"),
+    ("Warm floor (`scale.warm[]`)", "warm"),
+    ("Rate limit (`rateLimit`)", "rateLimit"),
     ("HTTP trigger (`triggers[]`, `type: http`)", "httpTrigger"),
     ("Cron trigger (`triggers[]`, `type: cron`)", "cronTrigger"),
     ("Job (`jobs[]`)", "job"),
@@ -30,23 +34,37 @@ def _resolve(prop: dict[str, Any]) -> dict[str, Any]:
     return prop
 
 
+def _is_duration(prop: dict[str, Any]) -> bool:
+    return prop.get("pattern") == load_schema()["$defs"]["duration"]["pattern"]
+
+
 def _kind(prop: dict[str, Any], name: str) -> str:
     if name == "env":
         return "map of env values"
     if "const" in prop:
         return f"`{prop['const']}`"
+    if _is_duration(prop):
+        return "duration"
     return {"object": "mapping", "array": "list"}.get(prop.get("type", ""), prop.get("type", "-"))
+
+
+def _bounds(prop: dict[str, Any]) -> str:
+    show = durations.shown if _is_duration(prop) else str
+    high = show(prop["maximum"]) if "maximum" in prop else ""
+    if "exclusiveMinimum" in prop:
+        return f"> {show(prop['exclusiveMinimum'])}" + (f", at most {high}" if high else "")
+    return f"{show(prop['minimum']) if 'minimum' in prop else ''}..{high}"
 
 
 def _allowed(prop: dict[str, Any]) -> str:
     parts = []
     if "enum" in prop:
         parts.append(", ".join(f"`{v}`" for v in prop["enum"]))
-    if "minimum" in prop or "maximum" in prop:
-        parts.append(f"{prop.get('minimum', '')}..{prop.get('maximum', '')}")
+    if {"minimum", "exclusiveMinimum", "maximum"} & set(prop):
+        parts.append(_bounds(prop))
     if "x-pattern-hint" in prop:
         parts.append(prop["x-pattern-hint"])
-    if "maxLength" in prop:
+    if "maxLength" in prop and not _is_duration(prop):
         parts.append(f"at most {prop['maxLength']} characters")
     if "maxItems" in prop:
         parts.append(f"at most {prop['maxItems']} items")
@@ -88,6 +106,8 @@ def markdown() -> str:
         "",
         f"**Env**: {env['description']} Values: {schema['$defs']['envValue']['description']} "
         "Numbers and booleans are refused: quote them.",
+        "",
+        f"**Durations** (`idle`, `for`): {schema['$defs']['duration']['description']}",
     ]
     for title, name in _SECTIONS:
         definition = _resolve(schema["$defs"][name])

@@ -69,7 +69,8 @@ def _type_reason(error: jsonschema.ValidationError) -> str:
         return f"has no value; expected {expected}"
     got = _TYPE_NAMES.get(type(error.instance), type(error.instance).__name__)
     reason = f"{_shown(error.instance)} is {got}; expected {expected}"
-    if "string" in wanted and isinstance(error.instance, bool | int | float):
+    numbers = {"integer", "number"} & set(wanted)  # a duration: quoting would not help
+    if "string" in wanted and not numbers and isinstance(error.instance, bool | int | float):
         reason += " (quote it)"
     return reason
 

@@ -97,8 +97,8 @@ ENV_NAME_HINT = (
 RUNTIMES = '"python3.11", "nodejs20"'
 CRON_FIELDS = "a schedule has five: minute hour day-of-month month day-of-week"
 KNOWN_FUNCTION_FIELDS = (
-    "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, enabled, env, "
-    "triggers, jobs, preview"
+    "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, scale, "
+    "concurrency, rateLimit, maxBodyBytes, enabled, env, triggers, jobs, preview"
 )
 
 # Ten levels of ten aliases each: 10**10 values once expanded.
@@ -228,7 +228,7 @@ BAD_CASES = [
     bad(
         "preview-unknown-field",
         one("    preview:", "      memoryMB: 256"),
-        f"{M}:6: functions[0].preview.memoryMB: unknown field; known fields: env",
+        f"{M}:6: functions[0].preview.memoryMB: unknown field; known fields: env, scale",
     ),
     bad(
         "functions-mapping",
