@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PermanentError, TransientError
-from ..manifests.model import Function, Job, JobRef, SecretRef, env_as_written
+from ..manifests.model import Function, Job, JobRef, Scale, SecretRef, env_as_written
 from ..source.snapshot import Snapshot
 
 __all__ = [
@@ -84,7 +84,7 @@ class CronRun:
 class Health:
     """A function as the backend sees it running (a backend that runs it elsewhere reports)."""
 
-    phase: str  # Ready, Pending, Failed or Disabled
+    phase: str  # Ready, Pending, Failed, Disabled, or Idle (autoscaled, at zero replicas)
     message: str | None = None
     last_exit: str | None = None  # why the last container or process ended
     restarts: int = 0
@@ -120,7 +120,26 @@ class Deployment:
         return self.function.name
 
 
-def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
+def _replicas(scale: Scale) -> dict[str, Any]:
+    """A fixed count as it always was (``replicas``), so those hashes stay; else the policy."""
+    if not scale.autoscaled:
+        return {"replicas": scale.min}
+    warm = [{"cron": w.cron, "forSec": float(w.for_sec), "min": w.min} for w in scale.warm]
+    policy = {"min": scale.min, "max": scale.max, "target": scale.target, "warm": warm}
+    return {"scale": {**policy, "idleSec": float(scale.idle_sec)}}
+
+
+def _limits(fn: Function) -> dict[str, Any]:
+    """The proxy's limits of ``fn``, each only when set."""
+    rate = fn.rate_limit
+    return {
+        **({"concurrency": fn.concurrency} if fn.concurrency else {}),
+        **({"rateLimit": {"rps": float(rate.rps), "burst": rate.burst}} if rate else {}),
+        **({"maxBodyBytes": fn.max_body_bytes} if fn.max_body_bytes is not None else {}),
+    }
+
+
+def _spec(env: str, fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
     return {
         "tag": fn.build_tag,
         "runtime": fn.runtime,
@@ -128,11 +147,12 @@ def _spec(fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str, Any]:
         "memoryMB": fn.memory_mb,
         "maxProcesses": fn.max_processes,
         "timeoutSec": fn.timeout_sec,
-        "replicas": fn.replicas,
+        **_replicas(fn.scale_in(env)),
         "enabled": fn.enabled,
         "http": fn.http,
         # only when set: the spec hash of every function that leaves it out stays as it was
         **({"sameOrigin": True} if fn.same_origin else {}),
+        **_limits(fn),
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
         "env": env_as_written(env_vars),
     }
@@ -144,7 +164,7 @@ def deployment_for(env: str, fn: Function, job_results: Mapping[str, str]) -> De
         name: job_results[value.job] if isinstance(value, JobRef) else value
         for name, value in fn.env_for(env).items()
     }
-    canonical = json.dumps(_spec(fn, env_vars), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(_spec(env, fn, env_vars), sort_keys=True, separators=(",", ":"))
     return Deployment(env, fn, env_vars, hashlib.sha256(canonical.encode()).hexdigest()[:32])
 
 
@@ -239,6 +259,11 @@ class Backend(ABC):
         """Where callers reach ``/fn/`` when not through this process (a cluster's Gateway);
         None: the reconciler's own address."""
         return None
+
+    def scale(self, env: str, name: str, replicas: int) -> None:
+        """Run ``replicas`` of an applied, autoscaled function from now on (the
+        autoscaler's decision, or 1 to wake it from zero); no spec change, no pass."""
+        raise NotImplementedError(f"{type(self).__name__} does not scale functions")
 
     def remove_environment(self, env: str) -> None:  # noqa: B027 - optional hook
         """Whatever holds ``env`` once its functions are removed (a namespace)."""

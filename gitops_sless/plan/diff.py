@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..manifests.model import DesiredState, EnvValue, Function, Job, JobRef, SecretRef
+from ..manifests import durations
+from ..manifests.model import DesiredState, EnvValue, Function, Job, JobRef, Scale, SecretRef
 from .backend import deployment_for
 
 __all__ = [
@@ -44,8 +45,9 @@ FINISHED = ("Succeeded", "Failed", "Skipped")
 
 @dataclass(frozen=True)
 class FieldChange:
-    field: str  # image, runtime, entrypoint, memoryMB, timeoutSec, replicas, enabled,
-    # triggers, env.NAME, or spec when the running version is not known in detail
+    field: str  # image, runtime, entrypoint, memoryMB, timeoutSec, replicas (both fixed),
+    # scale, concurrency, rateLimit, maxBodyBytes, enabled, triggers, env.NAME, or spec when
+    # the running version is not known in detail
     old: str | None
     new: str | None
     detail: str | None = None
@@ -183,6 +185,62 @@ def _triggers(fn: Function) -> tuple[Any, ...]:
     return (fn.http, [(c.schedule, dict(c.event)) for c in fn.crons])
 
 
+def _describe_scale(scale: Scale) -> str:
+    """``3 replicas (fixed)``, or ``0..10 replicas, target 10 in flight, idle 5m, warm 2 from
+    '0 8 * * 1-5' for 10h``."""
+    if not scale.autoscaled:
+        return f"{scale.min} replica{'' if scale.min == 1 else 's'} (fixed)"
+    parts = [
+        f"{scale.min}..{scale.max} replicas",
+        f"target {scale.target} in flight",
+        f"idle {durations.shown(scale.idle_sec)}",
+    ]
+    parts += [f"warm {w.min} from {w.cron!r} for {durations.shown(w.for_sec)}" for w in scale.warm]
+    return ", ".join(parts)
+
+
+def _scale_change(env: str, old: Function, new: Function) -> list[FieldChange]:
+    """``replicas`` between two fixed counts (as always), else ``scale``, in ``env``."""
+    was, now = old.scale_in(env), new.scale_in(env)
+    if not was.autoscaled and not now.autoscaled:
+        same = was.min == now.min  # the rest of a fixed count runs nothing differently
+        return [] if same else [FieldChange("replicas", str(was.min), str(now.min))]
+    return [] if was == now else [FieldChange("scale", _describe_scale(was), _describe_scale(now))]
+
+
+def _describe_concurrency(fn: Function) -> str:
+    return f"{fn.concurrency} in flight per replica" if fn.concurrency else "no limit"
+
+
+def _describe_rate_limit(fn: Function) -> str:
+    rate = fn.rate_limit
+    if rate is None:
+        return "no limit"
+    rps = int(rate.rps) if rate.rps == int(rate.rps) else rate.rps
+    return f"{rps} requests/s, burst {rate.burst}"
+
+
+def _describe_max_body(fn: Function) -> str:
+    return "the proxy's limit" if fn.max_body_bytes is None else f"{fn.max_body_bytes} bytes"
+
+
+_LIMITS = (
+    ("concurrency", _describe_concurrency),
+    ("rateLimit", _describe_rate_limit),
+    ("maxBodyBytes", _describe_max_body),
+)
+
+
+def _limit_changes(old: Function, new: Function) -> list[FieldChange]:
+    """The proxy's limits that differ, in words."""
+    changes = []
+    for name, describe in _LIMITS:
+        was, now = describe(old), describe(new)
+        if was != now:
+            changes.append(FieldChange(name, was, now))
+    return changes
+
+
 def _env_changes(
     env: str, old: Function, new: Function, rerun: Mapping[str, JobToRun]
 ) -> list[FieldChange]:
@@ -225,13 +283,13 @@ def _field_changes(
         ("entrypoint", "entrypoint"),
         ("memoryMB", "memory_mb"),
         ("timeoutSec", "timeout_sec"),
-        ("replicas", "replicas"),
         ("enabled", "enabled"),
     ):
         was, now = getattr(old, attr), getattr(new, attr)
         if was != now:
             text = (lambda v: str(v).lower()) if isinstance(now, bool) else str
             changes.append(FieldChange(name, text(was), text(now)))
+    changes += _scale_change(env, old, new) + _limit_changes(old, new)
     if _triggers(old) != _triggers(new):
         was, now = _describe_triggers(old), _describe_triggers(new)
         changes.append(

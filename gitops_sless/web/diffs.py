@@ -30,7 +30,10 @@ __all__ = [
     "JobSpec",
     "JobValue",
     "ProblemSpec",
+    "RateLimitSpec",
+    "ScaleSpec",
     "SecretValue",
+    "WarmSpec",
 ]
 
 
@@ -86,6 +89,40 @@ class JobSpec(_Request):
     event: dict[str, Any] = {}
 
 
+class WarmSpec(_Request):
+    cron: str
+    for_sec: float
+    min: int
+
+
+class ScaleSpec(_Request):
+    """A function's replicas policy (``scale`` of its manifest, defaults filled in)."""
+
+    min: int
+    max: int
+    target: int
+    idle_sec: float
+    warm: list[WarmSpec] = []
+
+    @classmethod
+    def of(cls, scale: model.Scale | None) -> ScaleSpec | None:
+        if scale is None:
+            return None
+        warm = [WarmSpec(cron=w.cron, for_sec=w.for_sec, min=w.min) for w in scale.warm]
+        return cls(
+            min=scale.min, max=scale.max, target=scale.target, idle_sec=scale.idle_sec, warm=warm
+        )
+
+    def scale(self) -> model.Scale:
+        warm = tuple(model.Warm(w.cron, w.for_sec, w.min) for w in self.warm)
+        return model.Scale(self.min, self.max, self.target, self.idle_sec, warm)
+
+
+class RateLimitSpec(_Request):
+    rps: float
+    burst: int
+
+
 class FunctionSpec(_Request):
     """One valid function as a manifest declares it; the server computes its build tag."""
 
@@ -104,6 +141,12 @@ class FunctionSpec(_Request):
     crons: list[CronSpec] = []
     jobs: list[JobSpec] = []
     source_id: str = Field(description="the git tree id of the function's folder")
+    scale: ScaleSpec | None = None
+    preview_scale: ScaleSpec | None = None
+    replicas_named: bool = Field(False, description="whether the manifest writes replicas")
+    concurrency: int = 0
+    rate_limit: RateLimitSpec | None = None
+    max_body_bytes: int | None = None
 
     @classmethod
     def from_function(cls, fn: model.Function) -> FunctionSpec:
@@ -123,6 +166,14 @@ class FunctionSpec(_Request):
             crons=[CronSpec(schedule=c.schedule, event=dict(c.event)) for c in fn.crons],
             jobs=[JobSpec(name=j.name, run_id=j.run_id, event=dict(j.event)) for j in fn.jobs],
             source_id=fn.source_id,
+            scale=ScaleSpec.of(fn.scale),
+            preview_scale=ScaleSpec.of(fn.preview_scale),
+            replicas_named=fn.replicas_named,
+            concurrency=fn.concurrency,
+            rate_limit=RateLimitSpec(rps=fn.rate_limit.rps, burst=fn.rate_limit.burst)
+            if fn.rate_limit
+            else None,
+            max_body_bytes=fn.max_body_bytes,
         )
 
     def function(self) -> model.Function:
@@ -144,6 +195,14 @@ class FunctionSpec(_Request):
             jobs=tuple(model.Job(j.name, j.run_id, j.event, self.name) for j in self.jobs),
             source_id=self.source_id,
             build_tag=build_tag(self.source_id, runtimes.get(self.runtime)),
+            scale=self.scale.scale() if self.scale else None,
+            preview_scale=self.preview_scale.scale() if self.preview_scale else None,
+            replicas_named=self.replicas_named,
+            concurrency=self.concurrency,
+            rate_limit=model.RateLimit(self.rate_limit.rps, self.rate_limit.burst)
+            if self.rate_limit
+            else None,
+            max_body_bytes=self.max_body_bytes,
         )
 
 

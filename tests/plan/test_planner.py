@@ -154,7 +154,11 @@ def test_replicas_and_enabled_change_the_spec_hash(desired):
     base = deployment_for("prod", fn, {}).spec_hash
     assert deployment_for("prod", replace(fn, replicas=2), {}).spec_hash != base
     assert deployment_for("prod", replace(fn, enabled=False), {}).spec_hash != base
-    assert deployment_for("pr-1", fn, {}).spec_hash == base  # same spec, another environment
+    named = replace(fn, replicas_named=True)  # ``replicas: 1`` written: previews run it too
+    same = deployment_for("pr-1", named, {}).spec_hash
+    assert same == deployment_for("prod", named, {}).spec_hash  # same spec, another environment
+    # without replicas written, a preview scales to zero: another spec (issue 27)
+    assert deployment_for("pr-1", fn, {}).spec_hash != base
 
 
 def test_a_failed_job_is_named_in_the_waiting_reason(desired):
