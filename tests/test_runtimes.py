@@ -295,7 +295,7 @@ def test_health_does_not_call_the_handler(server):
     for _ in range(3):
         response = httpx.get(f"{server.url}/health")
         assert response.status_code == 200
-        assert response.json() == {"status": "ok"}
+        assert response.json()["status"] == "ok"  # and the load: test_runtime_readiness.py
     after = httpx.get(f"{server.url}/calls").json()["calls"]
     assert after == before + 1
 

@@ -1,4 +1,5 @@
 'use strict';
+const STARTED = monotonicSeconds(); // first of all: when the start began (the ready line's "start")
 /**
  * gitops-sless Node.js runtime: serves one handler function over HTTP/1.1.
  *
@@ -9,6 +10,15 @@
  *   SLESS_FUNCTION_NAME, SLESS_ENV   passed to the handler in its `context`
  *   SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
  *   PORT, SLESS_HOST     where to listen (default 0.0.0.0:8080)
+ *   SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
+ *                        {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
+ *                        (CLOCK_MONOTONIC seconds at each phase of the start, as Python's
+ *                        time.monotonic()), then it is closed; a failed start closes it
+ *                        without a line
+ *
+ * `GET /health` answers {"status":"ok","inflight":..,"requests":..,"busySeconds":..}: the
+ * calls running now, the calls answered since the start and the integral of the calls
+ * running over time (the average concurrency between two reads is Δbusy/Δt).
  *
  * The timeout races the handler's promise against a timer: an async handler
  * that never settles gets its 504, but a synchronous endless loop blocks the
@@ -31,6 +41,11 @@ const MAX_BODY_BYTES = 32 * 1024 * 1024;
 const KEEP_ALIVE_TIMEOUT_MS = 75 * 1000; // longer than the usual proxy keep-alive (60 s)
 
 class StartupError extends Error {}
+
+/** The system-wide monotonic clock in seconds (CLOCK_MONOTONIC, as Python's time.monotonic). */
+function monotonicSeconds() {
+  return Number(process.hrtime.bigint()) / 1e9;
+}
 
 // ------------------------------------------------------------------ configuration
 
@@ -351,6 +366,18 @@ function buildEvent(req, body) {
   return event;
 }
 
+/**
+ * What /health reports of the calls: running now, answered, and busy seconds (the
+ * integral of the calls running over time, so a scraper reads the average concurrency
+ * between two reads as Δbusy/Δt, as Knative's queue-proxy). A call counts from just
+ * before the handler runs until its answer is decided (a call past its timeout ends
+ * with its 504).
+ */
+function healthBody(state) {
+  const busyMs = state.busyMs + state.busy * (performance.now() - state.since);
+  return JSON.stringify({ status: 'ok', inflight: state.busy, requests: state.requests, busySeconds: busyMs / 1000 });
+}
+
 function createServer(handler, options) {
   const { timeoutSec, functionName = '', environment = '', replicaKey = null } = options;
   // set where others share the network (the local backend): a call without it did not
@@ -364,7 +391,14 @@ function createServer(handler, options) {
   };
   const timeoutMs = timeoutSec * 1000;
   const timeoutText = `function timed out after ${formatSeconds(timeoutSec)}s`;
-  const state = { stopping: false, busy: 0 };
+  // busy: the calls running now; busyMs: its integral over time up to `since` (see healthBody)
+  const state = { stopping: false, busy: 0, requests: 0, busyMs: 0, since: performance.now() };
+  const track = (delta) => {
+    const now = performance.now();
+    state.busyMs += state.busy * (now - state.since);
+    state.since = now;
+    state.busy += delta;
+  };
 
   function handle(req, res, body) {
     let event;
@@ -376,9 +410,10 @@ function createServer(handler, options) {
     }
     const deadline = performance.now() + timeoutMs;
     const context = new Context(functionName, environment, event._headers['x-request-id'], deadline);
-    state.busy++;
+    track(1);
     invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
-      state.busy--;
+      track(-1);
+      state.requests++;
       if (state.stopping) res.setHeader('Connection', 'close');
       if (timedOut) {
         process.stderr.write(`[sless] ${timeoutText}; the call is abandoned\n`);
@@ -406,7 +441,7 @@ function createServer(handler, options) {
     (req, res) => {
       const url = req.url;
       if ((req.method === 'GET' || req.method === 'HEAD') && (url === '/health' || url.startsWith('/health?'))) {
-        send(res, 200, JSON_TYPE, '{"status":"ok"}', null);
+        send(res, 200, JSON_TYPE, healthBody(state), null);
         return;
       }
       if (key !== null && !fromProxy(req)) {
@@ -498,7 +533,44 @@ function keepServingOnStrayErrors() {
   });
 }
 
+/** The pipe named by SLESS_READY_FD, taken out of the environment: not the handler's. */
+function takeReadyFd() {
+  const raw = process.env.SLESS_READY_FD;
+  delete process.env.SLESS_READY_FD;
+  if (raw === undefined || raw === '') return null;
+  if (!/^\d+$/.test(raw)) throw new StartupError(`SLESS_READY_FD=${JSON.stringify(raw)} is not a file descriptor number`);
+  const fd = Number(raw);
+  try {
+    fs.fstatSync(fd);
+  } catch (err) {
+    throw new StartupError(`SLESS_READY_FD=${JSON.stringify(raw)} is not an open file descriptor: ${err.code}`);
+  }
+  return fd;
+}
+
+/** Write the ready line to `fd` and close it. */
+function announceReady(fd, port, phases) {
+  let line = Buffer.from(JSON.stringify({ port, t: phases }) + '\n');
+  try {
+    while (line.length > 0) line = line.subarray(fs.writeSync(fd, line));
+  } catch (err) {
+    process.stderr.write(`[sless] cannot write the ready line to SLESS_READY_FD=${fd}: ${err.code || err.message}\n`);
+  } finally {
+    closeFd(fd);
+  }
+}
+
+function closeFd(fd) {
+  if (fd === null) return;
+  try {
+    fs.closeSync(fd);
+  } catch {
+    // already closed: nothing to tell the parent
+  }
+}
+
 async function main() {
+  const phases = { start: STARTED, runtime: monotonicSeconds() };
   const entrypoint = process.env.SLESS_ENTRYPOINT || '';
   const host = process.env.SLESS_HOST || '0.0.0.0';
   const portText = process.env.PORT || '8080';
@@ -506,14 +578,18 @@ async function main() {
   let handler;
   let timeoutSec;
   let replicaKey;
+  let readyFd = null;
   try {
+    readyFd = takeReadyFd();
     if (!/^\d+$/.test(portText) || port > 65535) throw new StartupError(`PORT=${JSON.stringify(portText)} is not a port number`);
     timeoutSec = parseTimeout(process.env.SLESS_TIMEOUT_SEC);
     const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
     replicaKey = process.env.SLESS_REPLICA_KEY || null;
     delete process.env.SLESS_REPLICA_KEY; // not the handler's to see
     handler = await loadHandler(entrypoint, functionDir);
+    phases.handler = monotonicSeconds();
   } catch (err) {
+    closeFd(readyFd); // no line: the parent reads EOF
     fatal(err instanceof StartupError ? err.message : errorStack(err));
     return;
   }
@@ -524,8 +600,14 @@ async function main() {
     environment: process.env.SLESS_ENV || '',
     replicaKey,
   });
-  server.once('error', (err) => fatal(`cannot listen on ${host}:${port}: ${err.message}`));
+  server.once('error', (err) => {
+    closeFd(readyFd);
+    fatal(`cannot listen on ${host}:${port}: ${err.message}`);
+  });
   server.listen(port, host, () => {
+    phases.listening = monotonicSeconds();
+    if (readyFd !== null) announceReady(readyFd, server.address().port, phases);
+    readyFd = null; // closed: its number may be reused
     process.stderr.write(`${RUNTIME} serving ${entrypoint} on ${host}:${server.address().port}\n`);
   });
   const stop = () => {

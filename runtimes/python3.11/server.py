@@ -7,6 +7,14 @@ Standard library only. Configuration comes from the environment:
     SLESS_FUNCTION_NAME  SLESS_ENV   passed to the handler in its ``context``
     SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
     PORT  SLESS_HOST     where to listen (default 0.0.0.0:8080)
+    SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
+                         {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
+                         (time.monotonic() at each phase of the start), then it is closed;
+                         a failed start closes it without a line
+
+``GET /health`` answers ``{"status":"ok","inflight":..,"requests":..,"busySeconds":..}``:
+the calls running now, the calls answered since the start and the integral of the
+calls running over time (the average concurrency between two reads is Δbusy/Δt).
 
 Design, for speed: one thread per connection parses requests by hand and runs
 the handler inline; a watchdog thread answers a call that runs past the
@@ -17,27 +25,26 @@ no thread hand-off at all.
 ``runner.py`` loads this file for the shared loading and calling code.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
-import asyncio
+import time
+
+_STARTED = time.monotonic()  # first of all: when the start began (the ready line's "start")
+
+# Only what every start or every call needs; modules for rarer paths (asyncio for async
+# handlers, traceback, inspect, uuid, urllib.parse, hmac) are imported where they are used.
 import contextlib
-import hmac
 import importlib.util
-import inspect
 import json
 import os
 import signal
 import socket
 import sys
 import threading
-import time
-import traceback
 import types
-import uuid
 from collections.abc import Callable, Mapping
-from email.utils import formatdate
 from http import HTTPStatus
-from urllib.parse import parse_qsl, unquote
 
 RUNTIME = "python3.11"
 DEFAULT_TIMEOUT_SEC = 30.0
@@ -118,6 +125,8 @@ def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
         spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(module_name, None)
+        import traceback
+
         detail = "".join(traceback.format_exception(exc)).rstrip()
         raise StartupError(
             f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: importing {file_path} failed:\n{detail}"
@@ -156,6 +165,8 @@ class Context:
     def request_id(self) -> str:
         """The X-Request-Id of the call, else a generated id (made on first use)."""
         if not self._request_id:
+            import uuid
+
             self._request_id = uuid.uuid4().hex
         return self._request_id
 
@@ -172,21 +183,49 @@ class Context:
         )
 
 
+_CO_VARARGS = 0x04  # inspect.CO_VARARGS
+
+
 def wants_context(func: Callable) -> bool | None:
     """True: call with (event, context); False: (event); None: no arguments."""
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError):
-        return False
-    positional = 0
-    for param in sig.parameters.values():
-        if param.kind == param.VAR_POSITIONAL:
+    if type(func) is types.FunctionType and not (
+        hasattr(func, "__wrapped__") or hasattr(func, "__signature__")
+    ):
+        # what inspect.signature reads from a plain function, without importing inspect
+        code = func.__code__
+        if code.co_flags & _CO_VARARGS:
             return True
-        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-            positional += 1
+        positional = code.co_argcount
+    else:
+        positional = _positional_parameters(func)
+        if positional is None:
+            return True
     if positional == 0:
         return None
     return positional >= 2
+
+
+def _positional_parameters(func: Callable) -> int | None:
+    """How many positional parameters ``func`` takes; None for ``*args``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return 1  # unknown: called with the event alone
+    positional = 0
+    for param in sig.parameters.values():
+        if param.kind == param.VAR_POSITIONAL:
+            return None
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional
+
+
+def _run_coroutine(coroutine):
+    import asyncio  # 20-40 ms to import: only for async handlers
+
+    return asyncio.run(coroutine)
 
 
 def make_caller(func: Callable) -> tuple[Callable, bool]:
@@ -199,7 +238,7 @@ def make_caller(func: Callable) -> tuple[Callable, bool]:
         def call(event, context):
             result = func(event, context)
             if type(result) is coroutine_type:
-                result = asyncio.run(result)
+                result = _run_coroutine(result)
             return result
 
     elif mode is False:
@@ -207,7 +246,7 @@ def make_caller(func: Callable) -> tuple[Callable, bool]:
         def call(event, context):
             result = func(event)
             if type(result) is coroutine_type:
-                result = asyncio.run(result)
+                result = _run_coroutine(result)
             return result
 
     else:
@@ -215,7 +254,7 @@ def make_caller(func: Callable) -> tuple[Callable, bool]:
         def call(event, context):
             result = func()
             if type(result) is coroutine_type:
-                result = asyncio.run(result)
+                result = _run_coroutine(result)
             return result
 
     return call, mode is True
@@ -223,12 +262,21 @@ def make_caller(func: Callable) -> tuple[Callable, bool]:
 
 def print_handler_exception(exc: BaseException, heading: str) -> None:
     """``heading`` and the traceback on stderr, without this runtime's own frames."""
+    import traceback
+
     tb = exc.__traceback__
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _RUNTIME_DIR:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
     sys.stderr.write(f"{heading}\n{text}")
     sys.stderr.flush()
+
+
+def print_exc() -> None:
+    """The exception being handled, with its traceback, on stderr (a bug of the runtime)."""
+    import traceback
+
+    traceback.print_exc()
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -260,15 +308,26 @@ _SKIPPED_RESPONSE_HEADERS = frozenset(
 _JSON_200 = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
 _CLOSE = b"Connection: close\r\n"
 _date_cache = [0, b""]
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
 
 def _date_line() -> bytes:
     now = int(time.time())
     cache = _date_cache
     if cache[0] != now:
-        cache[1] = f"Date: {formatdate(now, usegmt=True)}\r\n".encode("latin-1")
+        cache[1] = f"Date: {http_date(now)}\r\n".encode("latin-1")
         cache[0] = now
     return cache[1]
+
+
+def http_date(now: float) -> str:
+    """``email.utils.formatdate(now, usegmt=True)``, without importing the email package."""
+    t = time.gmtime(now)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
 
 
 def _status_line(status: int) -> bytes:
@@ -406,6 +465,48 @@ class _Connection:
         self.lock = threading.Lock()
 
 
+class Load:
+    """What /health reports of the calls: running now, answered, and busy seconds.
+
+    Busy seconds are the integral of the calls running over time, so a scraper reads
+    the average concurrency between two reads as Δbusy/Δt (as Knative's queue-proxy).
+    A call counts from just before the handler runs until its answer is decided (a
+    call past its timeout ends with its 504, though its abandoned thread runs on).
+    """
+
+    __slots__ = ("busy", "inflight", "lock", "requests", "since")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.requests = 0
+        self.busy = 0.0
+        self.since = _monotonic()
+
+    def begin(self) -> None:
+        with self.lock:
+            now = _monotonic()
+            self.busy += self.inflight * (now - self.since)
+            self.since = now
+            self.inflight += 1
+
+    def end(self) -> None:
+        with self.lock:
+            now = _monotonic()
+            self.busy += self.inflight * (now - self.since)
+            self.since = now
+            self.inflight -= 1
+            self.requests += 1
+
+    def report(self) -> bytes:
+        """The /health body."""
+        with self.lock:
+            busy = self.busy + self.inflight * (_monotonic() - self.since)
+            inflight, requests = self.inflight, self.requests
+        report = {"status": "ok", "inflight": inflight, "requests": requests, "busySeconds": busy}
+        return _json_encode(report).encode()
+
+
 class Server:
     def __init__(
         self,
@@ -422,6 +523,10 @@ class Server:
         # set where others share the network (the local backend): a call without it did
         # not come through the proxy, and skipped its limits and its record
         self.replica_key = replica_key.encode("latin-1") if replica_key else None
+        if self.replica_key is not None:
+            import hmac  # 2 ms (OpenSSL): not where no key is asked for
+
+            self.compare_digest = hmac.compare_digest
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -429,6 +534,7 @@ class Server:
         self.environment = environment
         self.entrypoint = entrypoint
         self.connections: set[_Connection] = set()
+        self.load = Load()
         self.stopping = False
         self.timeout_text = f"function timed out after {format_seconds(timeout)}s"
         self.listener: socket.socket | None = None
@@ -436,8 +542,11 @@ class Server:
     # -- lifecycle
 
     def bind(self) -> None:
+        host = self.host or None
+        if host is not None and host.isascii():
+            host = host.encode()  # as str, getaddrinfo imports the idna codec first
         infos = socket.getaddrinfo(
-            self.host or None, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
         family, socktype, proto, _, address = infos[0]
         listener = socket.socket(family, socktype, proto)
@@ -491,13 +600,14 @@ class Server:
                     if deadline and now >= deadline:
                         self._expire(conn)
             except Exception:  # never let the watchdog die
-                traceback.print_exc()
+                print_exc()
 
     def _expire(self, conn: _Connection) -> None:
         with conn.lock:
             if not conn.deadline or conn.abandoned:
                 return
             conn.abandoned = True
+        self.load.end()
         self.connections.discard(conn)
         print(f"[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True)
         keep = conn.keep and not self.stopping
@@ -522,7 +632,7 @@ class Server:
         except (OSError, _ClientGone):
             pass
         except Exception:
-            traceback.print_exc()
+            print_exc()
         finally:
             if not conn.abandoned:
                 self.connections.discard(conn)
@@ -564,11 +674,11 @@ class Server:
 
         path, _, query = target.partition("?")
         if path == "/health" and (method == "GET" or is_head):
-            sock.sendall(_build(200, "application/json", b'{"status":"ok"}', keep, is_head))
+            sock.sendall(_build(200, "application/json", self.load.report(), keep, is_head))
             return keep
         if self.replica_key is not None:
             given = headers.pop(REPLICA_KEY_HEADER, "").encode("latin-1", "replace")
-            if not hmac.compare_digest(given, self.replica_key):
+            if not self.compare_digest(given, self.replica_key):
                 sock.sendall(_json_error(403, "call functions through the proxy", keep, is_head))
                 return keep
 
@@ -582,9 +692,11 @@ class Server:
         else:
             event = {}
         if "%" in path:
+            from urllib.parse import unquote
+
             path = unquote(path)
         event["_path"] = path or "/"
-        event["_query"] = dict(parse_qsl(query, keep_blank_values=True)) if query else {}
+        event["_query"] = _parse_query(query) if query else {}
         event["_method"] = method
         event["_headers"] = headers
 
@@ -600,6 +712,7 @@ class Server:
             )
         else:
             context = None
+        self.load.begin()
         conn.deadline = deadline
         try:
             result = self.call(event, context)
@@ -608,6 +721,7 @@ class Server:
                 if conn.abandoned:
                     return False
                 conn.deadline = 0.0
+            self.load.end()
             if self.stopping:
                 keep = False
             print_handler_exception(exc, f"[sless] the handler raised on {method} {path}:")
@@ -617,12 +731,13 @@ class Server:
                 if conn.abandoned:
                     return False
                 conn.deadline = 0.0
+            self.load.end()
             if self.stopping:
                 keep = False
             try:
                 reply = render_result(result, keep, is_head)
             except Exception as exc:
-                traceback.print_exc()
+                print_exc()
                 reply = _json_error(500, describe_exception(exc), keep, is_head)
         sock.sendall(reply)
         return keep
@@ -718,6 +833,12 @@ class _ClientGone(Exception):
     pass
 
 
+def _parse_query(query: str) -> dict[str, str]:
+    from urllib.parse import parse_qsl  # only for calls with a query string
+
+    return dict(parse_qsl(query, keep_blank_values=True))
+
+
 def _parse_head(head: str):
     lines = head.split("\r\n")
     request_line = lines[0].split(" ")
@@ -778,11 +899,53 @@ def _on_signal(signum, frame):
     raise _Stop
 
 
+def take_ready_fd() -> int | None:
+    """The pipe named by SLESS_READY_FD, taken out of the environment: not the handler's."""
+    raw = os.environ.pop("SLESS_READY_FD", "")
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise StartupError(f"SLESS_READY_FD={raw!r} is not a file descriptor number")
+    fd = int(raw)
+    try:
+        os.set_inheritable(fd, False)  # nor the processes the handler starts
+    except OSError as exc:
+        raise StartupError(
+            f"SLESS_READY_FD={raw!r} is not an open file descriptor: {exc.strerror}"
+        ) from None
+    return fd
+
+
+def announce_ready(fd: int, port: int, phases: dict[str, float]) -> None:
+    """Write the ready line to ``fd`` and close it."""
+    line = _json_encode({"port": port, "t": phases}).encode() + b"\n"
+    try:
+        while line:
+            line = line[os.write(fd, line) :]
+    except OSError as exc:
+        print(
+            f"[sless] cannot write the ready line to SLESS_READY_FD={fd}: {exc.strerror}",
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        _close_fd(fd)
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def main() -> int:
     sys.dont_write_bytecode = True  # leave no __pycache__ in the function folder
+    phases = {"start": _STARTED, "runtime": _monotonic()}
     entrypoint = os.environ.get("SLESS_ENTRYPOINT", "")
     host = os.environ.get("SLESS_HOST", "0.0.0.0")
+    ready_fd = None
     try:
+        ready_fd = take_ready_fd()
         port_text = os.environ.get("PORT", "8080") or "8080"
         try:
             port = int(port_text)
@@ -794,6 +957,7 @@ def main() -> int:
         function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
         replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
         handler = load_handler(entrypoint, function_dir)
+        phases["handler"] = _monotonic()
         server = Server(
             handler,
             host,
@@ -808,13 +972,17 @@ def main() -> int:
             server.bind()
         except OSError as exc:
             raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+        phases["listening"] = _monotonic()
     except StartupError as exc:
         print(f"{RUNTIME} runtime: error: {exc}", file=sys.stderr, flush=True)
+        _close_fd(ready_fd)  # no line: the parent reads EOF
         return 1
 
     try:
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
+        if ready_fd is not None:
+            announce_ready(ready_fd, server.port, phases)
         print(
             f"{RUNTIME} serving {entrypoint} on {host}:{server.port}", file=sys.stderr, flush=True
         )
