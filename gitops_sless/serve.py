@@ -208,6 +208,7 @@ class Server:
             sandbox=self.sandbox.kind if isinstance(self.backend, LocalBackend) else None,
             forge=config.forge_kind,
             forward_webhook=self._forward_webhook if self.elector else None,
+            scaling=self.scaler.report,
         )
         if config.fn_listen:
             self.app = listeners.without_functions(api, config.fn_url)

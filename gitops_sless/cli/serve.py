@@ -66,6 +66,26 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--poll-interval", type=float, default=30.0, help="seconds between polls (default: 30)"
     )
+    scaling = serve.add_argument_group("autoscaling (functions with a scale block)")
+    scaling.add_argument(
+        "--scale-window",
+        default="60s",
+        metavar="DURATION",
+        help="concurrency is averaged over this stable window (default: 60s, as Knative)",
+    )
+    scaling.add_argument(
+        "--scale-panic-window",
+        default="6s",
+        metavar="DURATION",
+        help="a burst that this window sees at twice the ready replicas scales up at once, "
+        "and nothing scales down for a stable window (default: 6s)",
+    )
+    scaling.add_argument(
+        "--scale-tick",
+        default="1s",
+        metavar="DURATION",
+        help="how often the autoscaler decides (default: 1s)",
+    )
     serve.add_argument(
         "--api-token",
         default=os.environ.get("SLESS_API_TOKEN"),
@@ -404,6 +424,19 @@ def _duration(flag: str, text: str) -> float:
     return float(match.group(1)) * unit
 
 
+def _windows(args: argparse.Namespace) -> Any:
+    from ..scaling.autoscaler import Windows
+
+    stable = _duration("--scale-window", args.scale_window)
+    panic = _duration("--scale-panic-window", args.scale_panic_window)
+    if panic > stable:
+        raise UsageError(
+            f"--scale-panic-window {args.scale_panic_window}: longer than --scale-window "
+            f"{args.scale_window} (the panic window is the short one)"
+        )
+    return Windows(stable, panic, _duration("--scale-tick", args.scale_tick))
+
+
 def _preview_filter(text: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -546,6 +579,7 @@ def _serve(args: argparse.Namespace) -> int:
         forge_token=os.environ.get("SLESS_FORGE_TOKEN") or None,
         forge_kind=args.forge,
         forge_api=args.forge_api,
+        scale_windows=_windows(args),
     )
     logs.configure(config.log_format, config.log_level)
     if config.backend == "local":

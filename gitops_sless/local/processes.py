@@ -202,6 +202,7 @@ class Supervisor:
             grace = unit.spec.timeout_sec + STOP_GRACE_SEC
             self._stop_later([r.child for r in extra], grace)
         self._grow(key, unit)
+        self._notify(key, "scaled", None)  # Idle and back: the status store looks again
 
     def start_failure(self, env: str, name: str) -> tuple[str, float] | None:
         """(why, until when: monotonic) while a failed start's backoff holds, else None."""

@@ -34,7 +34,7 @@ _BASE_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "SYSTEMROOT")
 # (env, function, upstreams, why the last replica that left the route ended, the key
 # the function's replicas ask of every call: see ``replica_key``)
 Upstreams = Callable[[str, str, tuple[tuple[str, int], ...], str | None, str], None]
-# (env, function, "exited" | "recovered", reason: "OOMKilled: ..." / "exited with code 1" | None)
+# (env, function, "exited" | "recovered" | "scaled", reason: "OOMKilled: ..." or None)
 ReplicaEvent = Callable[[str, str, str, str | None], None]
 
 

@@ -25,7 +25,7 @@ from ..state.routes import Route, RouteTable
 from . import warm
 from .autoscaler import Autoscaler, Decision, Windows
 
-__all__ = ["ScaleStatus", "Scaler"]
+__all__ = ["ScaleStatus", "Scaler", "describe"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,13 @@ class Scaler:
 
     def status(self, env: str, name: str) -> ScaleStatus | None:
         return self._status.get((env, name))
+
+    def report(self, env: str, name: str) -> dict | None:
+        """:func:`describe` of an autoscaled function; None for any other."""
+        route = self.routes.get(env, name)
+        if route is None or route.scale is None:
+            return None
+        return describe(route, self._status.get((env, name)))
 
     def wake(self, env: str, name: str) -> None:
         """A call waits for ``name`` at zero replicas: one now (called on a worker thread)."""
@@ -199,3 +206,39 @@ class Scaler:
                 env=route.env,
                 function=route.name,
             )
+
+
+COLD_START_WINDOW_SEC = 3600.0  # the status API's p50/p95 are over the last hour
+
+
+def describe(route: Route, status: ScaleStatus | None, now: float | None = None) -> dict:
+    """What the status API says of an autoscaled function's replicas and cold starts."""
+    policy = route.scale
+    assert policy is not None
+    wall = time.time() if now is None else now
+    kept = route.load.cold_starts
+    recent = sorted(c.waited_ms for c in kept if wall - c.wall <= COLD_START_WINDOW_SEC)
+    last = route.load.cold_starts[-1] if route.load.cold_starts else None
+    return {
+        "min": policy.min,
+        "max": policy.max,
+        "target": policy.target,
+        "idle_sec": policy.idle_sec,
+        "desired": status.desired if status else None,
+        "ready": route.serving,
+        "floor": status.floor if status else policy.min,
+        "concurrency": round(status.concurrency, 3) if status else 0.0,
+        "panicking": status.panicking if status else False,
+        "in_flight": route.load.inflight,
+        "waiting": route.load.waiting,
+        "last_cold_start_ms": round(last.waited_ms, 1) if last else None,
+        "cold_start_p50_ms": _percentile(recent, 0.50),
+        "cold_start_p95_ms": _percentile(recent, 0.95),
+        "cold_starts": len(recent),
+    }
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)

@@ -53,6 +53,7 @@ from .models import (
     JobRun,
     LogChunk,
     Readiness,
+    Scaling,
     Status,
     Sync,
     SyncAccepted,
@@ -133,6 +134,7 @@ def create_api(
     forge: str | None = None,
     forward_webhook: Callable[[str, Mapping[str, str], bytes], tuple[int, dict[str, Any]] | None]
     | None = None,
+    scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -143,7 +145,13 @@ def create_api(
     ``forge`` (github | gitea | gitlab, else guessed from ``repo``) links previews to their PRs.
     ``forward_webhook(forge, headers, body)``: hands a verified delivery to the replica that
     leads, whose (status, reply) it returns; None when this replica must act on it itself.
+    ``scaling(env, name)``: an autoscaled function's replicas and cold starts (Scaling).
     """
+
+    def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
+        report = scaling(env, row["name"]) if scaling is not None else None
+        return {"scaling": Scaling(**report)} if report else {}
+
     access = Access(
         api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
     )
@@ -261,7 +269,7 @@ def create_api(
         responses=replies.errors(401, 422),
     )
     def functions(env: str) -> list[Function]:
-        return [Function.from_row(row) for row in store.functions(env)]
+        return [Function.from_row(row, **scaled(env, row)) for row in store.functions(env)]
 
     @app.get(
         "/api/v1/environments/{env}/functions/{name}",
@@ -275,7 +283,8 @@ def create_api(
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
         build = store.build_of(row)
         jobs = [job for job in store.jobs(env) if job["function"] == name]
-        return FunctionDetail.from_rows(row, build, jobs, store.invocations(env, name))
+        detail = FunctionDetail.from_rows(row, build, jobs, store.invocations(env, name))
+        return detail.model_copy(update=scaled(env, row))
 
     @app.get(
         "/api/v1/environments/{env}/jobs",

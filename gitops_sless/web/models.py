@@ -107,6 +107,28 @@ def _sync_or_none(row: dict[str, Any] | None) -> Sync | None:
     return Sync.from_row(row) if row else None
 
 
+class Scaling(ApiModel):
+    """An autoscaled function's replicas, load and cold starts, as the autoscaler sees them."""
+
+    min: int
+    max: int
+    target: int = Field(description="in-flight calls per replica the autoscaler aims for")
+    idle_sec: float = Field(description="with min 0: seconds without a call before zero")
+    desired: int | None = Field(description="replicas the autoscaler decided (null: not yet)")
+    ready: int = Field(description="replicas serving now")
+    floor: int = Field(description="the fewest replicas allowed now: min, raised by warm")
+    concurrency: float = Field(description="calls in flight, averaged over the stable window")
+    panicking: bool = Field(description="a burst: scaling up fast, never down for a window")
+    in_flight: int = Field(description="calls through the proxy now, waiting ones included")
+    waiting: int = Field(description="of those, calls held for a replica or a free slot")
+    last_cold_start_ms: float | None = Field(
+        description="how long the last call that waited for a replica to start waited"
+    )
+    cold_start_p50_ms: float | None = Field(description="median cold start, the last hour")
+    cold_start_p95_ms: float | None = Field(description="95th percentile, the last hour")
+    cold_starts: int = Field(description="calls that waited for a start, the last hour")
+
+
 class Function(ApiModel):
     name: str
     phase: FunctionPhase
@@ -122,6 +144,9 @@ class Function(ApiModel):
     last_exit: str | None = Field(description="how its process last ended")
     next_retry: Timestamp | None = Field(
         default=None, description="when a deploy that failed is tried again (backing off)"
+    )
+    scaling: Scaling | None = Field(
+        default=None, description="replicas and cold starts of an autoscaled function"
     )
 
     @classmethod
@@ -141,8 +166,8 @@ class Function(ApiModel):
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Function:
-        return cls(**cls.fields_from_row(row))
+    def from_row(cls, row: dict[str, Any], **extra: Any) -> Function:
+        return cls(**cls.fields_from_row(row), **extra)
 
 
 class Build(ApiModel):
