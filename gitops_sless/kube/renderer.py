@@ -21,6 +21,7 @@ from ..manifests import runtimes
 from ..manifests.model import DesiredState, Function, Job, JobRef, SecretRef, is_preview
 from ..plan.backend import Deployment
 from . import netpolicy, templates
+from .policy import ROUTE_ANNOTATION, route_policy
 from .templates import OMIT
 
 __all__ = [
@@ -164,6 +165,14 @@ def _function_labels(fn: Function, environment: str) -> dict[str, str]:
     }
 
 
+def _replicas(fn: Function, environment: str, autoscaled: bool) -> Any:
+    """``spec.replicas`` of an http function's Deployment: none when autoscaled (the
+    autoscaler owns it, and an apply must not fight it), else the fixed count (0: disabled)."""
+    if autoscaled:
+        return OMIT
+    return fn.scale_in(environment).min if fn.enabled else 0
+
+
 def _env_var(name: str, value: str | SecretRef) -> dict[str, Any]:
     if isinstance(value, SecretRef):
         ref = {"name": value.secret, "key": value.key}
@@ -251,14 +260,17 @@ class _EnvironmentRenderer:
         labels = _function_labels(fn, self.environment)
         if fn.http:
             selector = {FUNCTION_LABEL: fn.name}
+            route = route_policy(fn, self.environment)
             values = {
                 **self.base_values(fn.name, labels, fn),
-                "replicas": fn.replicas if fn.enabled else 0,
+                "replicas": _replicas(fn, self.environment, route.scale is not None),
                 "progressDeadline": self.config.progress_deadline_sec,
                 "selector": selector,
                 "podSpec": self.pod_spec(fn, "server", {}, env_vars),
             }
-            yield _finish(templates.render("deployment", values), labels)
+            encoded = route.encode()
+            annotations = {ROUTE_ANNOTATION: encoded} if encoded else None
+            yield _finish(templates.render("deployment", values), labels, annotations)
             yield _finish(templates.render("service", values), labels)
             if self.config.gateway:
                 yield _finish(self.http_route(fn), labels)

@@ -1,0 +1,117 @@
+"""What the proxy needs of a function besides where it answers, kept on its Deployment.
+
+Routes are made from what the cluster holds (a restarted reconciler reads them
+back from there, before any pass has loaded the repository), so a function's
+replicas policy and call limits travel on its Deployment as one annotation,
+``gitops-sless.dev/route``: compact JSON, written only when there is
+something to say (an autoscaled function, or ``concurrency``, ``rateLimit``,
+``maxBodyBytes``). A function with none of these renders as it always has.
+
+An autoscaled Deployment has no ``spec.replicas`` in what is applied: the
+autoscaler owns it, through the ``scale`` subresource (field manager
+``gitops-sless-autoscaler``), and server-side apply leaves it alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..manifests.model import Function, RateLimit, Scale, Warm
+
+__all__ = ["AUTOSCALER", "ROUTE_ANNOTATION", "RoutePolicy", "initial_replicas", "route_policy"]
+
+ROUTE_ANNOTATION = "gitops-sless.dev/route"
+AUTOSCALER = "gitops-sless-autoscaler"  # the field manager of the scale subresource writes
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """The fields of a function's route that its Deployment's address does not give."""
+
+    scale: Scale | None = None  # autoscaled: no replica means idle, and a call wakes one
+    concurrency: int = 0
+    rate_limit: RateLimit | None = None
+    max_body_bytes: int | None = None
+    runtime: str = ""
+
+    def encode(self) -> str | None:
+        """The annotation's value; None when a plain route says it all."""
+        if self.scale is None and not (
+            self.concurrency or self.rate_limit or self.max_body_bytes is not None
+        ):
+            return None
+        value: dict[str, Any] = {"runtime": self.runtime}
+        if self.scale is not None:
+            value["scale"] = _scale_json(self.scale)
+        if self.concurrency:
+            value["concurrency"] = self.concurrency
+        if self.rate_limit is not None:
+            value["rateLimit"] = {"rps": self.rate_limit.rps, "burst": self.rate_limit.burst}
+        if self.max_body_bytes is not None:
+            value["maxBodyBytes"] = self.max_body_bytes
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, obj: dict[str, Any]) -> RoutePolicy | None:
+        """The policy an object's annotation holds; None without one (or unreadable)."""
+        text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ROUTE_ANNOTATION)
+        if not text:
+            return None
+        try:
+            value = json.loads(text)
+            scale = value.get("scale")
+            limit = value.get("rateLimit")
+            body = value.get("maxBodyBytes")
+            return cls(
+                scale=_scale(scale) if scale else None,
+                concurrency=int(value.get("concurrency") or 0),
+                rate_limit=RateLimit(float(limit["rps"]), int(limit["burst"])) if limit else None,
+                max_body_bytes=int(body) if body is not None else None,
+                runtime=str(value.get("runtime") or ""),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None  # written by hand: a plain route, and the next apply puts it back
+
+
+def route_policy(fn: Function, environment: str) -> RoutePolicy:
+    """What ``fn``'s route says in ``environment``; autoscaled only while enabled."""
+    policy = fn.scale_in(environment)
+    return RoutePolicy(
+        scale=policy if policy.autoscaled and fn.enabled else None,
+        concurrency=fn.concurrency,
+        rate_limit=fn.rate_limit,
+        max_body_bytes=fn.max_body_bytes,
+        runtime=fn.runtime,
+    )
+
+
+def initial_replicas(scale: Scale, running: int) -> int:
+    """Replicas a newly applied autoscaled Deployment starts with: as many as run now, one
+    at least (Knative's initial scale, so the deploy shows that it starts), within bounds."""
+    return min(max(running, scale.min, 1), scale.max)
+
+
+def _scale_json(scale: Scale) -> dict[str, Any]:
+    warm = [{"cron": w.cron, "forSec": float(w.for_sec), "min": w.min} for w in scale.warm]
+    return {
+        "min": scale.min,
+        "max": scale.max,
+        "target": scale.target,
+        "idleSec": float(scale.idle_sec),
+        "warm": warm,
+    }
+
+
+def _scale(value: dict[str, Any]) -> Scale:
+    warm = tuple(
+        Warm(str(w["cron"]), float(w["forSec"]), int(w["min"])) for w in value.get("warm") or ()
+    )
+    return Scale(
+        int(value["min"]),
+        int(value["max"]),
+        int(value["target"]),
+        float(value["idleSec"]),
+        warm,
+    )
