@@ -11,15 +11,40 @@ reports the replica ready. Against the test API server (tests/kubeapi).
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
 from gitops_sless.kube import renderer
-from gitops_sless.kube.policy import ROUTE_ANNOTATION, RoutePolicy
+from gitops_sless.kube.policy import AUTOSCALER, ROUTE_ANNOTATION, RoutePolicy
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests.model import RateLimit, Scale, Warm
 from gitops_sless.source.snapshot import DirectorySnapshot
 
+from ..kubeapi import FakeKube
+
 HANDLER = "def handler(event, context):\n    return {'from': %r}\n"
+APPLY = "application/apply-patch+yaml"
+
+
+def wait_for(check: Any, what: str, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def function_folder(name: str, *extra: str) -> dict[str, str]:
@@ -112,3 +137,112 @@ def test_a_disabled_autoscaled_function_runs_nothing(tmp_path):
     objects = _objects(tmp_path, function_folder("auto", "    enabled: false", "    scale: {}"))
     assert objects["Deployment/auto"]["spec"]["replicas"] == 0
     assert RoutePolicy.decode(objects["Deployment/auto"]) is None
+
+
+# --- the test API server's scale subresource ----------------------------------------------------
+
+NS = "default"
+IMAGE = "registry.local/app:v1"
+
+
+def deployment_body(name: str, replicas: int | None = 1) -> dict[str, Any]:
+    labels = {"app": name}
+    spec: dict[str, Any] = {
+        "selector": {"matchLabels": labels},
+        "template": {
+            "metadata": {"labels": labels},
+            "spec": {"containers": [{"name": "app", "image": IMAGE}]},
+        },
+    }
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture
+def apps(fake_kube: FakeKube) -> Iterator[client.AppsV1Api]:
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(fake_kube.kubeconfig), client_configuration=cfg)
+    fake_kube.preloaded_images.add(IMAGE)
+    with client.ApiClient(cfg) as api_client:
+        yield client.AppsV1Api(api_client)
+
+
+def pods(kube: FakeKube, name: str) -> list[dict[str, Any]]:
+    return [p for p in kube.objects("Pod", NS) if p["metadata"]["labels"].get("app") == name]
+
+
+def test_the_scale_subresource_reads_and_writes_a_deployments_replicas(apps, fake_kube):
+    apps.create_namespaced_deployment(NS, deployment_body("web", replicas=2))
+    scale = apps.read_namespaced_deployment_scale("web", NS)
+    live = apps.read_namespaced_deployment("web", NS)
+    assert (scale.kind, scale.api_version) == ("Scale", "autoscaling/v1")
+    assert scale.metadata.uid == live.metadata.uid
+    assert scale.metadata.resource_version == live.metadata.resource_version
+    assert (scale.spec.replicas, scale.status.replicas, scale.status.selector) == (2, 2, "app=web")
+
+    stream = fake_kube.store.resource_version
+    answer = apps.patch_namespaced_deployment_scale(
+        "web", NS, {"spec": {"replicas": 0}}, field_manager="scaler"
+    )
+    assert answer.spec.replicas == 0
+    after = apps.read_namespaced_deployment("web", NS)
+    assert after.spec.replicas == 0 and after.metadata.generation == live.metadata.generation + 1
+    assert int(answer.metadata.resource_version) > int(stream)  # (the controller's come after)
+    entries = [
+        (m.manager, m.operation, m.subresource, m.fields_v1) for m in after.metadata.managed_fields
+    ]
+    assert ("scaler", "Update", "scale", {"f:spec": {"f:replicas": {}}}) in entries
+    # the creator no longer owns replicas
+    creator = next(e for e in entries if e[2] is None and e[1] == "Update")
+    assert "f:replicas" not in creator[3]["f:spec"]
+    # the controller removed the pods; a watch saw the Deployment change
+    assert pods(fake_kube, "web") == []
+    events = fake_kube.store.events_after(int(stream), ["Deployment"])
+    assert any(e[1] == "MODIFIED" and e[3]["spec"]["replicas"] == 0 for e in events)
+
+    # PUT, with the version it read: stale answers 409
+    scale = apps.read_namespaced_deployment_scale("web", NS)
+    scale.spec.replicas = 1
+    assert apps.replace_namespaced_deployment_scale("web", NS, scale).spec.replicas == 1
+    wait_for(lambda: [p for p in pods(fake_kube, "web") if _ready(p)], "a ready pod")
+    with pytest.raises(ApiException) as stale:
+        apps.replace_namespaced_deployment_scale("web", NS, scale)
+    assert stale.value.status == 409
+    # the same replicas again: no new version, no event
+    before = apps.read_namespaced_deployment("web", NS).metadata.resource_version
+    apps.patch_namespaced_deployment_scale("web", NS, {"spec": {"replicas": 1}})
+    assert apps.read_namespaced_deployment("web", NS).metadata.resource_version == before
+    with pytest.raises(ApiException) as negative:
+        apps.patch_namespaced_deployment_scale("web", NS, {"spec": {"replicas": -1}})
+    assert negative.value.status == 422 and "greater than or equal to 0" in negative.value.body
+    with pytest.raises(ApiException) as missing:
+        apps.read_namespaced_deployment_scale("nobody", NS)
+    assert missing.value.status == 404
+
+
+def test_an_apply_without_replicas_leaves_the_scale_writers_count(apps, fake_kube):
+    path_apply = {"field_manager": "deployer", "force": True}
+    body = deployment_body("web", replicas=None)
+    apps.patch_namespaced_deployment("web", NS, body, **path_apply, _content_type=APPLY)
+    assert apps.read_namespaced_deployment("web", NS).spec.replicas == 1  # defaulted
+    apps.patch_namespaced_deployment_scale(
+        "web", NS, {"spec": {"replicas": 3}}, field_manager=AUTOSCALER
+    )
+    body["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}]
+    apps.patch_namespaced_deployment("web", NS, body, **path_apply, _content_type=APPLY)
+    assert apps.read_namespaced_deployment("web", NS).spec.replicas == 3
+    # a fixed count applied again takes replicas back from the autoscaler
+    apps.patch_namespaced_deployment(
+        "web", NS, deployment_body("web", replicas=2), **path_apply, _content_type=APPLY
+    )
+    live = apps.read_namespaced_deployment("web", NS)
+    assert live.spec.replicas == 2
+    assert AUTOSCALER not in {m.manager for m in live.metadata.managed_fields}
+
+
+def test_discovery_lists_the_scale_subresource(apps, fake_kube):
+    found = apps.get_api_resources()
+    scale = next(r for r in found.resources if r.name == "deployments/scale")
+    assert (scale.kind, scale.group, scale.version) == ("Scale", "autoscaling", "v1")
+    assert sorted(scale.verbs) == ["get", "patch", "update"]

@@ -1,21 +1,21 @@
 """A strict test double of the Kubernetes API server, for the official ``kubernetes`` client.
 
 ``FakeKube`` serves the REST API (core/v1 namespaces, secrets, configmaps, serviceaccounts,
-services with ``/proxy``, pods with ``/log``; apps/v1 deployments; batch/v1 jobs and cronjobs;
-networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases;
+services with ``/proxy``, pods with ``/log``; apps/v1 deployments with ``/scale``; batch/v1
+jobs and cronjobs; networking.k8s.io/v1 networkpolicies; coordination.k8s.io/v1 leases;
 apiextensions.k8s.io/v1 customresourcedefinitions and, once a CRD is established, its custom
 resources with their ``/status`` subresource; discovery and ``/version``) over HTTP (or
 HTTPS, ``tls=True``) on 127.0.0.1 with bearer-token auth, and runs controllers and a kubelet
-so Deployments become
-available, Jobs run and kaniko builds read their context from S3. Modules: ``server`` (HTTP),
-``routes`` (paths, discovery), ``store`` (objects, resourceVersion, selectors), ``resources``
-(kinds, the registry of served kinds, errors), ``apply`` (server-side apply), ``patches``
-(bodies, patch formats), ``validate`` (cached strict schemas), ``defaults``, ``ops`` (the
-verbs), ``status`` (status subresource writes), ``crds`` (CustomResourceDefinitions),
-``custom`` (pruning, defaulting, validation of custom resources), ``controllers``,
-``cronjobs``, ``kubelet``, ``kaniko``, ``tables`` (what ``kubectl get`` prints), ``tls``
-(HTTPS with a CA of its own, for ``kubectl``), ``fake`` (``FakeKube``, ``install_crd``),
-``fixtures`` (the ``fake_kube`` fixture); ``python -m tests.kubeapi`` runs it standalone.
+so Deployments become available, Jobs run and kaniko builds read their context from S3.
+Modules: ``server`` (HTTP), ``routes`` (paths, discovery), ``store`` (objects,
+resourceVersion, selectors), ``resources`` (kinds, the registry of served kinds, errors),
+``apply`` (server-side apply), ``patches`` (bodies, patch formats), ``validate`` (cached
+strict schemas), ``defaults``, ``ops`` (the verbs), ``status`` (status subresource writes),
+``scale`` (the scale subresource), ``crds`` (CustomResourceDefinitions), ``custom``
+(pruning, defaulting, validation of custom resources), ``controllers``, ``cronjobs``,
+``kubelet``, ``kaniko``, ``tables`` (what ``kubectl get`` prints), ``tls`` (HTTPS with a CA
+of its own, for ``kubectl``), ``fake`` (``FakeKube``, ``install_crd``), ``fixtures`` (the
+``fake_kube`` fixture); ``python -m tests.kubeapi`` runs it standalone.
 
 Where it differs from a real cluster (the rest is meant to match it):
 

@@ -167,19 +167,28 @@ def path_text(path: Path) -> str:
 
 class Managed:
     """The ``managedFields`` of an object as (entry, paths) pairs: those of subresource
-    ``sub`` (None: the main resource); the others are kept as they are."""
+    ``sub`` (None: the main resource, whose ``spec.replicas`` writes through the ``scale``
+    subresource own too); the others are kept as they are."""
 
     def __init__(self, entries: list[dict[str, Any]] | None, sub: str | None = None) -> None:
         self.entries, self.sub = list(entries or ()), sub
+        subs = (None, "scale") if sub is None else (sub,)
         self.items = [
             (e, from_fields(e.get("fieldsV1") or {}))
             for e in self.entries
-            if e.get("subresource") == sub
+            if e.get("subresource") in subs
         ]
+
+    def mine(self, entry: dict[str, Any], manager: str, operation: str) -> bool:
+        return (entry.get("manager"), entry.get("operation"), entry.get("subresource")) == (
+            manager,
+            operation,
+            self.sub,
+        )
 
     def find(self, manager: str, operation: str) -> set[Path]:
         for e, paths in self.items:
-            if e.get("manager") == manager and e.get("operation") == operation:
+            if self.mine(e, manager, operation):
                 return paths
         return set()
 
@@ -207,7 +216,7 @@ class Managed:
                 out.append(e)
                 continue
             p = owned[id(e)]
-            if e.get("manager") == manager and e.get("operation") == operation:
+            if self.mine(e, manager, operation):
                 assert mine is not None
                 if e.get("fieldsV1") == fields and e.get("apiVersion") == api_version:
                     mine["time"] = e.get("time", mine["time"])
@@ -334,7 +343,7 @@ def track_update(
     gone = set(old_leaves) - set(new_leaves)
     mine = set(managed.find(manager, "Update"))
     for entry, owned in managed.items:
-        if not (entry.get("manager") == manager and entry.get("operation") == "Update"):
+        if not managed.mine(entry, manager, "Update"):
             owned -= changed | gone
     mine = (mine | changed) - gone
     new.setdefault("metadata", {})["managedFields"] = managed.render(

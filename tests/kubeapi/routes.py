@@ -97,19 +97,20 @@ def discovery_resources(kinds: Registry, group: str, version: str) -> dict[str, 
             entry["categories"] = list(r.categories)
         resources.append(entry)
         for sub in r.subresources:
-            sub_verbs = {"status": STATUS_VERBS, "log": ["get"]}.get(
+            sub_verbs = {"status": STATUS_VERBS, "scale": STATUS_VERBS, "log": ["get"]}.get(
                 sub, ["create", "delete", "get", "patch", "update"]
             )
-            sub_kind = "Pod" if sub == "log" else r.kind
-            resources.append(
-                {
-                    "name": f"{r.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": r.namespaced,
-                    "kind": sub_kind,
-                    "verbs": sub_verbs,
-                }
-            )
+            sub_kind = {"log": "Pod", "scale": "Scale"}.get(sub, r.kind)
+            entry = {
+                "name": f"{r.plural}/{sub}",
+                "singularName": "",
+                "namespaced": r.namespaced,
+                "kind": sub_kind,
+                "verbs": sub_verbs,
+            }
+            if sub == "scale":  # served as autoscaling/v1, whatever the group of the kind
+                entry.update(group="autoscaling", version="v1")
+            resources.append(entry)
     gv = f"{group}/{version}" if group else version
     return {
         "kind": "APIResourceList",

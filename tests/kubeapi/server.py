@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from . import watch
+from . import scale, watch
 from .patches import APPLY, parse_body
 from .resources import BY_KIND, VERSION_INFO, ApiError, Res, not_found
 from .routes import Route, discovery_versions, route
@@ -145,7 +145,7 @@ class Handler(BaseHTTPRequestHandler):
     ) -> None:
         ctype = self.headers.get("Content-Type") or ""
         verb = self._verb(method, r, query, ctype)
-        kind = r.res.kind + ("/status" if r.sub == "status" else "")
+        kind = r.res.kind + (f"/{r.sub}" if r.sub in ("status", "scale") else "")
         if r.sub == "log":
             kind = "Pod"
         if r.sub == "proxy":
@@ -173,12 +173,32 @@ class Handler(BaseHTTPRequestHandler):
             body = api.list(res, r.ns, query.get("labelSelector"), query.get("fieldSelector"))
             self.send(200, self.printed(res, body, query))
             return
+        if verb == "get" and r.sub == "scale":
+            self.send(200, scale.read(api, res, ns, r.name or ""))
+            return
         if verb == "get":
             self.send(200, self.printed(res, present(res, api.get(res, ns, r.name or "")), query))
             return
         name = r.name or ""
         code = 200
-        if r.sub == "status" and verb in ("update", "patch", "apply"):
+        if r.sub == "scale":
+            if verb not in ("update", "patch", "apply"):
+                raise ApiError(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            out = scale.write(
+                api,
+                res,
+                ns,
+                name,
+                raw,
+                None if verb == "update" else ctype,
+                (manager or "") if verb == "apply" else manager or self._ua_manager(),
+                _true(query.get("force")),
+            )
+        elif r.sub == "status" and verb in ("update", "patch", "apply"):
             out = api.write_status(
                 res,
                 ns,
