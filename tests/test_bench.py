@@ -29,6 +29,12 @@ REPORTS = {
     "proxy.py": ["| target | conns | req/s |", "| /fn/ fast | 4 |", "| /fn/ asgi | 4 |"],
     "preview.py": ["## PR webhook to preview answering", "target p50 <= 3 s"],
     "kube_sync.py": ["## Kubernetes backend, 3 functions", "(b) no-change sync", "## Targets"],
+    "coldstart.py": [
+        "| runtime | cold p50 ms | cold p95 ms |",
+        "simultaneous first calls to an idle function",
+        "## Targets",
+    ],
+    "autoscale.py": ["| function | calls/s |", "throughput auto / fixed", "## Targets"],
 }
 
 
