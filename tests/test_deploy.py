@@ -148,6 +148,8 @@ def _derived_rules(own_namespace: bool = False) -> set[tuple[str, str, str]]:
                 granted = [(f"{kind.plural}/log", "get")]
             elif verb == "status":  # a server-side apply of the status subresource
                 granted = [(f"{kind.plural}/status", "patch")]
+            elif verb == "scale":  # the scale subresource, read and merge-patched
+                granted = [(f"{kind.plural}/scale", "get"), (f"{kind.plural}/scale", "patch")]
             elif verb == "watch":
                 granted = [(kind.plural, "list"), (kind.plural, "watch")]
             else:

@@ -29,6 +29,7 @@ from .functions import FunctionWriter
 from .gateway import gateway_url
 from .informer import Informer
 from .jobs import JobRunner, finished_runs
+from .policy import RoutePolicy, initial_replicas, route_policy
 from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, RenderConfig, render_function
 from .status import available_replicas, health, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
@@ -71,6 +72,9 @@ class KubeBackend(Backend):
         self._cron_runs = CronRuns(client, on_cron)
         self._gateway_url: str | None = None
         self._gateway_read_at: float | None = None
+        # (env, name) -> (replicas, resourceVersion) of a scale write the watch has not
+        # brought back yet: a second identical write is not made meanwhile
+        self._scaled: dict[tuple[str, str], tuple[int, int]] = {}
         self._lock = threading.Lock()
 
     # --- reading -------------------------------------------------------------------------
@@ -231,7 +235,9 @@ class KubeBackend(Backend):
         self.applier.ensure_environment(view)
         image = self._image(deployment.function)
         objects = render_function(deployment, self.config, revision, image)
+        before = view.get("Deployment", deployment.name)
         self.applier.apply(view, objects)
+        self._initial_scale(deployment, before)
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
         stale = [
             o
@@ -247,6 +253,49 @@ class KubeBackend(Backend):
                 self._job_only[key] = deployment.spec_hash
         if view.pods is None and not all(rolled_out(d) for d in view.all("Deployment")):
             view.pods = []  # read on the next refresh; a fresh rollout has no pod problem yet
+
+    def _initial_scale(self, deployment: Deployment, before: dict[str, Any] | None) -> None:
+        """A Deployment that starts being autoscaled (new, or a fixed count before) runs
+        :func:`initial_replicas` of it; one that was autoscaled keeps what the autoscaler
+        set (a new version starts as many replicas as ran)."""
+        fn = deployment.function
+        policy = route_policy(fn, deployment.env).scale
+        if policy is None or not fn.http:
+            return
+        was = RoutePolicy.decode(before) if before is not None else None
+        if was is not None and was.scale is not None:
+            return
+        running = int((before.get("spec") or {}).get("replicas", 1)) if before else 0
+        self.scale(deployment.env, deployment.name, initial_replicas(policy, running))
+
+    def scale(self, env: str, name: str, replicas: int) -> None:
+        """``replicas`` of the function's Deployment, through its scale subresource; no
+        request when the Deployment has that many already."""
+        view = self.view(env)
+        if self._replicas(view, name) == replicas:
+            return
+        answer = self.client.scale("Deployment", view.namespace, name, replicas)
+        with self._lock:
+            self._scaled[(env, name)] = (replicas, _version(answer))
+
+    def _replicas(self, view: View, name: str) -> int:
+        """The replicas the function's Deployment asks for: from the watch-fed view, else
+        (not watched here: a replica that does not lead) read from its scale subresource."""
+        if not view.informer("Deployment").fresh:
+            found = self.client.read_scale("Deployment", view.namespace, name)
+            if found is None:
+                raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{name} to scale")
+            return int((found.get("spec") or {}).get("replicas") or 0)
+        live = view.get("Deployment", name)
+        if live is None:
+            raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{name} to scale")
+        key = (view.env, name)
+        with self._lock:
+            written = self._scaled.get(key)
+            if written is not None and _version(live) < written[1]:
+                return written[0]  # the watch has not brought the write back yet
+            self._scaled.pop(key, None)
+        return int((live.get("spec") or {}).get("replicas", 1))
 
     def remove(self, env: str, name: str) -> None:
         self.routes.remove(env, name)  # 404 at once, before the objects go
@@ -354,6 +403,11 @@ def _serves(view: View, deployment: dict[str, Any]) -> tuple[int, float]:
     if view.get("Service", name) is None:
         return 0, 0.0
     return available_replicas(deployment), _timeout(deployment)
+
+
+def _version(obj: dict[str, Any]) -> int:
+    text = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(text) if text.isdigit() else -1
 
 
 def _timeout(deployment: dict[str, Any]) -> float:

@@ -40,6 +40,7 @@ from .credentials import Credentials
 _random = random.Random()
 
 __all__ = [
+    "AUTOSCALER",
     "FIELD_MANAGER",
     "AlreadyExists",
     "Expired",
@@ -56,6 +57,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "gitops-sless"
+# the field manager of the replicas the autoscaler writes (the scale subresource): its own,
+# so that the apply of a Deployment, which leaves them out, never takes them back
+AUTOSCALER = "gitops-sless-autoscaler"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -103,7 +107,8 @@ KINDS = {
 # Every call this package makes, by kind: the client refuses any other, so this table is
 # exactly what the reconciler does to a cluster, and deploy/'s ClusterRole is derived from
 # it (tests/test_deploy.py). "apply" is a server-side apply (RBAC: create and patch), "log"
-# reads pods/log, "status" writes the status subresource (RBAC: patch). Kinds in
+# reads pods/log, "status" writes the status subresource (RBAC: patch), "scale" reads and
+# writes the scale subresource (RBAC: get and patch on deployments/scale). Kinds in
 # OWN_NAMESPACE_ONLY are used only in the reconciler's own namespace (a Role there, not the
 # ClusterRole).
 CALLS: dict[str, frozenset[str]] = {
@@ -115,7 +120,8 @@ CALLS: dict[str, frozenset[str]] = {
         "ConfigMap": "list watch create delete",
         "Service": "list watch apply delete",
         "Pod": "list watch log",  # watch: the build pods (kube/builds.py)
-        "Deployment": "list watch apply delete",
+        # scale: the autoscaler's replicas, and a wake from zero by any replica
+        "Deployment": "list watch apply delete scale",
         "Job": "get list watch create patch delete",
         "CronJob": "list watch apply delete",
         "NetworkPolicy": "list watch apply",  # gone with their namespace, never deleted alone
@@ -476,6 +482,30 @@ class KubeClient:
         path = kind.path(meta.get("namespace"), meta["name"]) + "/status"
         return self._json(
             "status", kind.name, "PATCH", path, query, dict(obj), "application/apply-patch+yaml"
+        )
+
+    def read_scale(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ``Scale`` (autoscaling/v1) of an object; None when the object is not there."""
+        path = KINDS[kind].path(namespace, name) + "/scale"
+        try:
+            return self._json("scale", kind, "GET", path)
+        except NotFound:
+            return None
+
+    def scale(self, kind: str, namespace: str, name: str, replicas: int) -> dict[str, Any]:
+        """``spec.replicas`` written through the scale subresource, as :data:`AUTOSCALER`;
+        the ``Scale`` answered. Never guarded: any replica may wake a function at zero (the
+        autoscaler's own decisions are written by the leader only)."""
+        path = KINDS[kind].path(namespace, name) + "/scale"
+        return self._json(
+            "scale",
+            kind,
+            "PATCH",
+            path,
+            {"fieldManager": AUTOSCALER},
+            {"spec": {"replicas": replicas}},
+            "application/merge-patch+json",
+            guarded=False,
         )
 
     def create(self, obj: Mapping[str, Any], guarded: bool = True) -> dict[str, Any]:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..manifests.model import Function, RateLimit, Scale, Warm
+from .client import AUTOSCALER
 
 __all__ = ["AUTOSCALER", "ROUTE_ANNOTATION", "RoutePolicy", "initial_replicas", "route_policy"]
 
 ROUTE_ANNOTATION = "gitops-sless.dev/route"
-AUTOSCALER = "gitops-sless-autoscaler"  # the field manager of the scale subresource writes
 
 
 @dataclass(frozen=True)

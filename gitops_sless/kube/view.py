@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from .client import KubeClient
+from .client import AUTOSCALER, KubeClient
 from .informer import Informer
 from .renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 
@@ -232,11 +232,15 @@ def pinned(obj: dict[str, Any]) -> bool:
     return all("@sha256:" in str(c.get("image", "")) for c in containers)
 
 
+_OURS = frozenset({"gitops-sless", AUTOSCALER})
+
+
 def drifted(obj: dict[str, Any]) -> bool:
     """Another field manager changed the spec (``kubectl edit``, ``kubectl scale``)."""
     for entry in (obj.get("metadata") or {}).get("managedFields") or []:
-        # status is the controllers'; a scale subresource write is drift like any other
-        if entry.get("subresource") == "status" or entry.get("manager") == "gitops-sless":
+        # status is the controllers', replicas of an autoscaled Deployment the autoscaler's;
+        # any other scale subresource write is drift like any other
+        if entry.get("subresource") == "status" or entry.get("manager") in _OURS:
             continue
         if "f:spec" in (entry.get("fieldsV1") or {}):
             return True

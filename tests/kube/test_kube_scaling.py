@@ -21,12 +21,16 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from gitops_sless.kube import renderer
+from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.policy import AUTOSCALER, ROUTE_ANNOTATION, RoutePolicy
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests.model import RateLimit, Scale, Warm
 from gitops_sless.source.snapshot import DirectorySnapshot
 
+from ..gitserver import WorkRepo
+from ..kube_harness import NAMESPACE, Harness, make, settings
 from ..kubeapi import FakeKube
+from ..s3server import S3Server
 
 HANDLER = "def handler(event, context):\n    return {'from': %r}\n"
 APPLY = "application/apply-patch+yaml"
@@ -246,3 +250,161 @@ def test_discovery_lists_the_scale_subresource(apps, fake_kube):
     scale = next(r for r in found.resources if r.name == "deployments/scale")
     assert (scale.kind, scale.group, scale.version) == ("Scale", "autoscaling", "v1")
     assert sorted(scale.verbs) == ["get", "patch", "update"]
+
+
+# --- the backend: apply and scale ---------------------------------------------------------------
+
+PROD = "sless-prod"
+
+
+@pytest.fixture
+def kube(fake_kube: FakeKube) -> FakeKube:
+    client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
+    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    return fake_kube
+
+
+@pytest.fixture
+def harness_for(kube: FakeKube, s3_server: S3Server, tmp_path: Path):
+    made: list[Harness] = []
+
+    def build(repo: WorkRepo, state: str = "state") -> Harness:
+        harness = make(repo, tmp_path / state, settings(kube.kubeconfig, s3_server.config()))
+        made.append(harness)
+        return harness
+
+    yield build
+    for harness in made:
+        harness.close()
+
+
+def writes(kube: FakeKube) -> dict[tuple[str, str], int]:
+    return {key: n for key, n in kube.counts()["writes"].items() if n}
+
+
+def requests(kube: FakeKube) -> int:
+    return sum(kube.counts()["requests"].values())
+
+
+def owners(obj: dict[str, Any]) -> dict[tuple[str, str | None], dict[str, Any]]:
+    """(manager, subresource) -> the spec fields it owns."""
+    return {
+        (m["manager"], m.get("subresource")): m["fieldsV1"].get("f:spec", {})
+        for m in obj["metadata"]["managedFields"]
+    }
+
+
+def settled(kube: FakeKube, name: str, replicas: int) -> bool:
+    live = kube.get("Deployment", PROD, name) or {}
+    status = live.get("status") or {}
+    return (
+        live.get("spec", {}).get("replicas") == replicas
+        and status.get("observedGeneration") == live["metadata"]["generation"]
+        and int(status.get("availableReplicas") or 0) == replicas
+        and int(status.get("replicas") or 0) == replicas
+    )
+
+
+def test_scale_writes_replicas_through_the_subresource_and_only_when_they_change(
+    kube, harness_for, tmp_path
+):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("auto", function_folder("auto", "    scale: {max: 3}"))
+    harness = harness_for(repo)
+    harness.sync()  # creates the namespace; the next pass watches what is in it
+    harness.sync()
+    live = kube.get("Deployment", PROD, "auto")
+    # applied without replicas: the API server's default (one) is the initial scale
+    assert "f:replicas" not in owners(live)[("gitops-sless", None)]
+    assert live["spec"]["replicas"] == 1
+    kube.reset_counts()
+    harness.backend.scale("prod", "auto", 3)
+    assert writes(kube) == {("patch", "Deployment/scale"): 1}
+    live = kube.get("Deployment", PROD, "auto")
+    assert live["spec"]["replicas"] == 3
+    assert owners(live)[(AUTOSCALER, "scale")] == {"f:replicas": {}}
+    kube.reset_counts()
+    harness.backend.scale("prod", "auto", 3)  # before or after the watch brought it back
+    assert requests(kube) == 0, kube.counts()["requests"]
+    wait_for(lambda: settled(kube, "auto", 3), "three replicas")
+    harness.backend.scale("prod", "auto", 3)
+    assert requests(kube) == 0
+    # the next pass sees no drift in the autoscaler's replicas: nothing is applied again
+    harness.sync()
+    assert writes(kube) == {}
+    assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 3
+
+
+def test_a_new_autoscaled_deployment_starts_its_minimum(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("auto", function_folder("auto", "    scale: {min: 2, max: 5}"))
+    harness = harness_for(repo)
+    kube.reset_counts()
+    harness.sync()
+    assert kube.counts()["writes"][("patch", "Deployment/scale")] == 1
+    live = kube.get("Deployment", PROD, "auto")
+    assert live["spec"]["replicas"] == 2
+    assert owners(live)[(AUTOSCALER, "scale")] == {"f:replicas": {}}
+    # a new version keeps what the autoscaler set: no initial scale for a Deployment that exists
+    harness.backend.scale("prod", "auto", 4)
+    repo.commit("v2", {"auto/main.py": HANDLER % "v2"})
+    kube.reset_counts()
+    harness.sync()
+    assert kube.counts()["writes"][("apply", "Deployment")] == 1
+    assert ("patch", "Deployment/scale") not in writes(kube)
+    assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 4
+
+
+def test_a_fixed_count_that_becomes_autoscaled_keeps_its_replicas(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("fixed", function_folder("fn", "    replicas: 3"))
+    harness = harness_for(repo)
+    harness.sync()
+    repo.commit("auto", function_folder("fn", "    scale: {min: 0, max: 5}"))
+    harness.sync()
+    live = kube.get("Deployment", PROD, "fn")
+    assert live["spec"]["replicas"] == 3
+    assert owners(live)[(AUTOSCALER, "scale")] == {"f:replicas": {}}
+    # and back: the fixed count is applied again, the autoscaler's ownership gone
+    repo.commit("fixed again", function_folder("fn", "    replicas: 2"))
+    harness.sync()
+    live = kube.get("Deployment", PROD, "fn")
+    assert live["spec"]["replicas"] == 2 and (AUTOSCALER, "scale") not in owners(live)
+
+
+def test_a_pass_with_no_change_writes_nothing_at_zero_replicas(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit(
+        "two",
+        {**function_folder("auto", "    scale: {}"), **function_folder("fixed")},
+    )
+    harness = harness_for(repo)
+    harness.sync()
+    harness.backend.scale("prod", "auto", 0)
+    wait_for(lambda: settled(kube, "auto", 0) and settled(kube, "fixed", 1), "settled")
+    harness.sync()
+    kube.reset_counts()
+    harness.sync()
+    assert writes(kube) == {}
+    assert requests(kube) == 0, kube.counts()["requests"]
+    assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 0
+
+
+def test_a_replica_that_does_not_lead_may_wake_a_function(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("auto", function_folder("auto", "    scale: {}"))
+    leader = harness_for(repo)
+    leader.sync()
+    leader.backend.scale("prod", "auto", 0)
+    follower = harness_for(repo, "follower")  # watches nothing of prod: it reads the Scale
+    follower.backend.client.may_write = lambda: False
+    kube.reset_counts()
+    follower.backend.scale("prod", "auto", 1)
+    assert kube.counts()["requests"] == {
+        ("get", "Deployment/scale"): 1,
+        ("patch", "Deployment/scale"): 1,
+    }
+    assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 1
+    kube.reset_counts()
+    follower.backend.scale("prod", "auto", 1)
+    assert writes(kube) == {}
