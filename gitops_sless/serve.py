@@ -175,12 +175,8 @@ class Server:
         )
         self.previews = self._previews() if config.previews else None
         # every environment runs on the one backend; only the leader writes decisions
-        self.scaler = Scaler(
-            self.routes,
-            lambda env: self.backend,
-            config.scale_windows,
-            leading=self.elector.is_leader if self.elector else None,
-        )
+        leading = self.elector.is_leader if self.elector else None
+        self.scaler = Scaler(self.routes, lambda env: self.backend, config.scale_windows, leading)
         self.proxy = proxy_mod.ProxyApp(
             self.routes,
             record=self.invocations.record,

@@ -1,6 +1,7 @@
 """Runtime processes on loopback: replicas of function servers, and one-shot runners.
 
-A replica takes traffic only after ``/health`` answers. Replacing a function
+A replica takes traffic only once it says it listens (``readiness``), and
+runs as many as its function wants now (``scale``: the autoscaler's). Replacing a function
 starts the new replicas first, switches the route, and only then stops the
 old ones, so no request finds nothing to answer it. A replica that dies is
 taken out of the route at once and restarted with exponential backoff; why it
@@ -21,21 +22,17 @@ What replicas print goes through a pipe to ``replica_logs``, which puts a
 timestamp on every line of ``<state>/logs/<env>/<function>.log``; the
 supervisor adds lines of its own there: a kill for memory, a replica that
 ended, each after the replica's last line. That file never passes its cap (8
-MiB, rotated as it is written: see ``logfiles``). A job's or cron run's output
-is read as it comes and only bounded parts are kept: its result up to
-``MAX_RESULT_BYTES`` (a larger one fails the run, naming its size) and the
-last ``LOG_TAIL_BYTES`` of its stderr, for the cause of a failure.
+MiB, rotated as it is written: see ``logfiles``). Jobs and cron runs are
+one-shot runs of the runner (``oneshot``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import json
 import logging
 import os
 import secrets
-import select
 import signal
 import subprocess
 import threading
@@ -45,11 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import backoff, failure, logs
-from ..metrics import METRICS
-from ..plan.backend import ApplyFailed, JobFailed
-from . import logfiles, memory
+from ..plan.backend import ApplyFailed
+from . import memory, oneshot
 from .orphans import ProcessGroups
-from .replica_logs import LogPump, unstamped
+from .readiness import ReadyLine, StartFailed, record_start, tail
+from .replica_logs import LogPump
 from .sandbox import Sandbox
 from .units import (
     Child,
@@ -69,29 +66,7 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_SEC = 20.0
 STOP_GRACE_SEC = 5.0
 DRAIN_SEC = 1.0
-OUTPUT_WAIT_SEC = 2.0  # for what a replica printed last, still in its pipe
 WATCH_SEC = 0.1
-LOG_TAIL_BYTES = 64_000  # enough for the traceback that ends a failed start (or job)
-MAX_RESULT_BYTES = 1 << 20  # a job's result (its runner's stdout): larger fails the job
-
-
-def _tail(path: Path, since: int) -> str:
-    """What was written to ``path`` after offset ``since`` (its last LOG_TAIL_BYTES),
-    without the timestamps: as the runtime printed it, for ``failure.cause``."""
-    try:
-        with path.open("rb") as f:
-            end = f.seek(0, os.SEEK_END)
-            since = since if since <= end else 0  # the file was truncated meanwhile
-            f.seek(max(since, end - LOG_TAIL_BYTES))
-            return unstamped(f.read()).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-class _StartFailed(ApplyFailed):
-    def __init__(self, message: str, reason: str | None) -> None:
-        super().__init__(message)
-        self.reason = reason  # how the runtime ended, if it did
 
 
 class Supervisor:
@@ -240,56 +215,7 @@ class Supervisor:
 
     def run_once(self, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
         """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
-        name = spec.function
-        child = self._start(
-            spec,
-            spec.command("runner"),
-            JobFailed(f"{name}: not run: the local backend is shutting down"),
-            env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True)}),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        # read as it comes, and only so much kept: a job printing gigabytes costs no memory
-        result, errors = logfiles.Head(MAX_RESULT_BYTES), logfiles.Tail(LOG_TAIL_BYTES)
-        process = child.process
-        assert process.stdout is not None and process.stderr is not None
-        try:
-            sinks = {process.stdout: result.add, process.stderr: errors.add}
-            timed_out = not logfiles.read_pipes(
-                process, sinks, timeout_sec + 5, linger=OUTPUT_WAIT_SEC
-            )
-        finally:
-            _signal_group(child.pid, signal.SIGKILL)  # whatever the runner left behind
-            process.stdout.close()
-            process.stderr.close()
-            process.wait()
-            reason = self._reap(child)
-        out, err = result.value(), errors.value()
-        code = child.process.returncode
-        if code != 0 and self._closing:
-            raise JobFailed(f"{name}: interrupted by shutdown")
-        if reason.startswith(("OOMKilled", "ProcessLimit")):
-            raise JobFailed(f"{name}: {reason}")
-        if timed_out:
-            raise JobFailed(f"{name}: timed out after {timeout_sec:g}s")
-        if code != 0:
-            why = failure.cause(err.decode("utf-8", "replace"), self._function_dir(spec))
-            said = why or "no output on stderr"
-            raise JobFailed(f"{name}: {reason}: {said}", f"{name}: {reason}")
-        if not result.complete:
-            raise JobFailed(
-                f"{name}: the result is {result.size} bytes; at most {MAX_RESULT_BYTES} are kept"
-            )
-        text = out.decode("utf-8", "replace").strip()
-        try:
-            json.loads(text)
-        except ValueError as exc:
-            raise JobFailed(
-                f"{name}: the result is not JSON: {text[:200]!r}",
-                f"{name}: the result is not JSON",
-            ) from exc
-        return text
+        return oneshot.run_once(self, spec, event, timeout_sec)
 
     def close(self) -> None:
         """Stop every process started, and start none from now on (safe to call twice)."""
@@ -309,10 +235,11 @@ class Supervisor:
     def _shutting_down(self, spec: ProcessSpec) -> ApplyFailed:
         return ApplyFailed(f"{spec.function}: not started: the local backend is shutting down")
 
-    def _start(
+    def start_process(
         self, spec: ProcessSpec, command: list[str], refused: Exception, **popen: Any
     ) -> Child:
-        """Popen, tracked from the moment it returns; refused once closing."""
+        """A process of ``spec``, sandboxed and limited, tracked from the moment Popen
+        returns until :meth:`reap`; ``refused`` is raised once closing."""
         with self._lock:
             if self._closing:
                 raise refused
@@ -354,10 +281,10 @@ class Supervisor:
                 self._changed.notify_all()
         return child
 
-    def _function_dir(self, spec: ProcessSpec) -> Path:
+    def function_dir(self, spec: ProcessSpec) -> Path:
         return self.sandbox.function_dir(spec.artifact)
 
-    def _reap(self, child: Child) -> str:
+    def reap(self, child: Child) -> str:
         """The process has been waited for: why it ended; it is no longer tracked."""
         reason = child.finish()
         self.pids.remove(child.pid)
@@ -377,7 +304,7 @@ class Supervisor:
                 _signal_group(child.pid, signal.SIGKILL)
                 child.process.wait()
             _signal_group(child.pid, signal.SIGKILL)  # whatever it left behind in its group
-            reason = self._reap(child)
+            reason = self.reap(child)
             logs.event(
                 log,
                 "replica.stopped",
@@ -451,7 +378,7 @@ class Supervisor:
         ready_fd, write_fd = os.pipe()
         spawned = time.monotonic()
         try:
-            child = self._start(
+            child = self.start_process(
                 spec,
                 spec.command("server"),
                 self._shutting_down(spec),
@@ -475,7 +402,7 @@ class Supervisor:
             os.close(write_fd)
         assert child.process.stdout is not None
         output = self.output.attach(child.process.stdout, log_path)
-        ready = _ReadyLine(ready_fd)
+        ready = ReadyLine(ready_fd)
         deadline = time.monotonic() + HEALTH_TIMEOUT_SEC
         try:
             while time.monotonic() < deadline:
@@ -484,7 +411,7 @@ class Supervisor:
                     raise self._shutting_down(spec)
                 phases = ready.wait(0.05) if not ready.done else None
                 if phases is not None or (ready.done and self._healthy(port)):
-                    _record_start(spec, spawned, phases)
+                    record_start(spec, spawned, phases)
                     logs.event(
                         log,
                         "replica.started",
@@ -495,14 +422,16 @@ class Supervisor:
                     )
                     return Replica(child, port, log_path, output)
                 if child.process.poll() is not None:
-                    reason = self._reap(child)
-                    output.wait(OUTPUT_WAIT_SEC)  # its last lines say why
-                    tail = _tail(log_path, since)
-                    why = failure.cause(tail, self._function_dir(spec)) or "no output"
+                    reason = self.reap(child)
+                    if self._closing:  # stopped by close(), not a start that failed
+                        raise self._shutting_down(spec)
+                    output.wait(oneshot.OUTPUT_WAIT_SEC)  # its last lines say why
+                    printed = tail(log_path, since)
+                    why = failure.cause(printed, self.function_dir(spec)) or "no output"
                     self.output.note(
                         log_path, f"replica pid {child.pid} ended before it was healthy: {reason}"
                     )
-                    raise _StartFailed(
+                    raise StartFailed(
                         f"{spec.function}: the runtime ended before it was healthy "
                         f"({reason}): {why}",
                         reason,
@@ -512,7 +441,7 @@ class Supervisor:
         finally:
             ready.close()
         self._stop([child])
-        raise _StartFailed(
+        raise StartFailed(
             f"{spec.function}: no healthy answer on /health in {HEALTH_TIMEOUT_SEC:g}s", None
         )
 
@@ -540,7 +469,7 @@ class Supervisor:
         dead = [r for r in unit.replicas if r.process.poll() is not None]
         now = time.monotonic()
         if dead:
-            reasons = [self._reap(r.child) for r in dead]
+            reasons = [self.reap(r.child) for r in dead]
             with self._lock:
                 if self._units.get(key) is not unit or self._closing:
                     return
@@ -623,7 +552,7 @@ class Supervisor:
         try:
             replica = self._start_healthy(unit.spec)
         except ApplyFailed as exc:
-            reason = exc.reason if isinstance(exc, _StartFailed) else None
+            reason = exc.reason if isinstance(exc, StartFailed) else None
             with self._lock:
                 if self._units.get(key) is not unit or self._closing:
                     return
@@ -663,50 +592,6 @@ class Supervisor:
             )
         if recovered:
             self._notify(key, "recovered", None)
-
-
-class _ReadyLine:
-    """The line a runtime writes on ``SLESS_READY_FD`` once it listens (runtimes/README.md):
-    when its start phases ended, on the monotonic clock that this process reads too."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.data = b""
-        self.done = False  # the runtime closed its end (or wrote its line)
-
-    def wait(self, timeout: float) -> dict[str, float] | None:
-        """The phases once the line is in; None while it is not (``done``: never will be)."""
-        readable, _, _ = select.select([self.fd], [], [], timeout)
-        if not readable:
-            return None
-        chunk = os.read(self.fd, 4096)
-        self.data += chunk
-        if chunk and b"\n" not in self.data and len(self.data) < 65536:
-            return None
-        self.done = True
-        try:
-            line = json.loads(self.data.partition(b"\n")[0])
-            phases = line["t"]
-            return {k: float(phases[k]) for k in ("start", "runtime", "handler", "listening")}
-        except (ValueError, KeyError, TypeError):
-            return None  # EOF without a line: the start failed, or an older runtime
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-
-
-def _record_start(spec: ProcessSpec, spawned: float, phases: dict[str, float] | None) -> None:
-    """The phases of a replica's start in the cold-start histogram (METRICS.cold_start)."""
-    if phases is None:
-        return
-    now = time.monotonic()
-    labels = {"env": spec.env_name, "function": spec.function, "runtime": spec.runtime.name}
-    edges = [("process", spawned, phases["start"]), ("runtime", phases["start"], phases["runtime"])]
-    edges += [("handler", phases["runtime"], phases["handler"])]
-    edges += [("ready", phases["handler"], now)]
-    for phase, begun, ended in edges:
-        METRICS.cold_start.observe(max(0.0, ended - begun), phase=phase, **labels)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

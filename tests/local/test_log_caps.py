@@ -23,7 +23,7 @@ import pytest
 from gitops_sless.local import logfiles
 from gitops_sless.local.installers import BuildLog
 from gitops_sless.local.logfiles import KEEP_LOG_BYTES, MAX_LOG_BYTES
-from gitops_sless.local.processes import LOG_TAIL_BYTES, MAX_RESULT_BYTES
+from gitops_sless.local.oneshot import LOG_TAIL_BYTES, MAX_RESULT_BYTES
 
 from .. import gitserver
 from .test_local_memory import served

@@ -213,6 +213,7 @@ def test_function_list_names_fields_in_camel_case(api):
         "restarts": 0,
         "lastExit": None,
         "nextRetry": None,
+        "scaling": None,  # not autoscaled
     }
     assert RFC3339.fullmatch(updated)
 
