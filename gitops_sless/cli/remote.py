@@ -152,6 +152,14 @@ def _target(value: str, client: Client) -> tuple[str, str]:
 def _message(fn: dict[str, Any]) -> str:
     message = (fn.get("message") or "").strip().splitlines()
     text = message[0] if message else ""
+    scaled = fn.get("scaling")
+    if scaled:  # autoscaled: ready out of desired, within min..max, and the load
+        desired = "?" if scaled["desired"] is None else scaled["desired"]
+        load = f"{scaled['ready']}/{desired} replicas ({scaled['min']}..{scaled['max']}), "
+        load += f"{scaled['concurrency']:g} in flight"
+        if scaled.get("lastColdStartMs") is not None:
+            load += f", last cold start {scaled['lastColdStartMs']:g} ms"
+        text = f"{load}; {text}" if text else load
     if fn.get("restarts"):
         text = (text + "; " if text else "") + f"{fn['restarts']} restarts"
         if fn.get("lastExit") and fn["lastExit"] not in text:

@@ -543,6 +543,6 @@ def create_api(
         return replies.text_log(build["log"] or "", offset, limit, finished)
 
     app.include_router(
-        dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge)
+        dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge, scaling)
     )
     return app

@@ -8,11 +8,14 @@ see: answers, headers, the status API and /metrics.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import gitserver
+from ..paths import ROOT
 from ..test_serve import manifest, setup
 
 git_root = gitserver.git_root
@@ -80,6 +83,18 @@ def test_an_idle_function_goes_to_zero_and_the_next_call_starts_it(setup):
         assert "x-sless-cold-start" not in warm.headers
         # and it goes back to zero once nobody calls
         server.wait(lambda n=name: server.function(n)["phase"] == "Idle", f"{name} idle again")
+    # the operator's views: the command line and the dashboard
+    status = subprocess.run(
+        [str(ROOT / ".venv/bin/gitops-sless"), "status", "--server", server.base],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLESS_API_TOKEN": server.api_token()},
+        check=False,
+    )
+    line = next(row for row in status.stdout.splitlines() if row.startswith("py "))
+    assert "Idle" in line and re.search(r"0/0 replicas \(0\.\.4\)", line), status.stdout
+    page = server.client.get("/functions/prod/py").text
+    assert "Cold starts" in page and "last " in page, page[-2000:]
     metrics = server.client.get("/metrics").text
     for phase in ("process", "runtime", "handler", "ready", "answer", "total"):
         assert _metric(metrics, "sless_cold_start_seconds_count", function="py", phase=phase) >= 1

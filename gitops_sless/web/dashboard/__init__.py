@@ -22,6 +22,7 @@ the dashboard's script sends as :data:`access.CSRF_HEADER` for the API links.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -60,15 +61,18 @@ def router(
     poll_interval: float | None = None,
     access: Access | None = None,
     forge: str | None = None,
+    scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
 ) -> APIRouter:
     """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
     ``poll_interval`` (seconds) lets the header say when the next poll is due. ``access``
     (default: open reads, nothing to sign in to) decides who may see the pages. ``forge``
     (else guessed from the repository's URL) links a preview to its pull request.
+    ``scaling(env, name)``: an autoscaled function's replicas and cold starts.
     """
     access = access or Access(None)
     pages = Pages(reconciler, store, repository, branch, poll_interval, forge)
+    pages.scaling = scaling
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 
 from ... import failure
 from ...state.store import LOG_TAIL_CHARS
-from ..models import FunctionDetail, Invocation, JobRun
+from ..models import FunctionDetail, Invocation, JobRun, Scaling
 from .html import (
     _CALL_COLUMNS,
     _JOB_COLUMNS,
@@ -62,6 +62,9 @@ class FunctionPage(Site):
         fn = FunctionDetail.from_rows(
             row, build, jobs, self.store.invocations(env, name, CHART_CALLS)
         )
+        scaled = self.scaling(env, name) if self.scaling is not None else None
+        if scaled:
+            fn = fn.model_copy(update={"scaling": Scaling(**scaled)})
         main = _join(
             [
                 self._summary(env, fn, row, now),
@@ -84,6 +87,7 @@ class FunctionPage(Site):
             ("Build", _code(fn.build_tag)),
             ("Revision", revision),
             ("Replicas", self._replicas(env, row)),
+            *_scaling(fn),
             ("URL", _url_link(fn.url)),
             ("Manifest", _code(fn.manifest)),
             ("Updated", _when(fn.updated, now)),
@@ -238,3 +242,27 @@ def _chart(calls: list[Invocation]) -> Html:
         top=_ms(top),
         bars=_join(bar(i, call) for i, call in enumerate(reversed(calls[:CHART_CALLS]))),
     )
+
+
+def _scaling(fn: FunctionDetail) -> list[tuple[str, Cell]]:
+    """The autoscaler's view of an autoscaled function: its policy, load and cold starts."""
+    scaled = fn.scaling
+    if scaled is None:
+        return []
+    policy = f"{scaled.min}..{scaled.max} replicas, target {scaled.target} in flight"
+    if scaled.min == 0:
+        policy += f", idle after {scaled.idle_sec:g}s"
+    load = f"{scaled.concurrency:g} in flight (stable average), {scaled.in_flight} now"
+    if scaled.waiting:
+        load += f", {scaled.waiting} waiting"
+    if scaled.panicking:
+        load += "; scaling up on a burst"
+    cold = DASH
+    if scaled.last_cold_start_ms is not None:
+        cold = f"last {scaled.last_cold_start_ms:g} ms"
+        if scaled.cold_start_p50_ms is not None:
+            cold += (
+                f"; p50 {scaled.cold_start_p50_ms:g} ms, p95 {scaled.cold_start_p95_ms:g} ms "
+                f"over {scaled.cold_starts} in the last hour"
+            )
+    return [("Scaling", policy), ("Load", load), ("Cold starts", cold)]

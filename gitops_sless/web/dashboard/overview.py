@@ -133,6 +133,10 @@ class Overview(Site):
         if routes is None:
             return str(spec.get("replicas", 1))
         route = routes.get(env, row["name"])
+        scaled = self.scaling(env, row["name"]) if self.scaling and route else None
+        if scaled:  # autoscaled: ready out of what the autoscaler wants now
+            desired = scaled["desired"] if scaled["desired"] is not None else DASH
+            return f"{scaled['ready']}/{desired} (max {scaled['max']})"
         return f"{route.serving if route else 0}/{spec.get('replicas', 1)}"
 
     def _syncs(self, now: float, envs: Sequence[str], only: str | None) -> Html:

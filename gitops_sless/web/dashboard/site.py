@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ class Site:
         self.branch = branch
         self.poll_interval = poll
         self.commits = Commits(self._mirror_path)
+        # (env, name) -> an autoscaled function's replicas and cold starts (scaling.describe)
+        self.scaling: Callable[[str, str], dict[str, Any] | None] | None = None
 
     def _mirror_path(self) -> Path | None:
         path = getattr(getattr(self.reconciler, "source", None), "path", None)
