@@ -11,8 +11,8 @@ python3.11 functions whose handler sleeps 200 ms:
 - ``auto``: ``scale: {min: 1, max: 4, target: 4}`` (4 calls in flight per replica);
 - ``fixed``: ``replicas: 1``, the baseline.
 
-Neither sets ``concurrency`` unless ``--concurrency N`` is given (then both get
-``concurrency: N``, calls per replica at most, the rest queued by the proxy).
+Both get ``concurrency: 4`` (``--concurrency N``; 0 leaves it unset): a replica takes 4
+calls at a time, the rest wait in the proxy, so one replica is what limits the baseline.
 
 ``--callers`` threads (16) each call ``GET /fn/prod/<name>/`` one call after the other,
 on keep-alive connections of one ``httpx.Client``, for ``--duration`` seconds: first
@@ -23,9 +23,9 @@ replica). Meanwhile a thread reads ``auto``'s status API
 Sixteen callers that each wait for their answer make at most 16 / 0.2 s = 80 calls/s,
 whatever serves them, and the python runtime answers every connection in a thread of its
 own: without ``concurrency`` one replica takes all 16 sleeping calls at once, so the
-fixed replica already reaches that ceiling and the ratio stays near 1 x. With
-``--concurrency 4`` one replica takes 4 at a time (20 calls/s) and 4 replicas 80: that is
-the case the 3 x target describes.
+fixed replica already reaches that ceiling and the ratio stays near 1 x
+(``--concurrency 0``). With 4, one replica takes 4 at a time (20 calls/s) and 4
+replicas 80: the case the 3 x target describes.
 
 Printed: calls/s, 200s, other answers and p50/p95 latency of each, the ratio of
 their throughputs (target >= 3 x), and for ``auto`` the time from the start of the burst
@@ -216,7 +216,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10, help="seconds per function (10)")
     parser.add_argument("--callers", type=int, default=16, help="concurrent callers (16)")
-    parser.add_argument("--concurrency", type=int, help="concurrency: N on both functions")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="concurrency: N on both functions (default 4; 0: unset)",
+    )
     parser.add_argument("--smoke", action="store_true", help="everything, in seconds")
     args = parser.parse_args()
     if args.smoke:
