@@ -181,3 +181,15 @@ def test_min_keeps_replicas_and_limits_answer_429_and_413(setup):
     assert 429 in statuses
     refused = server.call("limited", "/")
     assert refused.status_code == 429 and re.fullmatch(r"\d+", refused.headers["retry-after"])
+
+
+def test_jobs_run_whatever_the_replicas(setup):
+    files = scaled("batch", "    jobs: [{name: batch-once, runId: 1}]")
+    setup.push(files)
+    server = setup.serve(args=FAST)
+    server.wait(lambda: server.function("batch")["phase"] == "Idle", "idle")
+    runs = server.wait(
+        lambda: [j for j in server.jobs() if j["phase"] in ("Succeeded", "Failed")], "the job"
+    )
+    assert [(j["name"], j["phase"]) for j in runs] == [("batch-once", "Succeeded")]
+    assert '"python"' in runs[0]["result"]
