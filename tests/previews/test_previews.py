@@ -1158,3 +1158,16 @@ def test_a_preview_whose_functions_wait_for_a_secret_waits_then_serves_once_it_i
     (preview_secrets / "db-preview" / "dsn").write_text("postgres://preview\n")
     until(in_state(server, 4, "Ready", head), "pr-4 Ready once the secret exists", server)
     assert answer(server, "pr-4", "needs-db") == "needs"
+
+
+def test_a_preview_scales_to_zero_by_default_and_production_keeps_its_replica(setup):
+    setup.push_main(repository("main", count=2))
+    server = setup.serve()
+    head = setup.open(server, 4, change("pr v1"))
+    until(in_state(server, 4, "Ready", head), "pr-4 Ready", server)
+    preview_fn = server.function(CHANGED, "pr-4")
+    # neither replicas nor scale in the manifest: min 0 in previews, one fixed in production
+    assert (preview_fn["scaling"]["min"], preview_fn["scaling"]["max"]) == (0, 1)
+    assert preview_fn["scaling"]["idleSec"] == 300
+    assert server.function(CHANGED)["scaling"] is None
+    assert answer(server, "pr-4") == "pr v1"
