@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import SlessError
@@ -31,6 +31,7 @@ from .informer import Informer
 from .jobs import JobRunner, finished_runs
 from .policy import RoutePolicy, initial_replicas, route_policy
 from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, RenderConfig, render_function
+from .starts import Starts
 from .status import available_replicas, health, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
 
@@ -75,6 +76,11 @@ class KubeBackend(Backend):
         # (env, name) -> (replicas, resourceVersion) of a scale write the watch has not
         # brought back yet: a second identical write is not made meanwhile
         self._scaled: dict[tuple[str, str], tuple[int, int]] = {}
+        self._zeroing: set[tuple[str, str]] = set()  # scaled to zero: no upstream any more
+        self.starts = Starts(
+            client, self._republish, self._replicas, limit_sec=config.progress_deadline_sec
+        )
+        self._publishing = threading.Lock()  # one route computed and set at a time
         self._lock = threading.Lock()
 
     # --- reading -------------------------------------------------------------------------
@@ -91,7 +97,7 @@ class KubeBackend(Backend):
                 )
             if env not in self._views:
                 kinds = (*LISTED, "HTTPRoute") if self.config.gateway else LISTED
-                self._views[env] = View(
+                view = View(
                     env,
                     self.config.namespace(env),
                     kinds,
@@ -99,6 +105,8 @@ class KubeBackend(Backend):
                     self._namespaces,
                     **self.informer_options,
                 )
+                view.on_serving_change = lambda names, v=view: self._serving_changed(v, names)
+                self._views[env] = view
             return self._views[env]
 
     def cached(self) -> int:
@@ -153,26 +161,73 @@ class KubeBackend(Backend):
         self._gateway_url = url
 
     def _publish_routes(self, view: View) -> None:
-        """A route for every function with an available replica; 503 with its phase otherwise."""
+        """A route for every function with an available replica, or autoscaled (at zero:
+        calls wait for a replica); 503 with its phase otherwise. Between passes a function's
+        route follows its Deployment and Service as the watches report them
+        (:meth:`_serving_changed`)."""
         if self._published.get(view.env) == view.version:
             return  # no Deployment or Service changed since: neither did a route
-        serving = set()
-        for deployment in view.all("Deployment"):
-            name = label(deployment, FUNCTION_LABEL)
-            if not name:
-                continue
-            available, timeout = view.memo("route", name, lambda d=deployment: _serves(view, d))
-            if not available:
-                continue
-            serving.add(name)
-            current = self.routes.get(view.env, name)
-            if current is None or (current.timeout_sec, current.available) != (timeout, available):
-                route = self.route_for(view.env, name, view.namespace, timeout)
-                self.routes.set(replace(route, available=available))
-        for name in self.routes.names(view.env):
-            if name not in serving:
-                self.routes.remove(view.env, name)
+        names = {label(d, FUNCTION_LABEL) for d in view.all("Deployment")}
+        with self._publishing:
+            serving = {name for name in names if name and self._publish(view, name)}
+            for name in self.routes.names(view.env):
+                if name not in serving:
+                    self.routes.remove(view.env, name)
         self._published[view.env] = view.version
+
+    def _serving_changed(self, view: View, names: set[str]) -> None:
+        """Deployments or Services changed (a watch event, a write): their routes now, not
+        at the next pass (a replica started for a waiting call serves it at once)."""
+        if view.env not in self._published:
+            return  # the first pass publishes every route
+        with self._publishing:
+            for name in names:
+                if not self._publish(view, name):
+                    self.routes.remove(view.env, name)
+
+    def _republish(self, view: View, name: str) -> None:
+        self._serving_changed(view, {name})
+
+    def _publish(self, view: View, name: str) -> bool:
+        """The route of ``name`` as its objects say, set when it changed; False: none."""
+        serving = view.memo("route", name, lambda: _serves(view, name))
+        if serving is None:
+            return False
+        if (view.env, name) in self._zeroing and serving.available:
+            serving = replace(serving, available=0)
+        policy = serving.policy or RoutePolicy()
+        failed, retry_at = (None, 0.0) if serving.available else self.starts.failure(view.env, name)
+        said = (
+            serving.timeout,
+            serving.available,
+            serving.available > 0,
+            policy.scale,
+            policy.concurrency,
+            policy.rate_limit,
+            policy.max_body_bytes,
+            policy.runtime,
+            failed,
+            retry_at,
+        )
+        current = self.routes.get(view.env, name)
+        if current is not None and _said(current) == said:
+            return True  # the same route (a new object would be a new version to the proxy)
+        made = self.route_for(view.env, name, view.namespace, serving.timeout)
+        self.routes.set(
+            replace(
+                made,
+                upstreams=made.upstreams if serving.available else (),
+                available=serving.available,
+                scale=policy.scale,
+                concurrency=policy.concurrency,
+                rate_limit=policy.rate_limit,
+                max_body_bytes=policy.max_body_bytes,
+                runtime=policy.runtime,
+                failed=failed,
+                retry_at=retry_at,
+            )
+        )
+        return True
 
     def health(self, env: str) -> Mapping[str, Health]:
         job_only = {name for (e, name) in self._job_only if e == env}
@@ -236,6 +291,9 @@ class KubeBackend(Backend):
         image = self._image(deployment.function)
         objects = render_function(deployment, self.config, revision, image)
         before = view.get("Deployment", deployment.name)
+        self.starts.forget(deployment.env, deployment.name)  # a new spec: a new try
+        with self._lock:
+            self._zeroing.discard((deployment.env, deployment.name))
         self.applier.apply(view, objects)
         self._initial_scale(deployment, before)
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
@@ -272,11 +330,28 @@ class KubeBackend(Backend):
         """``replicas`` of the function's Deployment, through its scale subresource; no
         request when the Deployment has that many already."""
         view = self.view(env)
-        if self._replicas(view, name) == replicas:
-            return
-        answer = self.client.scale("Deployment", view.namespace, name, replicas)
+        self._stopping(view, name, replicas == 0)
+        if self._replicas(view, name) != replicas:
+            answer = self.client.scale("Deployment", view.namespace, name, replicas)
+            with self._lock:
+                self._scaled[(env, name)] = (replicas, _version(answer))
+        live = view.get("Deployment", name)
+        if replicas and live is not None and not available_replicas(live):
+            self.starts.follow(view, name)  # a replica for a waiting call: does it start?
+
+    def _stopping(self, view: View, name: str, stopping: bool) -> None:
+        """Going to zero, the route loses its upstream before the replicas go (Knative puts
+        its activator in the path first): a call that comes meanwhile waits for a new
+        replica rather than reach one that is stopping."""
+        key = (view.env, name)
         with self._lock:
-            self._scaled[(env, name)] = (replicas, _version(answer))
+            if (key in self._zeroing) == stopping:
+                return
+            if stopping:
+                self._zeroing.add(key)
+            else:
+                self._zeroing.discard(key)
+        self._republish(view, name)
 
     def _replicas(self, view: View, name: str) -> int:
         """The replicas the function's Deployment asks for: from the watch-fed view, else
@@ -317,6 +392,7 @@ class KubeBackend(Backend):
 
     def close(self) -> None:
         """Stop every watch."""
+        self.starts.close()
         with self._lock:
             views, self._views = list(self._views.values()), {}
             if self._namespaces is not None:
@@ -397,12 +473,42 @@ def _unsettled(view: View) -> list[str]:
     return view.memo_all("unsettled", find)
 
 
-def _serves(view: View, deployment: dict[str, Any]) -> tuple[int, float]:
-    """(available replicas, timeout) of a function's Deployment; 0 without its Service."""
-    name = label(deployment, FUNCTION_LABEL) or ""
-    if view.get("Service", name) is None:
-        return 0, 0.0
-    return available_replicas(deployment), _timeout(deployment)
+@dataclass(frozen=True)
+class _Serving:
+    """What a function's route is made of, from its Deployment."""
+
+    available: int
+    timeout: float
+    policy: RoutePolicy | None
+
+
+def _serves(view: View, name: str) -> _Serving | None:
+    """How a function serves; None without its Service, or without an available replica
+    unless it is autoscaled (at zero, calls wait for one)."""
+    deployment = view.get("Deployment", name)
+    if deployment is None or view.get("Service", name) is None:
+        return None
+    policy = RoutePolicy.decode(deployment)
+    available = available_replicas(deployment)
+    if not available and (policy is None or policy.scale is None):
+        return None
+    return _Serving(available, _timeout(deployment), policy)
+
+
+def _said(route: Route) -> tuple[Any, ...]:
+    """What a route says that its function's objects decide (see ``_publish``)."""
+    return (
+        route.timeout_sec,
+        route.available,
+        bool(route.upstreams),
+        route.scale,
+        route.concurrency,
+        route.rate_limit,
+        route.max_body_bytes,
+        route.runtime,
+        route.failed,
+        route.retry_at,
+    )
 
 
 def _version(obj: dict[str, Any]) -> int:

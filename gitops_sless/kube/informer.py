@@ -63,6 +63,7 @@ class Informer:
         selector: Mapping[str, str],
         *,
         on_change: Handler | None = None,
+        after_change: Callable[[], None] | None = None,
         transform: Callable[[Obj], Obj] = lambda obj: obj,
         watch_sec: tuple[float, float] = (300.0, 600.0),
         resync_sec: float = 1800.0,
@@ -72,12 +73,15 @@ class Informer:
         """``watch_sec``: each watch asks the server to end it after a random time in that
         range (client-go's 5 to 10 min), so that a fleet of replicas does not reconnect at
         once; ``on_change(new, old)`` hears every change to the cache, under ``lock`` (shared
-        by the informers of one view, so that its index changes with the objects)."""
+        by the informers of one view, so that its index changes with the objects);
+        ``after_change()`` is called after each change once ``lock`` is released (it may
+        take other locks, and read the cache)."""
         self.client = client
         self.kind = kind
         self.namespace = namespace
         self.selector = dict(selector)
         self.on_change = on_change
+        self.after_change = after_change
         self.transform = transform
         self.watch_sec = watch_sec
         self.resync_sec = resync_sec
@@ -125,6 +129,11 @@ class Informer:
         with self._changes:
             self._seq += 1
             self._changes.notify_all()
+        if self.after_change is not None:
+            try:
+                self.after_change()
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("after a change of %s %s", self.kind, self._where())
 
     # --- keeping it true -------------------------------------------------------------------
 

@@ -16,7 +16,14 @@ from ..plan.backend import Health
 from .renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
 from .view import View, annotation, label
 
-__all__ = ["STUCK", "available_replicas", "health", "needs_pods", "stuck_reason"]
+__all__ = [
+    "STUCK",
+    "available_replicas",
+    "health",
+    "needs_pods",
+    "start_problem",
+    "stuck_reason",
+]
 
 # waiting reasons that will not fix themselves without a change (kubelet's names)
 STUCK = ("CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff", "InvalidImageName")
@@ -82,6 +89,13 @@ def _pod_problem(pods: list[dict[str, Any]]) -> tuple[str, str, str | None, int]
             return "Failed", f"CrashLoopBackOff: last exit {last_exit}", last_exit, restarts
     reason = stuck_reason(pods)
     return ("Pending", reason, None, 0) if reason else None
+
+
+def start_problem(pods: list[dict[str, Any]]) -> str | None:
+    """Why a function's pods do not start, as its status says it (a crash loop first, else
+    a container stuck waiting); None while they may yet."""
+    problem = _pod_problem(pods)
+    return problem[1] if problem else None
 
 
 def health(view: View, name: str) -> Health | None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from .client import AUTOSCALER, KubeClient
 from .informer import Informer
+from .policy import RoutePolicy
 from .renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
 
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
@@ -23,6 +24,8 @@ T = TypeVar("T")
 
 # the long-running objects of a function; Jobs are runs, listed too but never "the function"
 FUNCTION_KINDS = ("Deployment", "Service", "HTTPRoute", "CronJob")
+# what a function's route is made of: a change to one of these publishes it again
+SERVING_KINDS = ("Deployment", "Service")
 # HTTPRoutes are listed with --gateway only: without, a cluster need not know the kind
 LISTED = ("Deployment", "Service", "CronJob", "Job", "NetworkPolicy", "Function")
 
@@ -64,6 +67,10 @@ class View:
         self._memo: dict[tuple[str, str], tuple[int, Any]] = {}
         self.version = 0  # bumped by every change to any cached object
         self.pods: list[dict[str, Any]] | None = None  # read only when some rollout is unsettled
+        # told, outside the view's lock, which functions' Deployments or Services changed (by
+        # a watch event, or a write of this process): their routes follow at once
+        self.on_serving_change: Callable[[set[str]], None] | None = None
+        self._serving_changed: set[str] = set()
         self._lock = threading.RLock()  # the informers' too: the index moves with the objects
         selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: env}
         self._informers = {
@@ -73,6 +80,7 @@ class View:
                 namespace,
                 selector,
                 on_change=self._changed,
+                after_change=self._after_change if kind in SERVING_KINDS else None,
                 transform=_compact,
                 lock=self._lock,
                 **informer_options,
@@ -110,10 +118,19 @@ class View:
                 continue
             self._versions[function] = self._versions.get(function, 0) + 1
             key = (obj["kind"], obj["metadata"]["name"])
+            if key[0] in SERVING_KINDS:
+                self._serving_changed.add(function)
             if add:
                 self._by_function.setdefault(function, set()).add(key)
             else:
                 self._by_function.get(function, set()).discard(key)
+
+    def _after_change(self) -> None:
+        with self._lock:
+            changed, self._serving_changed = self._serving_changed, set()
+        listener = self.on_serving_change
+        if changed and listener is not None:
+            listener(changed)
 
     def memo_all(self, key: str, compute: Callable[[], T]) -> T:
         """``compute()``, remembered until any cached object changes."""
@@ -216,11 +233,21 @@ def _compact(obj: dict[str, Any]) -> dict[str, Any]:
             {
                 "manager": e.get("manager"),
                 "subresource": e.get("subresource"),
-                "fieldsV1": {"f:spec": {}} if "f:spec" in (e.get("fieldsV1") or {}) else {},
+                "fieldsV1": _spec_owned((e.get("fieldsV1") or {}).get("f:spec")),
             }
             for e in entries
         ]
     return obj
+
+
+def _spec_owned(spec: dict[str, Any] | None) -> dict[str, Any]:
+    """An entry's ``f:spec``, cut to: none, replicas alone, or something."""
+    if spec is None:
+        return {}
+    return {"f:spec": _REPLICAS if spec == _REPLICAS else {}}
+
+
+_REPLICAS = {"f:replicas": {}}
 
 
 def pinned(obj: dict[str, Any]) -> bool:
@@ -236,12 +263,23 @@ _OURS = frozenset({"gitops-sless", AUTOSCALER})
 
 
 def drifted(obj: dict[str, Any]) -> bool:
-    """Another field manager changed the spec (``kubectl edit``, ``kubectl scale``)."""
+    """Another field manager changed the spec (``kubectl edit``, ``kubectl scale``).
+
+    The replicas of an autoscaled Deployment are no apply's to put back (it leaves them
+    out): whoever set them last, the autoscaler or ``kubectl scale``, is not drift."""
+    autoscaled: bool | None = None
     for entry in (obj.get("metadata") or {}).get("managedFields") or []:
-        # status is the controllers', replicas of an autoscaled Deployment the autoscaler's;
-        # any other scale subresource write is drift like any other
+        # status is the controllers'
         if entry.get("subresource") == "status" or entry.get("manager") in _OURS:
             continue
-        if "f:spec" in (entry.get("fieldsV1") or {}):
-            return True
+        spec = (entry.get("fieldsV1") or {}).get("f:spec")
+        if spec is None:
+            continue
+        if spec == _REPLICAS:
+            if autoscaled is None:
+                policy = RoutePolicy.decode(obj)
+                autoscaled = policy is not None and policy.scale is not None
+            if autoscaled:
+                continue
+        return True
     return False

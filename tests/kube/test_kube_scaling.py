@@ -23,14 +23,16 @@ from kubernetes.client.rest import ApiException
 from gitops_sless.kube import renderer
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.policy import AUTOSCALER, ROUTE_ANNOTATION, RoutePolicy
+from gitops_sless.kube.renderer import FUNCTION_LABEL as FUNCTION
 from gitops_sless.manifests import load as manifest
 from gitops_sless.manifests.model import RateLimit, Scale, Warm
 from gitops_sless.source.snapshot import DirectorySnapshot
 
 from ..gitserver import WorkRepo
-from ..kube_harness import NAMESPACE, Harness, make, settings
+from ..kube_harness import NAMESPACE, Harness, kube_env, make, settings
 from ..kubeapi import FakeKube
 from ..s3server import S3Server
+from ..sless_server import SlessServer
 
 HANDLER = "def handler(event, context):\n    return {'from': %r}\n"
 APPLY = "application/apply-patch+yaml"
@@ -408,3 +410,161 @@ def test_a_replica_that_does_not_lead_may_wake_a_function(kube, harness_for, tmp
     kube.reset_counts()
     follower.backend.scale("prod", "auto", 1)
     assert writes(kube) == {}
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+
+def test_an_autoscaled_function_keeps_a_route_at_zero_and_gets_its_upstream_from_the_watch(
+    kube, harness_for, tmp_path
+):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit(
+        "auto",
+        function_folder(
+            "auto",
+            "    scale: {max: 4, target: 2}",
+            "    concurrency: 3",
+            "    rateLimit: {rps: 5, burst: 10}",
+            "    maxBodyBytes: 2048",
+        ),
+    )
+    harness = harness_for(repo)
+    harness.sync()
+    harness.sync()
+    route = wait_for(lambda: harness.routes.get("prod", "auto"), "a route")
+    assert (route.scale, route.concurrency) == (Scale(0, 4, 2), 3)
+    assert (route.rate_limit, route.max_body_bytes) == (RateLimit(5.0, 10), 2048)
+    assert route.runtime == "python3.11"
+    harness.backend.scale("prod", "auto", 0)
+    # no upstream from the moment it goes to zero; the route stays, so calls wait
+    route = harness.routes.get("prod", "auto")
+    assert route is not None and route.upstreams == () and route.scale is not None
+    wait_for(lambda: settled(kube, "auto", 0), "zero")
+    # no pass from here on: the watch alone brings the started replica to the route
+    harness.backend.scale("prod", "auto", 1)
+    served = wait_for(lambda: (r := harness.routes.get("prod", "auto")) and r.upstreams and r, "up")
+    assert served.available == 1 and served.failed is None
+
+
+def test_a_start_that_fails_is_on_the_route_until_a_replica_serves(kube, harness_for, tmp_path):
+    repo = WorkRepo(tmp_path / "repo")
+    repo.commit("auto", function_folder("auto", "    scale: {}"))
+    harness = harness_for(repo)
+    harness.sync()
+    harness.sync()
+    harness.backend.scale("prod", "auto", 0)
+    wait_for(lambda: settled(kube, "auto", 0), "zero")
+    kube.crash_loop(PROD, "auto", reason="OOMKilled", exit_code=137)
+    before = time.monotonic()
+    harness.backend.scale("prod", "auto", 1)
+    failed = wait_for(lambda: (r := harness.routes.get("prod", "auto")) and r.failed and r, "502")
+    assert failed.failed == "CrashLoopBackOff: last exit OOMKilled: exit code 137"
+    assert before + 10 <= failed.retry_at <= time.monotonic() + 10  # the kubelet's back-off
+    assert failed.upstreams == ()
+    kube.heal(PROD, "auto")
+    served = wait_for(lambda: (r := harness.routes.get("prod", "auto")) and r.upstreams and r, "up")
+    assert served.failed is None
+
+
+# --- scale to zero through the reconciler's proxy -----------------------------------------------
+
+# the autoscaler's windows in seconds, as tests/local/test_scale_to_zero.py runs them
+FAST = ["--scale-window", "3s", "--scale-panic-window", "1s", "--scale-tick", "0.2s"]
+IDLE = "    scale: {min: 0, max: 2, idle: 1s}"
+
+
+def replicas(kube: FakeKube, name: str) -> int | None:
+    live = kube.get("Deployment", PROD, name)
+    return None if live is None else int(live["spec"].get("replicas", 1))
+
+
+def running(kube: FakeKube, name: str) -> list[dict[str, Any]]:
+    return [p for p in kube.objects("Pod", PROD) if p["metadata"]["labels"].get(FUNCTION) == name]
+
+
+def deployed(kube: FakeKube, server: SlessServer, name: str, count: int, what: str) -> None:
+    """Wait until ``name`` runs ``count`` replicas and no other pod (the server's log else)."""
+
+    def done() -> bool:
+        return replicas(kube, name) == count and len(running(kube, name)) == count
+
+    try:
+        wait_for(done, what, 60)
+    except AssertionError as exc:
+        state = (replicas(kube, name), len(running(kube, name)))
+        output = server.output()[-3000:]
+        raise AssertionError(f"{exc} (replicas, pods: {state}):\n{output}") from None
+
+
+def serve(kube: FakeKube, s3: S3Server, repo: WorkRepo, state: Path) -> SlessServer:
+    return SlessServer(
+        str(repo.path),
+        state,
+        env=kube_env(kube.kubeconfig, s3),
+        poll_interval=1,
+        args=["--backend", "kubernetes", *FAST],
+    ).start()
+
+
+def test_a_call_wakes_a_function_at_zero_and_a_restart_leaves_it_there(kube, s3_server, tmp_path):
+    repo = WorkRepo(tmp_path / "functions")
+    repo.commit("auto", function_folder("auto", IDLE))
+    server = serve(kube, s3_server, repo, tmp_path / "state")
+    try:
+        # one replica to start with (the deploy shows it runs), then idle: zero
+        deployed(kube, server, "auto", 0, "zero")
+        assert kube.get("Deployment", PROD, "auto")["metadata"]["generation"] == 2
+        woken = kube.counts()["writes"].get(("patch", "Deployment/scale"), 0)
+        reply = server.call("auto", "/hello?x=1")
+        assert reply.status_code == 200, reply.text
+        # held while the wake raised the Deployment and the watch saw its replica ready
+        assert int(reply.headers["x-sless-cold-start"]) >= 0
+        echoed = reply.json()  # the test API server's service proxy echoes the call
+        assert echoed["service"] == "auto" and echoed["path"].endswith("/hello")
+        assert kube.counts()["writes"][("patch", "Deployment/scale")] == woken + 1
+        warm = server.call("auto", "/again")
+        assert warm.status_code == 200 and "x-sless-cold-start" not in warm.headers
+        deployed(kube, server, "auto", 0, "zero again")
+    finally:
+        server.stop()
+    assert "Traceback" not in server.output()
+
+    kube.reset_counts()
+    again = serve(kube, s3_server, repo, tmp_path / "state-2")  # an empty state folder
+    try:
+        again.sync()
+        time.sleep(1)  # ticks of the new autoscaler: nothing to decide at zero
+        assert ("patch", "Deployment/scale") not in writes(kube), writes(kube)
+        assert ("apply", "Deployment") not in writes(kube), writes(kube)
+        assert replicas(kube, "auto") == 0
+        reply = again.call("auto", "/after-restart")
+        assert reply.status_code == 200, reply.text
+        assert "x-sless-cold-start" in reply.headers
+        assert writes(kube)[("patch", "Deployment/scale")] == 1
+    finally:
+        again.stop()
+    assert "Traceback" not in again.output()
+
+
+def test_a_replica_that_cannot_start_answers_the_waiting_call_502_naming_why(
+    kube, s3_server, tmp_path
+):
+    repo = WorkRepo(tmp_path / "functions")
+    repo.commit("auto", function_folder("auto", IDLE))
+    server = serve(kube, s3_server, repo, tmp_path / "state")
+    try:
+        deployed(kube, server, "auto", 0, "zero")
+        kube.crash_loop(PROD, "auto", reason="Error", exit_code=3)
+        reply = server.call("auto", "/hello")
+        assert reply.status_code == 502, reply.text
+        error = reply.json()["error"]
+        assert error.startswith("function failed to start: CrashLoopBackOff")
+        assert "exit code 3" in error
+        wakes = kube.counts()["writes"][("patch", "Deployment/scale")]
+        again = server.call("auto", "/hello")  # within the back-off: at once, no new wake
+        assert again.status_code == 502
+        assert kube.counts()["writes"][("patch", "Deployment/scale")] == wakes
+    finally:
+        server.stop()
+    assert "Traceback" not in server.output()
