@@ -296,6 +296,7 @@ def test_the_crd_schema_has_the_functions_fields():
         "Pending",
         "Building",
         "Ready",
+        "Idle",
         "Failed",
         "Invalid",
         "Disabled",

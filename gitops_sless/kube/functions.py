@@ -32,7 +32,7 @@ MANIFEST_LABEL = "gitops-sless.dev/manifest"
 MANIFEST_ANNOTATION = "gitops-sless.dev/manifest-path"
 MAX_RUNS = 20
 MAX_RESULT = 1024
-READY_PHASES = ("Ready",)
+READY_PHASES = ("Ready", "Idle")  # an Idle function takes calls: the first starts a replica
 
 
 def _label_value(path: str) -> str:

@@ -161,7 +161,9 @@ class FunctionMirror:
                 status.get("phase") or "Pending", status.get("message"), http
             )
             namespace = obj["metadata"]["namespace"]
-            if spec.get("http") and _ready(status):
+            # (an Idle function has no replica to route to: 503 Idle here, where no call is
+            # held for it)
+            if spec.get("http") and status.get("phase") == "Ready" and _ready(status):
                 timeout = float(spec.get("timeoutSec") or 30)
                 current = self.routes.get(env, name)
                 if current is None or current.timeout_sec != timeout:

@@ -1,11 +1,14 @@
 """A function's phase, read off its Deployment and pods the way ``kubectl rollout status`` does.
 
 ``Ready``: the Deployment's controller has seen the current generation and
-every wanted replica is updated and available. ``Disabled``: zero replicas
-because the manifest says so. ``Failed``: the rollout passed its progress
-deadline, or a pod crash-loops (with the container's last termination
-reason). ``Pending`` otherwise, with the reason a pod gives (a missing
-Secret, an image that cannot be pulled) rather than a silent wait.
+every wanted replica is updated and available (an autoscaled one: it serves
+its current template while the autoscaler adds or removes replicas).
+``Disabled``: zero replicas because the manifest says so. ``Idle``: an
+autoscaled function at zero replicas (a call starts one). ``Failed``: the
+rollout passed its progress deadline, or a pod crash-loops (with the
+container's last termination reason). ``Pending`` otherwise, with the reason a
+pod gives (a missing Secret, an image that cannot be pulled) rather than a
+silent wait.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan.backend import Health
+from .policy import RoutePolicy
 from .renderer import BUILD_LABEL, FUNCTION_LABEL, REVISION
 from .view import View, annotation, label
 
@@ -112,7 +116,12 @@ def health(view: View, name: str) -> Health | None:
         suspended = all((c.get("spec") or {}).get("suspend") for c in crons)
         return Health("Disabled" if suspended else "Ready", None, revision=revision, build_tag=tag)
     wanted = int((deployment.get("spec") or {}).get("replicas", 1))
-    if rolled_out(deployment):
+    policy = RoutePolicy.decode(deployment)
+    scale = policy.scale if policy is not None else None
+    if scale is not None and wanted == 0:
+        idle = f"no calls for {scale.idle_sec:g}s: no replica runs; a call starts one"
+        return Health("Idle", idle, revision=revision, build_tag=tag)
+    if rolled_out(deployment) or (scale is not None and _scaling(deployment)):
         phase = "Ready" if wanted else "Disabled"
         return Health(phase, None, revision=revision, build_tag=tag)
     pods = [p for p in view.pods or [] if label(p, FUNCTION_LABEL) == name]
@@ -128,6 +137,17 @@ def health(view: View, name: str) -> Health | None:
         return Health(phase, message, last_exit, restarts, revision, tag, settling=True)
     message = f"rolling out: {available_replicas(deployment)}/{wanted} replicas available"
     return Health("Pending", message, revision=revision, build_tag=tag, settling=True)
+
+
+def _scaling(deployment: dict[str, Any]) -> bool:
+    """An autoscaled Deployment that serves its current template while the autoscaler
+    changes how many replicas run: Ready, not a rollout (no old pods, one available)."""
+    status = deployment.get("status") or {}
+    current = int(status.get("observedGeneration") or 0) >= int(
+        deployment["metadata"].get("generation") or 1
+    )
+    updated = int(status.get("updatedReplicas") or 0) >= int(status.get("replicas") or 0)
+    return current and updated and available_replicas(deployment) > 0
 
 
 def _image_tag(obj: dict[str, Any]) -> str | None:

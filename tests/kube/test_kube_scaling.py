@@ -31,6 +31,7 @@ from gitops_sless.source.snapshot import DirectorySnapshot
 from ..gitserver import WorkRepo
 from ..kube_harness import NAMESPACE, Harness, kube_env, make, settings
 from ..kubeapi import FakeKube
+from ..paths import ROOT
 from ..s3server import S3Server
 from ..sless_server import SlessServer
 
@@ -257,6 +258,7 @@ def test_discovery_lists_the_scale_subresource(apps, fake_kube):
 # --- the backend: apply and scale ---------------------------------------------------------------
 
 PROD = "sless-prod"
+CRD = ROOT / "deploy" / "crd-functions.yaml"
 
 
 @pytest.fixture
@@ -374,22 +376,41 @@ def test_a_fixed_count_that_becomes_autoscaled_keeps_its_replicas(kube, harness_
     assert live["spec"]["replicas"] == 2 and (AUTOSCALER, "scale") not in owners(live)
 
 
-def test_a_pass_with_no_change_writes_nothing_at_zero_replicas(kube, harness_for, tmp_path):
+def test_at_zero_replicas_a_function_is_idle_and_a_pass_with_no_change_writes_nothing(
+    kube, harness_for, tmp_path
+):
+    kube.install_crd(CRD)  # the Function resources say Idle too
     repo = WorkRepo(tmp_path / "repo")
     repo.commit(
         "two",
-        {**function_folder("auto", "    scale: {}"), **function_folder("fixed")},
+        {**function_folder("auto", "    scale: {idle: 90s}"), **function_folder("fixed")},
     )
     harness = harness_for(repo)
     harness.sync()
     harness.backend.scale("prod", "auto", 0)
     wait_for(lambda: settled(kube, "auto", 0) and settled(kube, "fixed", 1), "settled")
     harness.sync()
+    record = harness.function("auto")
+    assert record["phase"] == "Idle"
+    assert record["message"] == "no calls for 90s: no replica runs; a call starts one"
+    status = kube.get("Function", PROD, "auto")["status"]
+    assert status["phase"] == "Idle"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Idle")  # it takes calls
     kube.reset_counts()
     harness.sync()
     assert writes(kube) == {}
     assert requests(kube) == 0, kube.counts()["requests"]
     assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 0
+    # woken, it is Ready once its replica serves, and no rollout while the autoscaler scales
+    harness.backend.scale("prod", "auto", 1)
+    wait_for(lambda: settled(kube, "auto", 1), "one replica")
+    harness.sync()
+    assert harness.function("auto")["phase"] == "Ready"
+    harness.backend.scale("prod", "auto", 3)
+    kube.stall(PROD, "auto")  # the new replicas do not start: the first one still serves
+    harness.sync()
+    assert harness.function("auto")["phase"] == "Ready"
 
 
 def test_a_replica_that_does_not_lead_may_wake_a_function(kube, harness_for, tmp_path):
@@ -515,6 +536,7 @@ def test_a_call_wakes_a_function_at_zero_and_a_restart_leaves_it_there(kube, s3_
         # one replica to start with (the deploy shows it runs), then idle: zero
         deployed(kube, server, "auto", 0, "zero")
         assert kube.get("Deployment", PROD, "auto")["metadata"]["generation"] == 2
+        server.wait(lambda: server.function("auto")["phase"] == "Idle", "Idle", 30)
         woken = kube.counts()["writes"].get(("patch", "Deployment/scale"), 0)
         reply = server.call("auto", "/hello?x=1")
         assert reply.status_code == 200, reply.text
@@ -538,6 +560,7 @@ def test_a_call_wakes_a_function_at_zero_and_a_restart_leaves_it_there(kube, s3_
         assert ("patch", "Deployment/scale") not in writes(kube), writes(kube)
         assert ("apply", "Deployment") not in writes(kube), writes(kube)
         assert replicas(kube, "auto") == 0
+        assert again.function("auto")["phase"] == "Idle"
         reply = again.call("auto", "/after-restart")
         assert reply.status_code == 200, reply.text
         assert "x-sless-cold-start" in reply.headers
