@@ -74,6 +74,9 @@ class _Record:
     group: tuple[str, ...]
     created: float
     size: int
+    # the record's resourceVersion: records are never written again, so it orders their
+    # creation within the second creationTimestamp leaves them tied
+    order: int = 0
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ class ClusterGC:
         for record in records:
             groups[record.group].append(record)
         for group in groups.values():
-            newest = sorted(group, key=lambda r: (r.created, r.tag), reverse=True)
+            newest = sorted(group, key=lambda r: (r.created, r.order, r.tag), reverse=True)
             kept |= {(r.tag, r.trusted) for r in newest[: self.keep]}
         return kept
 
@@ -360,6 +363,7 @@ def _record(item: dict[str, Any]) -> _Record | None:
         # no creation time: counted as new, never collected by mistake
         created=epoch(meta.get("creationTimestamp")) or float("inf"),
         size=len(json.dumps(data)),
+        order=int(version) if (version := str(meta.get("resourceVersion") or "")).isdigit() else 0,
     )
 
 
