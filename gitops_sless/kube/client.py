@@ -22,10 +22,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import urllib3
 from kubernetes import client as k8s
@@ -35,6 +34,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from ..errors import PermanentError, TransientError
 from .credentials import Credentials
+from .kinds import KINDS, kind_of
 
 # a generator of its own: the global one stays the caller's (seeded tests, hypothesis)
 _random = random.Random()
@@ -62,47 +62,6 @@ FIELD_MANAGER = "gitops-sless"
 AUTOSCALER = "gitops-sless-autoscaler"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-
-@dataclass(frozen=True)
-class Kind:
-    name: str
-    group: str
-    version: str
-    plural: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace is not None:
-            base += f"/namespaces/{quote(namespace, safe='')}"
-        base += f"/{self.plural}"
-        return base + (f"/{quote(name, safe='')}" if name is not None else "")
-
-
-KINDS = {
-    kind.name: kind
-    for kind in (
-        Kind("Namespace", "", "v1", "namespaces", namespaced=False),
-        Kind("Secret", "", "v1", "secrets"),
-        Kind("ConfigMap", "", "v1", "configmaps"),
-        Kind("ServiceAccount", "", "v1", "serviceaccounts"),
-        Kind("Service", "", "v1", "services"),
-        Kind("Pod", "", "v1", "pods"),
-        Kind("Deployment", "apps", "v1", "deployments"),
-        Kind("Job", "batch", "v1", "jobs"),
-        Kind("CronJob", "batch", "v1", "cronjobs"),
-        Kind("NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies"),
-        Kind("Lease", "coordination.k8s.io", "v1", "leases"),
-        Kind("Function", "gitops-sless.dev", "v1alpha1", "functions"),
-        # the Gateway API, with --gateway only (its CRDs come with the cluster's gateway)
-        Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes"),
-        Kind("Gateway", "gateway.networking.k8s.io", "v1", "gateways"),
-    )
-}
 
 # Every call this package makes, by kind: the client refuses any other, so this table is
 # exactly what the reconciler does to a cluster, and deploy/'s ClusterRole is derived from
@@ -132,10 +91,6 @@ CALLS: dict[str, frozenset[str]] = {
     }.items()
 }
 OWN_NAMESPACE_ONLY = frozenset({"Lease", "ConfigMap"})
-
-
-def kind_of(name: str) -> Kind:
-    return KINDS[name]
 
 
 class KubeError(Exception):
