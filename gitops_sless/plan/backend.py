@@ -265,6 +265,11 @@ class Backend(ABC):
         autoscaler's decision, or 1 to wake it from zero); no spec change, no pass."""
         raise NotImplementedError(f"{type(self).__name__} does not scale functions")
 
+    def busy(self, env: str, name: str) -> float | None:
+        """Call-seconds ``name``'s replicas report having served so far (never going
+        down), for the autoscaler; None: they report nothing (the proxy's count serves)."""
+        return None
+
     def remove_environment(self, env: str) -> None:  # noqa: B027 - optional hook
         """Whatever holds ``env`` once its functions are removed (a namespace)."""
 

@@ -135,7 +135,7 @@ class Activator:
             waiters = self._waiters[key] = deque()
         if len(waiters) >= _queue_bound(route):
             raise Refused(429, f"too many calls waiting for {route.name}", 1)
-        load.waiting += 1
+        load.wait_begin(time.monotonic())
         try:
             while True:
                 current = self.routes.get(*key)
@@ -162,7 +162,7 @@ class Activator:
                     if future in waiters:
                         waiters.remove(future)
         finally:
-            load.waiting -= 1
+            load.wait_end(time.monotonic())
             if not waiters:
                 self._waiters.pop(key, None)
 

@@ -50,6 +50,11 @@ class Autoscaler:
         self.panic_until = 0.0
         self.desired: int | None = None  # the last decision; None: none yet
 
+    def restart(self, now: float, busy: float) -> None:
+        """Forget the windows (the busy seconds are now read elsewhere); the last decision
+        and a panic under way stay."""
+        self.samples = deque([(now, busy)])
+
     def _average(self, now: float, busy: float, window: float) -> float:
         # the oldest sample inside the window (or the first ever, early on)
         then, busy_then = self.samples[0]

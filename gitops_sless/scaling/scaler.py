@@ -43,6 +43,17 @@ class ScaleStatus:
     floor: int  # min, raised by a warm schedule that holds now
 
 
+@dataclass
+class _Tracked:
+    """One autoscaled function as the tick follows it."""
+
+    route: Route
+    autoscaler: Autoscaler
+    active: float  # when a call last ran (or it was first seen)
+    source: str  # where its busy seconds are read: "proxy" or "replicas"
+    busy: float  # as read at the last tick
+
+
 class Scaler:
     """Decides and writes the replicas of every autoscaled function (module doc)."""
 
@@ -62,7 +73,7 @@ class Scaler:
         self.leading = leading
         self.clock = clock
         self.wall = wall
-        self._scalers: dict[Key, tuple[Route, Autoscaler, float]] = {}  # route, its scaler, since
+        self._scalers: dict[Key, _Tracked] = {}
         self._status: dict[Key, ScaleStatus] = {}
         self._lock = threading.Lock()
         # wakes and writes one at a time: a tick's "0" never lands after a wake's "1"
@@ -97,13 +108,13 @@ class Scaler:
         if route is None or route.scale is None or backend is None:
             return
         with self._lock:
-            kept = self._scalers.get((env, name))
-            if kept is not None and kept[1].desired:
-                desired = kept[1].desired
+            tracked = self._scalers.get((env, name))
+            if tracked is not None and tracked.autoscaler.desired:
+                desired = tracked.autoscaler.desired
             else:
                 desired = 1
-                if kept is not None:
-                    kept[1].desired = 1
+                if tracked is not None:
+                    tracked.autoscaler.desired = 1
         try:
             with self._writing:
                 backend.scale(env, name, desired)
@@ -138,22 +149,28 @@ class Scaler:
                 continue
             key = (route.env, route.name)
             seen.add(key)
-            load = route.load
-            with self._lock:
-                kept = self._scalers.get(key)
-                if kept is None or kept[0].scale != policy:  # new, or a new policy
-                    since = kept[2] if kept is not None else now
-                    autoscaler = Autoscaler(self.windows, now, load.busy_until(now))
-                    autoscaler.desired = kept[1].desired if kept is not None else None
-                    kept = (route, autoscaler, since)
-                kept = self._scalers[key] = (route, kept[1], kept[2])
-            floor = warm.floor(policy, wall)
-            ready = route.serving
-            decision = kept[1].decide(
-                policy, floor, now, load.busy_until(now), ready, load.idle_for(now, kept[2])
-            )
-            self._report(key, decision, ready, floor)
             backend = self.backends(route.env)
+            source, busy = self._busy(backend if leading else None, route, now)
+            with self._lock:
+                tracked = self._scalers.get(key)
+                if tracked is None:
+                    tracked = self._scalers[key] = _Tracked(
+                        route, Autoscaler(self.windows, now, busy), now, source, busy
+                    )
+                elif tracked.route.scale != policy or tracked.source != source:
+                    # a new policy, or load read elsewhere (replicas came or went): new
+                    # windows, the same decision to start from
+                    tracked.autoscaler.restart(now, busy)
+                    tracked.source, tracked.busy = source, busy
+                tracked.route = route
+                if busy > tracked.busy + 1e-9 or route.load.inflight:
+                    tracked.active = now  # calls ran since the last tick, or run now
+                tracked.busy = busy
+            ready = route.serving
+            floor = warm.floor(policy, wall)
+            idle_for = now - tracked.active
+            decision = tracked.autoscaler.decide(policy, floor, now, busy, ready, idle_for)
+            self._report(key, decision, ready, floor)
             if backend is not None and leading:
                 writes.append((backend, route, decision.desired))
         with self._lock:
@@ -163,6 +180,17 @@ class Scaler:
                 self._written.pop(key, None)
         for backend, route, desired in writes:
             self._write(backend, route, desired)
+
+    @staticmethod
+    def _busy(backend: Backend | None, route: Route, now: float) -> tuple[str, float]:
+        """Where the function's call-seconds are read, and how many so far: what its
+        replicas report (Kubernetes: calls may not come through this proxy), plus the calls
+        this proxy holds for them; else this proxy's own count."""
+        load = route.load
+        reported = backend.busy(route.env, route.name) if backend is not None else None
+        if reported is None:
+            return "proxy", load.busy_until(now)
+        return "replicas", reported + load.waited_until(now)
 
     def _report(self, key: Key, decision: Decision, ready: int, floor: int) -> None:
         previous = self._status.get(key)

@@ -33,7 +33,16 @@ class ColdStart:
 class Load:
     """In-flight and waiting calls of one function (all of its replicas), integrated."""
 
-    __slots__ = ("busy", "changed", "cold_starts", "inflight", "last_call", "total", "waiting")
+    __slots__ = (
+        "busy",
+        "changed",
+        "cold_starts",
+        "inflight",
+        "total",
+        "waited",
+        "waiting",
+        "waiting_changed",
+    )
 
     def __init__(self) -> None:
         self.inflight = 0  # calls through the proxy not yet answered, waiting ones included
@@ -41,30 +50,39 @@ class Load:
         self.total = 0  # calls begun
         self.busy = 0.0  # integral of inflight over time (call-seconds) up to ``changed``
         self.changed = time.monotonic()  # when inflight last changed
-        self.last_call = 0.0  # monotonic time the last call began or ended; 0: never
         self.cold_starts: deque[ColdStart] = deque(maxlen=COLD_STARTS_KEPT)
+        self.waited = 0.0  # integral of waiting over time, up to ``waiting_changed``
+        self.waiting_changed = self.changed
 
     def begin(self, now: float) -> None:
         self.busy += self.inflight * (now - self.changed)
-        self.changed = self.last_call = now
+        self.changed = now
         self.inflight += 1
         self.total += 1
 
     def end(self, now: float) -> None:
         self.busy += self.inflight * (now - self.changed)
-        self.changed = self.last_call = now
+        self.changed = now
         self.inflight -= 1
+
+    def wait_begin(self, now: float) -> None:
+        self.waited += self.waiting * (now - self.waiting_changed)
+        self.waiting_changed = now
+        self.waiting += 1
+
+    def wait_end(self, now: float) -> None:
+        self.waited += self.waiting * (now - self.waiting_changed)
+        self.waiting_changed = now
+        self.waiting -= 1
+
+    def waited_until(self, now: float) -> float:
+        """Call-seconds spent waiting in the proxy (for a replica or a free slot) so far."""
+        return self.waited + self.waiting * max(0.0, now - self.waiting_changed)
 
     def busy_until(self, now: float) -> float:
         """Call-seconds from the start up to ``now``: read twice, the difference over the
         time between is the average concurrency."""
         return self.busy + self.inflight * max(0.0, now - self.changed)
-
-    def idle_for(self, now: float, since: float) -> float:
-        """Seconds without a call in flight; counted from ``since`` when none ever came."""
-        if self.inflight:
-            return 0.0
-        return now - max(self.last_call, since)
 
     def cold_start(self, waited_ms: float) -> None:
         self.cold_starts.append(ColdStart(time.time(), waited_ms))

@@ -107,6 +107,9 @@ def test_the_scaler_raises_and_lowers_a_warm_floor_on_its_schedule():
         def scale(self, env: str, name: str, replicas: int) -> None:
             written.append(replicas)
 
+        def busy(self, env: str, name: str) -> float | None:
+            return None  # the replicas report nothing: the proxy's count serves
+
     clock = {"mono": 1000.0, "wall": datetime(2026, 12, 7, 7, 59, tzinfo=UTC)}
     scaler = Scaler(
         routes,
@@ -128,3 +131,36 @@ def test_the_scaler_raises_and_lowers_a_warm_floor_on_its_schedule():
     assert written == [0, 2, 0]
     scaler.tick()
     assert written == [0, 2, 0]  # no change, no write
+
+
+def test_load_the_replicas_report_counts_and_keeps_a_function_from_going_idle():
+    """On Kubernetes calls may reach replicas past this proxy: what they report counts."""
+    routes = RouteTable()
+    routes.set(
+        Route("prod", "api", 30, (("10.0.0.1", 8080),), scale=Scale(0, 10, target=1, idle_sec=5))
+    )
+    written: list[int] = []
+    reported = {"busy": 0.0}
+
+    class Backend:
+        def scale(self, env: str, name: str, replicas: int) -> None:
+            written.append(replicas)
+
+        def busy(self, env: str, name: str) -> float | None:
+            return reported["busy"]
+
+    clock = {"mono": 0.0}
+    scaler = Scaler(routes, lambda env: Backend(), WINDOWS, clock=lambda: clock["mono"])  # type: ignore[arg-type,return-value]
+    for _ in range(10):  # 3 calls in flight all along at the replicas, none through the proxy
+        clock["mono"] += 1
+        reported["busy"] += 3
+        scaler.tick()
+    assert written[-1] == 3
+    for _ in range(4):  # quiet, but for less than idle
+        clock["mono"] += 1
+        scaler.tick()
+    assert scaler.status("prod", "api").desired >= 1
+    for _ in range(120):
+        clock["mono"] += 1
+        scaler.tick()
+    assert written[-1] == 0
