@@ -226,11 +226,14 @@ class Server:
             from .kube.mirror import FunctionMirror
 
             backend = connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
+            backend.on_replica_event = self._replica_event  # Idle/Ready without a pass
             self.elector = LeaderElector(
                 backend.client,
                 config.kube.namespace,
                 on_change=self._leadership,
                 address=self._address(),
+                # each replica's proxy enforces its share of every rateLimit
+                on_members=lambda n: setattr(self.proxy.activator, "share", 1 / n),
             )
             # checked before every write batch: a replica that lost the lease writes nothing
             backend.client.may_write = self.elector.is_leader

@@ -84,7 +84,7 @@ CALLS: dict[str, frozenset[str]] = {
         "Job": "get list watch create patch delete",
         "CronJob": "list watch apply delete",
         "NetworkPolicy": "list watch apply",  # gone with their namespace, never deleted alone
-        "Lease": "get create update",
+        "Lease": "get list create update delete",  # delete, list: membership (kube/members.py)
         "Function": "list watch apply delete status",
         "HTTPRoute": "list watch apply delete",  # --gateway: one per http function
         "Gateway": "get",  # --gateway: its address is the functions' public URL

@@ -31,6 +31,7 @@ from typing import Any
 from .. import logs
 from ..errors import SlessError
 from .client import AlreadyExists, KubeClient, KubeUnavailable
+from .members import Members
 
 __all__ = ["LeaderElector", "identity"]
 
@@ -64,8 +65,10 @@ class LeaderElector:
         retry_sec: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
         address: str | None = None,
+        on_members: Callable[[int], None] | None = None,
     ) -> None:
-        """``address``: this replica's base URL as the others reach it (None: not reachable)."""
+        """``address``: this replica's base URL as the others reach it (None: not reachable);
+        ``on_members(n)``: how many replicas are up, after every round of theirs (members)."""
         self.address = address
         self._leader_url: str | None = None  # the holder's address, while another holds it
         self.client = client
@@ -83,6 +86,15 @@ class LeaderElector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._leading = False
+        self.members = Members(
+            client,
+            namespace,
+            self.holder,
+            instance=name,
+            renew_sec=renew_sec,
+            lease_sec=lease_sec,
+            on_count=on_members,
+        )
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._deadline
@@ -95,10 +107,12 @@ class LeaderElector:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="sless-lease", daemon=True)
         self._thread.start()
+        self.members.start()
 
     def stop(self) -> None:
         """Stop renewing; the lease is released (an empty holder) if it is ours."""
         self._stop.set()
+        self.members.stop()
         if self._thread is not None:
             self._thread.join(5)
         if self.is_leader():
