@@ -45,6 +45,9 @@ class KubeBackend(Backend):
     trusted = True  # runs only what trusted builds pushed
     gateway_read_sec = 60.0  # how often the Gateway's address is read again (--gateway)
     informer_options: Mapping[str, Any] = {}  # Informer's watch and resync times (tests)
+    # (env, name, "scaled", None) when a function goes between zero and a replica that serves
+    # (serve wires it to the reconciler's follow-up pass, as the local backend's replicas do)
+    on_replica_event: Callable[[str, str, str, str | None], None] | None = None
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class KubeBackend(Backend):
         # brought back yet: a second identical write is not made meanwhile
         self._scaled: dict[tuple[str, str], tuple[int, int]] = {}
         self._zeroing: set[tuple[str, str]] = set()  # scaled to zero: no upstream any more
+        self._awake: dict[tuple[str, str], tuple[bool, bool]] = {}  # see _scaled_event
         self.starts = Starts(
             client, self._republish, self._replicas, limit_sec=config.progress_deadline_sec
         )
@@ -184,6 +188,22 @@ class KubeBackend(Backend):
             for name in names:
                 if not self._publish(view, name):
                     self.routes.remove(view.env, name)
+        for name in names:
+            self._scaled_event(view, name)
+
+    def _scaled_event(self, view: View, name: str) -> None:
+        """Tell the reconciler (the leader's) when the function's Deployment starts or stops
+        asking for replicas, or gets or loses one that serves: Idle and Ready follow in the
+        status store at once, not at the next pass."""
+        live = view.get("Deployment", name)
+        if live is None or self.on_replica_event is None:
+            return
+        now = (int((live.get("spec") or {}).get("replicas", 1)) > 0, available_replicas(live) > 0)
+        with self._lock:
+            before = self._awake.get((view.env, name))
+            self._awake[(view.env, name)] = now
+        if before != now and self.client.may_write():
+            self.on_replica_event(view.env, name, "scaled", None)
 
     def _republish(self, view: View, name: str) -> None:
         self._serving_changed(view, {name})

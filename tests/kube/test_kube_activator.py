@@ -1,0 +1,70 @@
+"""Issue 27 on Kubernetes: every reconciler replica is an activator.
+
+A function at zero keeps a way in: the status store says ``Idle`` and ``Ready`` as its
+Deployment goes to zero and back, without waiting for a pass; a replica that does not lead
+holds a call to an idle function and wakes it; with ``--gateway`` the function's HTTPRoute
+sends calls to the reconciler's Service while no replica serves, and back to the
+function's Service once one does. Against the test API server (tests/kubeapi).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gitops_sless.kube.client import KubeClient
+
+from ..gitserver import WorkRepo
+from ..kube_harness import NAMESPACE, kube_env
+from ..kubeapi import FakeKube
+from ..s3server import S3Server
+from ..sless_server import SlessServer
+from .test_kube_scaling import FAST, deployed, function_folder
+
+
+@pytest.fixture
+def kube(fake_kube: FakeKube) -> FakeKube:
+    client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
+    client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    return fake_kube
+
+
+def serve(
+    cluster: FakeKube, s3: S3Server, repo: WorkRepo, state: Path, *args: str, **env: str
+) -> SlessServer:
+    """``serve --backend kubernetes`` that never polls: only what it is told starts a pass."""
+    return SlessServer(
+        str(repo.path),
+        state,
+        env=kube_env(cluster.kubeconfig, s3, **env),
+        poll_interval=3600,
+        args=["--backend", "kubernetes", *FAST, *args],
+    ).start()
+
+
+def phase(server: SlessServer, name: str) -> str | None:
+    record = server.function(name)
+    return record["phase"] if record else None
+
+
+def test_idle_and_ready_follow_the_replicas_without_a_pass_being_asked_for(
+    kube, s3_server, tmp_path
+):
+    repo = WorkRepo(tmp_path / "functions")
+    repo.commit("auto", function_folder("auto", "    scale: {min: 0, max: 2, idle: 2s}"))
+    server = serve(kube, s3_server, repo, tmp_path / "state")
+    try:
+        before = max(s["id"] for s in server.syncs())
+        # the first pass saw it start; nothing but the watch tells the store it went idle
+        deployed(kube, server, "auto", 0, "zero")
+        server.wait(lambda: phase(server, "auto") == "Idle", "Idle", 20)
+        reply = server.call("auto", "/wake")
+        assert reply.status_code == 200, reply.text
+        server.wait(lambda: phase(server, "auto") == "Ready", "Ready", 20)
+        server.wait(lambda: phase(server, "auto") == "Idle", "Idle again", 30)
+        passes = [s for s in server.syncs() if s["id"] > before]
+        assert passes and {p["trigger"] for p in passes} == {"follow-up"}, passes
+    finally:
+        server.stop()
+    assert "Traceback" not in server.output()
