@@ -146,6 +146,8 @@ def _derived_rules(own_namespace: bool = False) -> set[tuple[str, str, str]]:
                 granted = [(kind.plural, "create"), (kind.plural, "patch")]
             elif verb == "log":
                 granted = [(f"{kind.plural}/log", "get")]
+            elif verb == "proxy":  # a GET through the API server's proxy
+                granted = [(f"{kind.plural}/proxy", "get")]
             elif verb == "status":  # a server-side apply of the status subresource
                 granted = [(f"{kind.plural}/status", "patch")]
             elif verb == "scale":  # the scale subresource, read and merge-patched

@@ -31,6 +31,7 @@ from .informer import Informer
 from .jobs import JobRunner, finished_runs
 from .policy import RoutePolicy, initial_replicas, route_policy
 from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, RenderConfig, render_function
+from .runtimeload import RuntimeLoad
 from .starts import Starts
 from .status import available_replicas, health, rolled_out
 from .view import FUNCTION_KINDS, LISTED, View, label
@@ -68,6 +69,7 @@ class KubeBackend(Backend):
         self.applier = Applier(client, config)
         self.jobs = JobRunner(client, config)
         self.functions = FunctionWriter(client, config)
+        self.runtime_load = RuntimeLoad(client)  # what the runtimes report: busy()
         self._crd_missing = False
         self._namespaces: Informer | None = None
         self._views: dict[str, View] = {}
@@ -392,6 +394,12 @@ class KubeBackend(Backend):
             self._scaled.pop(key, None)
         return int((live.get("spec") or {}).get("replicas", 1))
 
+    def busy(self, env: str, name: str) -> float | None:
+        """Call-seconds the function's pods report having served so far, summed, never going
+        down (a pod restarted, deleted or replaced keeps what it had counted); None: no ready
+        pod, or none answered (see :mod:`.runtimeload`)."""
+        return self.runtime_load.busy(self.config.namespace(env), env, name)
+
     def remove(self, env: str, name: str) -> None:
         self.routes.remove(env, name)  # 404 at once, before the objects go
         view = self.view(env)
@@ -413,6 +421,7 @@ class KubeBackend(Backend):
     def close(self) -> None:
         """Stop every watch."""
         self.starts.close()
+        self.runtime_load.close()
         with self._lock:
             views, self._views = list(self._views.values()), {}
             if self._namespaces is not None:

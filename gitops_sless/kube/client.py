@@ -78,7 +78,8 @@ CALLS: dict[str, frozenset[str]] = {
         # build records; delete: garbage collection
         "ConfigMap": "list watch create delete",
         "Service": "list watch apply delete",
-        "Pod": "list watch log",  # watch: the build pods (kube/builds.py)
+        # watch: the build pods (kube/builds.py); proxy: a runtime's /health (its load)
+        "Pod": "list watch log proxy",
         # scale: the autoscaler's replicas, and a wake from zero by any replica
         "Deployment": "list watch apply delete scale",
         "Job": "get list watch create patch delete",

@@ -286,6 +286,14 @@ class FakeKube:
         self.kubelet.crashing[(namespace, deployment)] = (reason, exit_code)
         self._kick_pods()
 
+    def run_runtime(
+        self, namespace: str, deployment: str, folder: str | Path, runtime: str = "python3.11"
+    ) -> None:
+        """The pods of ``deployment`` run a real runtime server, with the function's code
+        from ``folder`` (see ``runtimes``); the pod proxy reaches it."""
+        self.kubelet.runtimes.serve(namespace, deployment, Path(folder), runtime)
+        self._kick_pods()
+
     def stall(self, namespace: str, deployment: str) -> None:
         self.kubelet.stalled.add((namespace, deployment))
 

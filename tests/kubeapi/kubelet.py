@@ -22,6 +22,7 @@ from .kaniko import (
     violations,
 )
 from .resources import clone, now_iso
+from .runtimes import PodRuntimes
 
 if TYPE_CHECKING:
     from .controllers import Controllers
@@ -81,6 +82,7 @@ class Kubelet:
         self.oci_registries: dict[str, str] = {}
         self.keep_out: set[str] = set()  # strings no build pod may hold (a storage key)
         self.violations: list[str] = []  # build pods that broke the no-credential rule
+        self.runtimes = PodRuntimes()  # real servers for the pods of some Deployments
         self.job_seconds = 0.05
         self._builds: queue.Queue[tuple[str, str, str, dict[str, Any], dict[str, str]] | None] = (
             queue.Queue()
@@ -95,6 +97,7 @@ class Kubelet:
 
     def stop(self) -> None:
         self._builds.put(None)
+        self.runtimes.close()
 
     # ---- checks
     def pullable(self, image: str) -> bool:
@@ -308,6 +311,8 @@ class Kubelet:
         if crash:
             self._crash(pod, crash)
             return
+        if owner and owner[0] == "Deployment" and containers:
+            self.runtimes.start(pod, owner[1], self.env_of(pod, containers[0]))
         states = [
             self._container_status(c, uid, running[i], True) for i, c in enumerate(containers)
         ]
@@ -426,6 +431,7 @@ class Kubelet:
         self.started.pop(meta["uid"], None)
         self.results.pop(meta["uid"], None)
         self._queued.discard(meta["uid"])
+        self.runtimes.stop(meta["uid"])
 
     # ---- kaniko
     def _build_loop(self) -> None:

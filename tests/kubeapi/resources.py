@@ -49,7 +49,7 @@ RESOURCES = [
     Res("ConfigMap", "configmaps", "", "v1", short=("cm",)),
     Res("ServiceAccount", "serviceaccounts", "", "v1", short=("sa",)),
     Res("Service", "services", "", "v1", short=("svc",), subresources=("status", "proxy")),
-    Res("Pod", "pods", "", "v1", short=("po",), subresources=("status", "log")),
+    Res("Pod", "pods", "", "v1", short=("po",), subresources=("status", "log", "proxy")),
     Res(
         "Deployment",
         "deployments",

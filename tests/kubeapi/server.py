@@ -16,6 +16,7 @@ from . import scale, watch
 from .patches import APPLY, parse_body
 from .resources import BY_KIND, VERSION_INFO, ApiError, Res, not_found
 from .routes import Route, discovery_versions, route
+from .runtimes import forward
 from .store import matches
 from .tables import table, wants_table
 
@@ -149,7 +150,7 @@ class Handler(BaseHTTPRequestHandler):
         if r.sub == "log":
             kind = "Pod"
         if r.sub == "proxy":
-            kind = "Service"
+            kind = r.res.kind
         injected = self.fake.count_request(verb, kind)
         if injected is not None:
             self.fail(injected)
@@ -278,8 +279,28 @@ class Handler(BaseHTTPRequestHandler):
             "the server does not allow this method on the requested resource",
         )
 
+    # ---- pods/proxy: to the pod's runtime process (see ``runtimes``)
+    def pod_proxy(self, r: Route, method: str, raw: bytes, raw_query: str) -> None:
+        ns, target = r.ns or "", r.name or ""
+        name = target.split(":")[0]
+        pod = self.fake.store.peek("Pod", ns, name)
+        if pod is None:
+            raise not_found(BY_KIND["Pod"], name)
+        port = self.fake.kubelet.runtimes.port(pod["metadata"]["uid"])
+        if port is None:
+            message = f"error trying to reach service: dial tcp {target}: connection refused"
+            raise ApiError(503, "ServiceUnavailable", message)
+        skip = ("authorization", "host", "content-length", "connection")
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+        path = r.tail + (f"?{raw_query}" if raw_query else "")
+        code, body, ctype = forward(port, method, path, headers, raw)
+        self.send(code, body, ctype=ctype)
+
     # ---- services/proxy
     def proxy(self, r: Route, method: str, raw: bytes, raw_query: str) -> None:
+        if r.res.kind == "Pod":
+            self.pod_proxy(r, method, raw, raw_query)
+            return
         ns = r.ns or ""
         target = r.name or ""
         parts = target.split(":")
