@@ -6,9 +6,11 @@ is the manifest's function after defaults (a secret stays a ``{secret, key}``
 reference), ``status`` is what the status store says, with ``Ready`` and
 ``Built`` conditions as the Kubernetes API conventions describe them. So
 ``kubectl get fn -A`` lists every function and ``kubectl wait
---for=condition=Ready fn/NAME`` works. Both parts are written only when they
-differ from what the cluster holds, so a pass with no change writes nothing;
-a hand edit differs, and is put back.
+--for=condition=Ready fn/NAME`` works. The route's policy (autoscaling, call limits)
+rides along as the Deployment's ``gitops-sless.dev/route`` annotation does, so a
+replica that does not lead can hold a call to an ``Idle`` function and wake it.
+Both parts are written only when they differ from what the cluster holds, so a
+pass with no change writes nothing; a hand edit differs, and is put back.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ..manifests.model import Function, JobRef, SecretRef
 from ..timestamps import rfc3339
 from .client import KubeClient
+from .policy import ROUTE_ANNOTATION, route_policy
 from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig
 from .view import View, annotation, drifted
 
@@ -130,6 +133,10 @@ class FunctionWriter:
             if fn is not None
             else {"manifest": manifest, "environment": view.env}
         )
+        annotations = {SPEC_HASH: _digest(spec), MANIFEST_ANNOTATION: manifest}
+        policy = route_policy(fn, view.env).encode() if fn is not None and fn.http else None
+        if policy:  # in the hash too: a new policy is written (none: the hash stays as it was)
+            annotations.update({ROUTE_ANNOTATION: policy, SPEC_HASH: _digest([spec, policy])})
         return {
             "apiVersion": API_VERSION,
             "kind": "Function",
@@ -142,7 +149,7 @@ class FunctionWriter:
                     FUNCTION_LABEL: name,
                     MANIFEST_LABEL: _label_value(manifest),
                 },
-                "annotations": {SPEC_HASH: _digest(spec), MANIFEST_ANNOTATION: manifest},
+                "annotations": annotations,
             },
             "spec": spec,
         }

@@ -5,6 +5,11 @@ is written by its reconciler; the others copy the ``Function`` resources the
 leader writes into their own store and routing table, through one LIST and
 then a WATCH (never a request per call). A replica is ready once that first
 LIST is in.
+
+Every replica is an activator: an ``Idle`` function keeps its route here too,
+with no upstream and its policy (``gitops-sless.dev/route`` on the Function
+resource), so the proxy holds a call and asks for a replica (any replica may
+scale a function); the upstream comes when the leader says ``Ready``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -22,6 +28,7 @@ from ..state.routes import Declared, Route, RouteTable
 from ..state.store import Store
 from ..timestamps import epoch
 from .client import KubeClient
+from .policy import RoutePolicy
 from .renderer import ENV_LABEL, MANAGED_BY
 
 __all__ = ["FunctionMirror"]
@@ -30,6 +37,9 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "gitops-sless.dev", "v1alpha1", "functions"
 WATCH_SEC = 30
+# an autoscaled function keeps its route without upstream in these: Idle, then Pending while
+# the replica a call asked for starts (Building: a new version, while the old one is at zero)
+_WAKING = ("Idle", "Pending", "Building")
 
 
 def _ready(status: dict[str, Any]) -> bool:
@@ -152,6 +162,33 @@ class FunctionMirror:
         self.store.delete_function(env, name)
         self.routes.remove(env, name)
 
+    def _route(self, env: str, name: str, obj: dict[str, Any]) -> bool:
+        """Set the route of a Ready function, or of an Idle one (no upstream: a call waits
+        for the replica it wakes); False: it has none."""
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        policy = RoutePolicy.decode(obj) or RoutePolicy()
+        serving = status.get("phase") == "Ready" and _ready(status)
+        if not serving and not (status.get("phase") in _WAKING and policy.scale is not None):
+            return False
+        timeout = float(spec.get("timeoutSec") or 30)
+        said = (timeout, serving, policy)
+        current = self.routes.get(env, name)
+        if current is not None and _said(current) == said:
+            return True  # the same route (a new object would be a new version to the proxy)
+        made = self.route_for(env, name, obj["metadata"]["namespace"], timeout)
+        self.routes.set(
+            replace(
+                made,
+                upstreams=made.upstreams if serving else (),
+                scale=policy.scale,
+                concurrency=policy.concurrency,
+                rate_limit=policy.rate_limit,
+                max_body_bytes=policy.max_body_bytes,
+                runtime=policy.runtime,
+            )
+        )
+        return True
+
     def _publish(self) -> None:
         by_env: dict[str, dict[str, Declared]] = {}
         for (env, name), obj in self._objects.items():
@@ -160,15 +197,15 @@ class FunctionMirror:
             by_env.setdefault(env, {})[name] = Declared(
                 status.get("phase") or "Pending", status.get("message"), http
             )
-            namespace = obj["metadata"]["namespace"]
-            # (an Idle function has no replica to route to: 503 Idle here, where no call is
-            # held for it)
-            if spec.get("http") and status.get("phase") == "Ready" and _ready(status):
-                timeout = float(spec.get("timeoutSec") or 30)
-                current = self.routes.get(env, name)
-                if current is None or current.timeout_sec != timeout:
-                    self.routes.set(self.route_for(env, name, namespace, timeout))
-            else:
+            if not (spec.get("http") and self._route(env, name, obj)):
                 self.routes.remove(env, name)
         for env, declared in by_env.items():
             self.routes.declare(env, declared)
+
+
+def _said(route: Route) -> tuple[Any, ...]:
+    """What a route says that its Function resource decides (see ``_route``)."""
+    policy = RoutePolicy(
+        route.scale, route.concurrency, route.rate_limit, route.max_body_bytes, route.runtime
+    )
+    return (route.timeout_sec, bool(route.upstreams), policy)

@@ -20,7 +20,7 @@ from ..kube_harness import NAMESPACE, kube_env
 from ..kubeapi import FakeKube
 from ..s3server import S3Server
 from ..sless_server import SlessServer
-from .test_kube_scaling import FAST, deployed, function_folder
+from .test_kube_scaling import CRD, FAST, IDLE, deployed, function_folder
 
 
 @pytest.fixture
@@ -68,3 +68,35 @@ def test_idle_and_ready_follow_the_replicas_without_a_pass_being_asked_for(
     finally:
         server.stop()
     assert "Traceback" not in server.output()
+
+
+def test_a_replica_that_does_not_lead_holds_a_call_to_an_idle_function_and_wakes_it(
+    kube, s3_server, tmp_path
+):
+    kube.install_crd(CRD)  # what the replica that does not lead serves from
+    repo = WorkRepo(tmp_path / "functions")
+    repo.commit("auto", function_folder("auto", IDLE))
+    leader = serve(kube, s3_server, repo, tmp_path / "leader", POD_NAME="leader")
+    follower = None
+    try:
+        deployed(kube, leader, "auto", 0, "zero")
+        leader.wait(lambda: phase(leader, "auto") == "Idle", "Idle", 20)
+        follower = SlessServer(
+            str(repo.path),
+            tmp_path / "follower",
+            env=kube_env(kube.kubeconfig, s3_server, POD_NAME="follower"),
+            args=["--backend", "kubernetes", *FAST],
+        ).start(wait_for_sync=False)
+        follower.wait(lambda: phase(follower, "auto") == "Idle", "Idle on the follower", 20)
+        woken = kube.counts()["writes"].get(("patch", "Deployment/scale"), 0)
+        reply = follower.call("auto", "/from-the-follower")
+        assert reply.status_code == 200, reply.text
+        assert int(reply.headers["x-sless-cold-start"]) >= 0
+        assert reply.json()["path"].endswith("/from-the-follower")
+        assert kube.counts()["writes"][("patch", "Deployment/scale")] == woken + 1
+    finally:
+        for server in (follower, leader):
+            if server is not None:
+                server.stop()
+    assert "Traceback" not in leader.output()
+    assert follower is not None and "Traceback" not in follower.output()
