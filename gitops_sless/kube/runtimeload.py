@@ -8,20 +8,24 @@ concurrency) as the replicas count them, not as this proxy does: on
 Kubernetes calls may come through a Gateway, and each reconciler replica sees
 only its own.
 
-:class:`RuntimeLoad` reads each ready pod of a function through the API
-server's pod proxy (``pods/{pod}:8080/proxy/health``, with the client's
-credentials), all at once, each with a short timeout, and adds up what each
-*process* served: per pod uid and container restart count, its last reading
-is kept and only increases are added; a process seen for the first time adds
-its whole reading. So the total never goes down when a pod restarts, is
-deleted or is replaced. The pods come from one LIST of the environment's
-pods, reused for ``list_sec`` by every function of the namespace; a function
-read less than ``read_sec`` ago answers what it answered then.
+:class:`RuntimeLoad` reads each ready pod of a function: in the cluster at its
+address (``http://<pod IP>:8080/health``: the environment's NetworkPolicies
+admit the reconciler's pods, and the API server is spared a call per pod and
+tick), from outside through the API server's pod proxy
+(``pods/{pod}:8080/proxy/health``, with the client's credentials), all at
+once, each with a short timeout, and adds up what each *process* served: per
+pod uid and container restart count, its last reading is kept and only
+increases are added; a process seen for the first time adds its whole reading.
+So the total never goes down when a pod restarts, is deleted or is replaced.
+The pods come from one LIST of the environment's pods, reused for ``list_sec``
+by every function of the namespace; a function read less than ``read_sec`` ago
+answers what it answered then.
 """
 
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import logging
 import threading
@@ -50,6 +54,7 @@ class PodLoad:
     function: str
     restarts: int  # its containers' restarts: a new count is a new process
     ready: bool
+    ip: str = ""  # status.podIP
 
 
 @dataclass
@@ -91,6 +96,7 @@ class RuntimeLoad:
     list_sec = 0.5  # an environment's pods are LISTed at most this often
     timeout_sec = 1.0  # one pod's /health
     workers = 8  # pods read at once
+    port = CONTAINER_PORT  # where the runtime listens in its pod
 
     def __init__(self, client: KubeClient, clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
@@ -160,8 +166,10 @@ class RuntimeLoad:
 
     def _health(self, namespace: str, pod: PodLoad) -> float | None:
         """The busy seconds one pod's runtime reports; None: no answer, or none it holds."""
-        path = f"{KINDS['Pod'].path(namespace, pod.name)}:{CONTAINER_PORT}/proxy/health"
         try:
+            if self.client.in_cluster:  # no address yet: not ready to be read
+                return self._direct(pod.ip) if pod.ip else None
+            path = f"{KINDS['Pod'].path(namespace, pod.name)}:{self.port}/proxy/health"
             answer = json.loads(self.quick.request("proxy", "Pod", "GET", path, attempts=1))
             return float(answer["busySeconds"])
         except Forbidden as exc:
@@ -169,9 +177,21 @@ class RuntimeLoad:
                 self._refused = True
                 log.warning("the runtimes' load cannot be read (pods/proxy): %s", exc)
             return None
-        except (SlessError, ValueError, KeyError, TypeError) as exc:
+        except (SlessError, OSError, ValueError, KeyError, TypeError) as exc:
             log.debug("%s/%s: no load read: %s", namespace, pod.name, exc)
             return None
+
+    def _direct(self, ip: str) -> float:
+        conn = http.client.HTTPConnection(ip, self.port, timeout=self.timeout_sec)
+        try:
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise ValueError(f"/health answered {response.status}")
+            return float(json.loads(body)["busySeconds"])
+        finally:
+            conn.close()
 
 
 def _pod(obj: dict[str, Any]) -> PodLoad:
@@ -183,4 +203,5 @@ def _pod(obj: dict[str, Any]) -> PodLoad:
     )
     restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or ())
     function = str((meta.get("labels") or {}).get(FUNCTION_LABEL) or "")
-    return PodLoad(str(meta.get("name")), str(meta.get("uid")), function, restarts, ready)
+    ip = str(status.get("podIP") or "")
+    return PodLoad(str(meta.get("name")), str(meta.get("uid")), function, restarts, ready, ip)

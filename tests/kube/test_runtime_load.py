@@ -206,3 +206,26 @@ def test_no_answer_is_none_and_keeps_the_total():
     assert function.add([_pod("a")], [None]) is None
     assert function.add([], []) is None
     assert function.add([_pod("a")], [3.0]) == 3.0
+
+
+def test_in_the_cluster_a_pod_is_read_at_its_address_not_through_the_api_server():
+    """The environment's NetworkPolicies admit the reconciler's pods, not the API server."""
+    from gitops_sless.kube.runtimeload import RuntimeLoad
+
+    from ..proxy.test_proxy import _free_port, _start_runtime, _stop
+
+    port = _free_port()
+    runtime = _start_runtime(port)
+    try:
+
+        class InCluster:  # no API server at all: a read through it would fail
+            in_cluster = True
+
+        load = RuntimeLoad(InCluster())  # type: ignore[arg-type]
+        load.port = port
+        pod = PodLoad("slow-1", "uid-1", "slow", 0, True, "127.0.0.1")
+        assert load._health(PROD, pod) == 0.0
+        away = PodLoad("slow-2", "uid-2", "slow", 0, True, "")
+        assert load._health(PROD, away) is None  # no address yet: nothing read
+    finally:
+        _stop(runtime)
