@@ -161,6 +161,11 @@ class Registry:
             "Calls in flight through the proxy (waiting ones included), averaged over the "
             "autoscaler's stable window, by environment and function.",
         )
+        self.reconciler_replicas = Gauge(
+            "sless_reconciler_replicas",
+            "Replicas of the reconciler up, as this one counts them (member leases; each "
+            "enforces 1/N of every rateLimit).",
+        )
         self.idle_functions = Counter(
             "sless_scaled_to_zero_total",
             "Times an autoscaled function stopped its last replica after its idle time.",
@@ -189,6 +194,7 @@ class Registry:
                 self.replicas,
                 self.concurrency,
                 self.idle_functions,
+                self.reconciler_replicas,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..errors import SlessError
+from ..metrics import METRICS
 from .client import KubeClient
 
 __all__ = ["MEMBER_LABEL", "Members"]
@@ -105,6 +106,7 @@ class Members:
         if count != self._count:
             log.info("%d replicas of the reconciler are up", count)
         self._count = count
+        METRICS.reconciler_replicas.set(count)
         if self.on_count is not None:
             self.on_count(count)
         return count

@@ -100,3 +100,36 @@ def test_a_replica_that_does_not_lead_holds_a_call_to_an_idle_function_and_wakes
                 server.stop()
     assert "Traceback" not in leader.output()
     assert follower is not None and "Traceback" not in follower.output()
+
+
+def _replicas_counted(server: SlessServer) -> float:
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith("sless_reconciler_replicas "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_two_reconciler_replicas_admit_a_rate_limit_burst_between_them(kube, s3_server, tmp_path):
+    kube.install_crd(CRD)
+    repo = WorkRepo(tmp_path / "functions")
+    limit = "    rateLimit: {rps: 0.01, burst: 4}"  # no refill to speak of during the test
+    repo.commit("limited", function_folder("limited", limit))
+    leader = serve(kube, s3_server, repo, tmp_path / "leader", POD_NAME="leader")
+    follower = None
+    try:
+        leader.wait(lambda: phase(leader, "limited") == "Ready", "Ready", 30)
+        follower = SlessServer(
+            str(repo.path),
+            tmp_path / "follower",
+            env=kube_env(kube.kubeconfig, s3_server, POD_NAME="follower"),
+            args=["--backend", "kubernetes", *FAST],
+        ).start(wait_for_sync=False)
+        follower.wait(lambda: phase(follower, "limited") == "Ready", "Ready on the follower", 30)
+        for server in (leader, follower):  # each counts both (member leases, every 5 s)
+            server.wait(lambda s=server: _replicas_counted(s) == 2, "two replicas counted", 30)
+        statuses = [s.call("limited", "/").status_code for s in (leader, follower) * 3]
+        assert sorted(statuses) == [200] * 4 + [429] * 2, statuses
+    finally:
+        for server in (follower, leader):
+            if server is not None:
+                server.stop()
