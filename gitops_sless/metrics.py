@@ -71,17 +71,24 @@ class Histogram:
         self.total = 0.0
         self.series: dict[Labels, tuple[list[int], list[float]]] = {}  # with labels
 
-    def observe(self, seconds: float, **labels: str) -> None:
-        if labels:
-            key = _labels(labels)
-            series = self.series.get(key)
-            if series is None:
-                series = self.series[key] = ([0] * (len(self.buckets) + 1), [0.0])
-            counts, total = series
-            total[0] += seconds
+    def observe(self, seconds: float) -> None:
+        counts = self.counts
+        for i, bound in enumerate(self.buckets):
+            if seconds <= bound:
+                counts[i] += 1
+                break
         else:
-            counts = self.counts
-            self.total += seconds
+            counts[-1] += 1
+        self.total += seconds
+
+    def observe_labelled(self, seconds: float, **labels: str) -> None:
+        """:meth:`observe` in the series of ``labels`` (apart: the proxy observes without)."""
+        key = _labels(labels)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = ([0] * (len(self.buckets) + 1), [0.0])
+        counts, total = series
+        total[0] += seconds
         for i, bound in enumerate(self.buckets):
             if seconds <= bound:
                 counts[i] += 1

@@ -67,7 +67,7 @@ def record_start(spec: ProcessSpec, spawned: float, phases: dict[str, float] | N
     edges += [("handler", phases["runtime"], phases["handler"])]
     edges += [("ready", phases["handler"], now)]
     for phase, begun, ended in edges:
-        METRICS.cold_start.observe(max(0.0, ended - begun), phase=phase, **labels)
+        METRICS.cold_start.observe_labelled(max(0.0, ended - begun), phase=phase, **labels)
 
 
 def tail(path: Path, since: int) -> str:

@@ -84,7 +84,9 @@ class Activator:
         self.wake = wake
         self.share = 1.0  # of each rate limit this proxy enforces (1/N with N replicas)
         self._buckets: dict[Key, tuple[object, _Bucket]] = {}
-        self._waiters: dict[Key, deque[asyncio.Future[None]]] = {}
+        # calls waiting, by function: empty when none waits (the proxy looks before it
+        # calls released)
+        self.waiters: dict[Key, deque[asyncio.Future[None]]] = {}
         self._woken: dict[Key, Route] = {}  # the route a wake was last asked for
         self._loop: asyncio.AbstractEventLoop | None = None
         routes.watch(self._route_changed)
@@ -112,15 +114,15 @@ class Activator:
             max(1, math.ceil(wait)),
         )
 
-    def must_wait(self, route: Route, load: Load) -> bool:
+    def must_wait(self, route: Route, load: Load | None) -> bool:
         """Whether a call just counted in ``load`` has to wait: no replica, every slot
-        taken, or calls waiting before it."""
+        taken, or calls waiting before it (``load`` is None: the route counts none)."""
         if not route.upstreams:
             return True
+        if not route.concurrency:
+            return False
         running = load.inflight - 1 - load.waiting
-        return bool(route.concurrency) and (
-            (route.env, route.name) in self._waiters or _full(route, running)
-        )
+        return (route.env, route.name) in self.waiters or _full(route, running)
 
     # -- holding
 
@@ -130,9 +132,9 @@ class Activator:
         key = (route.env, route.name)
         load = route.load
         loop = self._loop = asyncio.get_running_loop()
-        waiters = self._waiters.get(key)
+        waiters = self.waiters.get(key)
         if waiters is None:
-            waiters = self._waiters[key] = deque()
+            waiters = self.waiters[key] = deque()
         if len(waiters) >= _queue_bound(route):
             raise Refused(429, f"too many calls waiting for {route.name}", 1)
         load.wait_begin(time.monotonic())
@@ -164,7 +166,7 @@ class Activator:
         finally:
             load.wait_end(time.monotonic())
             if not waiters:
-                self._waiters.pop(key, None)
+                self.waiters.pop(key, None)
 
     def _timed_out(self, route: Route) -> str:
         timeout = f"{route.timeout_sec:g}s"
@@ -177,7 +179,7 @@ class Activator:
 
     def released(self, env: str, name: str) -> None:
         """A call of the function ended: the first call waiting for a slot may go."""
-        waiters = self._waiters.get((env, name))
+        waiters = self.waiters.get((env, name))
         while waiters:
             future = waiters.popleft()
             if not future.done():
@@ -196,13 +198,13 @@ class Activator:
     def _route_changed(self, env: str, name: str) -> None:
         # any thread: a backend's; the waiters re-check on the loop
         loop = self._loop
-        if loop is None or (env, name) not in self._waiters:
+        if loop is None or (env, name) not in self.waiters:
             return
         with contextlib.suppress(RuntimeError):  # a closed loop: nothing waits any more
             loop.call_soon_threadsafe(self._wake_all, (env, name))
 
     def _wake_all(self, key: Key) -> None:
-        for future in self._waiters.get(key, ()):
+        for future in self.waiters.get(key, ()):
             if not future.done():
                 future.set_result(None)
 

@@ -143,9 +143,12 @@ class ProxyApp:
     def begin(self, raw_path: bytes, query: bytes, method: str) -> tuple[Call, Route | None, bytes]:
         """The call's record, its route (None: not routed) and the target to send upstream.
 
-        A call whose route cannot take it (see :func:`serves`), or that has no route,
-        carries the function's declaration, if the repository declares it, in
-        ``call.declared``.
+        A call whose route can take it (it has upstreams, or a replica can be started)
+        counts in the function's load from here (``call.load``) until :meth:`finish`,
+        when the autoscaler or a concurrency limit reads it (``route.counted``);
+        then ``activator.must_wait(route, call.load)`` says whether it is held. A call
+        whose route cannot take it, or that has no route, carries the function's
+        declaration, if the repository declares it, in ``call.declared``.
         """
         env, name, valid, tail = split_target(raw_path)
         target = b"/" + tail + b"?" + query if query else b"/" + tail
@@ -157,21 +160,22 @@ class ProxyApp:
         if route is None or not (route.upstreams or route.scale):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None
-        else:
-            call.known = True
+            return call, route, target
+        call.known = True
+        if not route.counted:
+            return call, route, target
+        # counted in the function's load until finish(): Load.begin, inline (every call)
+        load = call.load = route.load
+        now = call.started  # perf_counter: CLOCK_MONOTONIC, as time.monotonic on Linux
+        load.busy += load.inflight * (now - load.changed)
+        load.changed = now
+        load.inflight += 1
+        load.total += 1
         return call, route, target
 
-    def admit(self, call: Call, route: Route) -> Refused | None:
-        """Count the call in its function's load, or the refusal that answers it (its rate
-        limit). Then ``activator.must_wait(route, call.load)`` says whether it is held."""
-        now = time.monotonic()
-        if route.rate_limit is not None:
-            refused = self.activator.rate_limited(route, now)
-            if refused is not None:
-                return refused
-        load = call.load = route.load
-        load.begin(now)
-        return None
+    def rate_limited(self, route: Route) -> Refused | None:
+        """The refusal of a call over ``route``'s rateLimit (ask only when it has one)."""
+        return self.activator.rate_limited(route, time.monotonic())
 
     def body_limit(self, route: Route) -> int:
         """The most request body bytes a call of ``route``'s function may send."""
@@ -192,8 +196,8 @@ class ProxyApp:
         now = time.perf_counter()
         waited = sent - call.started
         labels = {"env": call.env, "function": call.name, "runtime": runtime}
-        METRICS.cold_start.observe(now - sent, phase="answer", **labels)
-        METRICS.cold_start.observe(now - call.started, phase="total", **labels)
+        METRICS.cold_start.observe_labelled(now - sent, phase="answer", **labels)
+        METRICS.cold_start.observe_labelled(now - call.started, phase="total", **labels)
         if call.load is not None:
             call.load.cold_start(waited * 1000)
         return b"x-sless-cold-start: %d\r\n" % round(waited * 1000)
@@ -233,11 +237,16 @@ class ProxyApp:
 
     def finish(self, call: Call) -> None:
         """Count the call and hand it to ``record``; once per call, whatever happened."""
+        ended = time.perf_counter()  # CLOCK_MONOTONIC, as time.monotonic on Linux
         load = call.load
         if load is not None:  # its slot is free: a call waiting for one may go
             call.load = None
-            load.end(time.monotonic())
-            self.activator.released(call.env, call.name)
+            # Load.end, inline: this runs for every call
+            load.busy += load.inflight * (ended - load.changed)
+            load.changed = ended
+            load.inflight -= 1
+            if self.activator.waiters:
+                self.activator.released(call.env, call.name)
         if not call.known:
             # An undeclared name comes from the URL: as a metric label, or in the
             # invocation history, it would grow without bound.
@@ -253,7 +262,7 @@ class ProxyApp:
             call.method,
             call.path,
             status,
-            (time.perf_counter() - call.started) * 1000.0,
+            (ended - call.started) * 1000.0,
             call.wall,
             call.request_id.decode("ascii"),
         )
@@ -272,7 +281,7 @@ class ProxyApp:
                 call.request_id = request_id_of(scope["headers"])
                 await self._error(call, send, *self.not_serving(call, route))
                 return
-            refused = self.admit(call, route)
+            refused = self.rate_limited(route) if route.rate_limit is not None else None
             if refused is not None:
                 call.request_id = request_id_of(scope["headers"])
                 await self._refused(call, send, refused)

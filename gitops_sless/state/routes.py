@@ -158,6 +158,12 @@ class Route:
     # has while it is deployed (RouteTable.set carries it over)
     load: Load = field(default_factory=Load, compare=False, repr=False)
     _turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
+    # whether calls count in ``load``: only what the autoscaler or a concurrency limit
+    # reads (a fixed count without limits costs the proxy nothing more per call)
+    counted: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counted", self.scale is not None or self.concurrency > 0)
 
     @property
     def serving(self) -> int:
