@@ -479,3 +479,177 @@ def test_runner_missing_entrypoint_exits_1(runtime):
     result = run_runner(runtime, "no_such_file.main")
     assert result.returncode == 1
     assert "no_such_file" in result.stderr
+
+
+# ----------------------------------------------------------------------------- python3.11 only
+
+PYTHON_DIR = RUNTIMES_DIR / "python3.11"
+
+
+def _python(function_dir: Path, folder: Path = PYTHON_DIR) -> Runtime:
+    return Runtime("python3.11", sys.executable, folder, function_dir)
+
+
+def _load_server_module():
+    """runtimes/python3.11/_sless_server.py, imported in this process under a name of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_sless_server_under_test", PYTHON_DIR / "_sless_server.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SERVER_NAMED_HANDLER = """\
+import sys
+
+
+def main(event):
+    return {"name": __name__, "file": __file__, "registered": sys.modules["server"].__file__}
+"""
+
+IMPORTS_SERVER_HANDLER = """\
+def main(event):
+    try:
+        import server
+    except ImportError as exc:
+        return {"import": type(exc).__name__}
+    return {"import": "found", "file": getattr(server, "__file__", None)}
+"""
+
+
+def test_python_a_handler_named_server_is_the_functions_own(tmp_path, log_dir):
+    """server.py, the runtime's script, is never what a handler module called server is."""
+    (tmp_path / "server.py").write_text(SERVER_NAMED_HANDLER)
+    (tmp_path / "other.py").write_text(IMPORTS_SERVER_HANDLER)
+    srv = Server(_python(tmp_path), log_dir, "server.main")
+    try:
+        srv.wait_healthy()
+        own = str(tmp_path / "server.py")
+        assert httpx.get(srv.url).json() == {"name": "server", "file": own, "registered": own}
+    finally:
+        assert srv.stop() == 0
+    srv = Server(_python(tmp_path), log_dir, "other.main")
+    try:
+        srv.wait_healthy()
+        assert httpx.get(srv.url).json() == {"import": "found", "file": own}
+    finally:
+        assert srv.stop() == 0
+    (tmp_path / "server.py").unlink()  # no module of that name: not the runtime's either
+    srv = Server(_python(tmp_path), log_dir, "other.main")
+    try:
+        srv.wait_healthy()
+        assert httpx.get(srv.url).json() == {"import": "ModuleNotFoundError"}
+    finally:
+        assert srv.stop() == 0
+
+
+def test_python_a_stale_bytecode_cache_only_costs_its_compile(tmp_path, log_dir):
+    """The server module's __pycache__ is read when it matches the source, never trusted
+    when it does not, and never written at run time."""
+    import py_compile
+
+    folder = tmp_path / "runtime"
+    shutil.copytree(PYTHON_DIR, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    module = folder / "_sless_server.py"
+    cached = Path(py_compile.compile(str(module), doraise=True))
+    module.write_text(module.read_text() + '\nRUNTIME = "python3.11-edited"\n')
+    written = cached.stat().st_mtime_ns
+    function_dir = tmp_path / "fn"
+    function_dir.mkdir()
+    (function_dir / "handler.py").write_text("def main(event):\n    return {'ok': True}\n")
+    srv = Server(_python(function_dir, folder), log_dir, "handler.main")
+    try:
+        srv.wait_healthy()
+        assert httpx.get(srv.url).json() == {"ok": True}
+        assert f"python3.11-edited serving handler.main on 127.0.0.1:{srv.port}" in srv.stderr
+    finally:
+        assert srv.stop() == 0
+    assert cached.stat().st_mtime_ns == written  # PYTHONDONTWRITEBYTECODE: left as it was
+    assert sorted(p.name for p in function_dir.iterdir()) == ["handler.py"]
+
+
+def test_python_sigterm_taken_by_another_thread_stops_the_server(function_dirs, log_dir):
+    """A signal for the process may go to any of its threads: one that the watchdog thread
+    takes still ends the main thread's wait for connections, and the server exits."""
+    import ctypes
+    import signal
+
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("no tgkill in this C library")
+    srv = Server(_python(function_dirs["python3.11"]), log_dir, "handlers.main")
+    try:
+        srv.wait_healthy()
+        pid = srv.proc.pid
+        others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert others, "the watchdog thread"
+        assert tgkill(pid, others[0], signal.SIGTERM) == 0, ctypes.get_errno()
+        assert srv.proc.wait(timeout=10) == 0
+        assert "python3.11 stopped" in srv.stderr
+    finally:
+        srv.stop()
+
+
+def test_python_json_is_encoded_as_json_encodes_it():
+    """The server encodes with json's C encoder, without importing json: same text, same
+    errors, for every kind of value a handler returns."""
+    encode = _load_server_module().to_json
+    reference = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+    class Dict(dict):
+        pass
+
+    class Int(int):
+        pass
+
+    class Float(float):
+        pass
+
+    values = [
+        "plain",
+        'quotes " and \\ and \n \u2028 é \x00 😀',
+        {"a": [1, 2.5, None, True, False, "é"], "b": {"c": []}},
+        [],
+        {},
+        Dict(a=1),
+        Int(3),
+        Float(1.5),
+        (1, 2),
+        {2: 2, 2.5: 3, None: 4, True: 5, False: 6},
+        1e300,
+        -0.0,
+        10**40,
+        [[[[{"deep": "x"}]]]],
+    ]
+    for value in values:
+        assert encode(value) == reference(value), value
+
+    def failure(func, value):
+        with pytest.raises(Exception) as info:
+            func(value)
+        return type(info.value), str(info.value)
+
+    looped: list = []
+    looped.append(looped)
+    bad = [float("nan"), float("inf"), {1, 2}, looped, {"k": object()}, {(1, 2): 3}, b"bytes"]
+    for value in bad:
+        assert failure(encode, value) == failure(reference, value), value
+    # an error leaves nothing behind: the same list encodes afterwards
+    shared = [1]
+    with pytest.raises(TypeError):
+        encode([shared, {1}])
+    assert encode([shared, shared]) == "[[1],[1]]"
+
+
+def test_python_status_phrases_are_httpstatus_phrases():
+    from http import HTTPStatus
+
+    reasons = _load_server_module()._REASONS
+    if sys.version_info[:2] == (3, 11):
+        assert reasons == {status.value: status.phrase for status in HTTPStatus}
+    else:  # other versions renamed a few; the runtime says what 3.11 says
+        assert set(reasons) <= {status.value for status in HTTPStatus}

@@ -12,7 +12,6 @@ call ran past ``SLESS_TIMEOUT_SEC``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -22,12 +21,14 @@ import uuid
 
 
 def _load_runtime():
-    """The shared code of ``server.py``, under a name no handler module can take."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py")
-    spec = importlib.util.spec_from_file_location("_sless_runtime_server", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The server's shared code, ``_sless_server.py`` beside this file (its cached bytecode);
+    loading the handler takes this folder off ``sys.path`` again."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path[:1] != [here]:  # it is sys.path[0] already, unless -P or PYTHONSAFEPATH
+        sys.path.insert(0, here)
+    import _sless_server
+
+    return _sless_server
 
 
 def _exit(code: int) -> None:

@@ -1,0 +1,1149 @@
+"""gitops-sless Python runtime: serves one handler function over HTTP/1.1.
+
+Standard library only. Configuration comes from the environment:
+
+    SLESS_ENTRYPOINT     <path>.<function>, e.g. ``handler.main`` or ``api/v1-users.get`` (required)
+    SLESS_FUNCTION_DIR   the function folder (default: the current directory)
+    SLESS_FUNCTION_NAME  SLESS_ENV   passed to the handler in its ``context``
+    SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+    PORT  SLESS_HOST     where to listen (default 0.0.0.0:8080)
+    SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
+                         {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
+                         (time.monotonic() at each phase of the start), then it is closed;
+                         a failed start closes it without a line
+
+``GET /health`` answers ``{"status":"ok","inflight":..,"requests":..,"busySeconds":..}``:
+the calls running now, the calls answered since the start and the integral of the
+calls running over time (the average concurrency between two reads is Δbusy/Δt).
+
+Design, for speed: one thread per connection parses requests by hand and runs
+the handler inline; a watchdog thread answers a call that runs past the
+timeout with 504 and hands the connection to a fresh thread, abandoning the
+stuck one (a Python thread cannot be stopped). The hot path therefore costs
+no thread hand-off at all.
+
+``server.py``, the script that is started, imports this module (so that it is loaded
+from its cached bytecode, not compiled at every start) and calls ``main``;
+``runner.py`` imports it for the shared loading and calling code.
+"""
+
+# ruff: noqa: E402, SIM105 (imports after _STARTED; try/except, as contextlib is not imported)
+import time
+
+_STARTED = time.monotonic()  # when this module began (server.py passes its own start)
+
+# A start imports only what the ready line and the first call need, and of the standard
+# modules that import enum or re (socket, signal, json: 5-10 ms together) or load OpenSSL
+# (hmac) only the C modules under them. What only some calls need (json's decoder,
+# asyncio, traceback, inspect, uuid, urllib.parse) is imported where it is used.
+# threading (2 ms, with functools and collections) is here: imported once the ready line
+# is out, it delays the first call by more than that.
+import _signal
+import _socket
+import os
+import select
+import sys
+import threading
+from _operator import _compare_digest
+from collections.abc import Callable, Mapping
+
+try:  # the import system's own functions: importlib.util would import contextlib and more
+    from _frozen_importlib import module_from_spec
+    from _frozen_importlib_external import spec_from_file_location
+except ImportError:  # pragma: no cover - not CPython
+    from importlib.util import module_from_spec, spec_from_file_location
+
+RUNTIME = "python3.11"
+DEFAULT_TIMEOUT_SEC = 30.0
+MAX_HEADER_BYTES = 64 * 1024
+REPLICA_KEY_HEADER = "x-sless-replica"  # the proxy's proof, on the local backend
+MAX_BODY_BYTES = 32 * 1024 * 1024
+IDLE_TIMEOUT_SEC = 75.0  # longer than the usual proxy keep-alive (60 s)
+RECV_SIZE = 65536
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
+_monotonic = time.monotonic
+
+
+class StartupError(Exception):
+    """A configuration or loading problem: reported on stderr, exit 1."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def parse_timeout(raw: str | None) -> float:
+    if raw is None or raw.strip() == "":
+        return DEFAULT_TIMEOUT_SEC
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} must be a positive number of seconds")
+    return value
+
+
+def format_seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
+    """Import ``<path>.<function>`` from ``function_dir`` and return the function."""
+    if not entrypoint:
+        raise StartupError(
+            "SLESS_ENTRYPOINT is not set (expected '<path>.<function>', e.g. 'handler.main')"
+        )
+    rel_path, dot, func_name = entrypoint.rpartition(".")
+    if not dot or not rel_path or not func_name:
+        raise StartupError(
+            f"SLESS_ENTRYPOINT={entrypoint!r} is invalid: expected '<path>.<function>', "
+            "e.g. 'handler.main'"
+        )
+    function_dir = os.path.abspath(function_dir)
+    if not os.path.isdir(function_dir):
+        raise StartupError(f"function folder {function_dir} does not exist")
+    file_path = os.path.normpath(os.path.join(function_dir, rel_path + ".py"))
+    if not os.path.isfile(file_path):
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {file_path} does not exist"
+        )
+
+    # The handler imports its sibling modules from the function folder, then its
+    # dependencies (`pip install --target .sless-deps`); never this runtime's own files.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _RUNTIME_DIR]
+    deps_dir = os.path.join(function_dir, ".sless-deps")
+    for path in ([deps_dir] if os.path.isdir(deps_dir) else []) + [function_dir]:
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+
+    parts = rel_path.replace(os.sep, "/").split("/")
+    if all(part.isidentifier() for part in parts) and ".".join(parts) not in sys.modules:
+        module_name = ".".join(parts)  # so that `import handler` elsewhere finds this module
+    else:
+        module_name = "_sless_handler_module"
+    spec = spec_from_file_location(module_name, file_path)
+    if spec is None or spec.loader is None:
+        raise StartupError(f"cannot load SLESS_ENTRYPOINT={entrypoint!r} from {file_path}")
+    module = module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        import traceback
+
+        detail = "".join(traceback.format_exception(exc)).rstrip()
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: importing {file_path} failed:\n{detail}"
+        ) from None
+    func = getattr(module, func_name, None)
+    if func is None:
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {file_path} has no function "
+            f"{func_name!r}"
+        )
+    if not callable(func):
+        raise StartupError(
+            f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {func_name!r} in {file_path} is "
+            f"not callable"
+        )
+    return func
+
+
+# --------------------------------------------------------------------------- calling
+
+
+class Context:
+    """The second argument of a handler that takes two."""
+
+    __slots__ = ("_deadline", "_request_id", "environment", "function_name")
+
+    def __init__(
+        self, function_name: str, environment: str, request_id: str | None, deadline: float
+    ):
+        self.function_name = function_name
+        self.environment = environment
+        self._request_id = request_id
+        self._deadline = deadline
+
+    @property
+    def request_id(self) -> str:
+        """The X-Request-Id of the call, else a generated id (made on first use)."""
+        if not self._request_id:
+            import uuid
+
+            self._request_id = uuid.uuid4().hex
+        return self._request_id
+
+    def remaining_time_ms(self) -> int:
+        """Milliseconds left before the call is answered with a timeout."""
+        return max(0, int((self._deadline - _monotonic()) * 1000))
+
+    get_remaining_time_in_millis = remaining_time_ms  # the AWS Lambda spelling
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(function_name={self.function_name!r}, environment={self.environment!r}, "
+            f"request_id={self.request_id!r})"
+        )
+
+
+_CO_VARARGS = 0x04  # inspect.CO_VARARGS
+_FunctionType = type(lambda: None)  # types.FunctionType and CoroutineType, without types
+
+
+async def _coroutine() -> None:
+    pass
+
+
+_coroutine = _coroutine()
+_CoroutineType = type(_coroutine)
+_coroutine.close()
+del _coroutine
+
+
+def wants_context(func: Callable) -> bool | None:
+    """True: call with (event, context); False: (event); None: no arguments."""
+    if type(func) is _FunctionType and not (
+        hasattr(func, "__wrapped__") or hasattr(func, "__signature__")
+    ):
+        # what inspect.signature reads from a plain function, without importing inspect
+        code = func.__code__
+        if code.co_flags & _CO_VARARGS:
+            return True
+        positional = code.co_argcount
+    else:
+        positional = _positional_parameters(func)
+        if positional is None:
+            return True
+    if positional == 0:
+        return None
+    return positional >= 2
+
+
+def _positional_parameters(func: Callable) -> int | None:
+    """How many positional parameters ``func`` takes; None for ``*args``."""
+    import inspect
+
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return 1  # unknown: called with the event alone
+    positional = 0
+    for param in sig.parameters.values():
+        if param.kind == param.VAR_POSITIONAL:
+            return None
+        if param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            positional += 1
+    return positional
+
+
+def _run_coroutine(coroutine):
+    import asyncio  # 20-40 ms to import: only for async handlers
+
+    return asyncio.run(coroutine)
+
+
+def make_caller(func: Callable) -> tuple[Callable, bool]:
+    """``(call(event, context), needs_context)`` for the handler's signature."""
+    mode = wants_context(func)
+    coroutine_type = _CoroutineType
+
+    if mode is True:
+
+        def call(event, context):
+            result = func(event, context)
+            if type(result) is coroutine_type:
+                result = _run_coroutine(result)
+            return result
+
+    elif mode is False:
+
+        def call(event, context):
+            result = func(event)
+            if type(result) is coroutine_type:
+                result = _run_coroutine(result)
+            return result
+
+    else:
+
+        def call(event, context):
+            result = func()
+            if type(result) is coroutine_type:
+                result = _run_coroutine(result)
+            return result
+
+    return call, mode is True
+
+
+def print_handler_exception(exc: BaseException, heading: str) -> None:
+    """``heading`` and the traceback on stderr, without this runtime's own frames."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _RUNTIME_DIR:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    sys.stderr.write(f"{heading}\n{text}")
+    sys.stderr.flush()
+
+
+def print_exc() -> None:
+    """The exception being handled, with its traceback, on stderr (a bug of the runtime)."""
+    import traceback
+
+    traceback.print_exc()
+
+
+def describe_exception(exc: BaseException) -> str:
+    name = type(exc).__name__
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable>"
+    return f"{name}: {message}" if message else name
+
+
+def _make_json_encode() -> Callable:
+    """``json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode``
+    without importing json (which imports re): the C encoder that it calls, called the same
+    way, with a fresh encoder per value as it makes one (its record of the containers being
+    encoded, against cycles, is not for two threads, nor kept after an error). json itself
+    where that encoder is missing or does not answer as json does."""
+    try:
+        from _json import encode_basestring, make_encoder
+
+        def default(value):
+            raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+        def encode(value) -> str:
+            if isinstance(value, str):
+                return encode_basestring(value)
+            encoder = make_encoder(
+                {}, default, encode_basestring, None, ":", ",", False, False, False
+            )
+            return "".join(encoder(value, 0))
+
+        if encode({"a": [1, 2.5, None, True, "é\n"]}) == '{"a":[1,2.5,null,true,"é\\n"]}':
+            return encode
+    except Exception:  # pragma: no cover - another Python
+        pass
+    import json  # pragma: no cover
+
+    return json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+_json_encode = _make_json_encode()
+
+
+def _json_decode(body: bytes):
+    import json  # with re, 3-5 ms: only once a call has a body
+
+    return json.loads(body)
+
+
+def to_json(value) -> str:
+    return _json_encode(value)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+# http.HTTPStatus's phrases (Python 3.11), without importing http and enum
+_REASONS = {
+    100: "Continue",
+    101: "Switching Protocols",
+    102: "Processing",
+    103: "Early Hints",
+    200: "OK",
+    201: "Created",
+    202: "Accepted",
+    203: "Non-Authoritative Information",
+    204: "No Content",
+    205: "Reset Content",
+    206: "Partial Content",
+    207: "Multi-Status",
+    208: "Already Reported",
+    226: "IM Used",
+    300: "Multiple Choices",
+    301: "Moved Permanently",
+    302: "Found",
+    303: "See Other",
+    304: "Not Modified",
+    305: "Use Proxy",
+    307: "Temporary Redirect",
+    308: "Permanent Redirect",
+    400: "Bad Request",
+    401: "Unauthorized",
+    402: "Payment Required",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    407: "Proxy Authentication Required",
+    408: "Request Timeout",
+    409: "Conflict",
+    410: "Gone",
+    411: "Length Required",
+    412: "Precondition Failed",
+    413: "Request Entity Too Large",
+    414: "Request-URI Too Long",
+    415: "Unsupported Media Type",
+    416: "Requested Range Not Satisfiable",
+    417: "Expectation Failed",
+    418: "I'm a Teapot",
+    421: "Misdirected Request",
+    422: "Unprocessable Entity",
+    423: "Locked",
+    424: "Failed Dependency",
+    425: "Too Early",
+    426: "Upgrade Required",
+    428: "Precondition Required",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    451: "Unavailable For Legal Reasons",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+    505: "HTTP Version Not Supported",
+    506: "Variant Also Negotiates",
+    507: "Insufficient Storage",
+    508: "Loop Detected",
+    510: "Not Extended",
+    511: "Network Authentication Required",
+}
+_STATUS_LINES = {
+    code: f"HTTP/1.1 {code} {phrase}\r\n".encode("latin-1") for code, phrase in _REASONS.items()
+}
+_SKIPPED_RESPONSE_HEADERS = frozenset(
+    ("content-length", "transfer-encoding", "connection", "date", "keep-alive")
+)
+_JSON_200 = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+_CLOSE = b"Connection: close\r\n"
+_date_cache = [0, b""]
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _date_line() -> bytes:
+    now = int(time.time())
+    cache = _date_cache
+    if cache[0] != now:
+        cache[1] = f"Date: {http_date(now)}\r\n".encode("latin-1")
+        cache[0] = now
+    return cache[1]
+
+
+def http_date(now: float) -> str:
+    """``email.utils.formatdate(now, usegmt=True)``, without importing the email package."""
+    t = time.gmtime(now)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = f"HTTP/1.1 {status} Unknown\r\n".encode("latin-1")
+    return line
+
+
+def _build(
+    status: int,
+    content_type: str | None,
+    body: bytes,
+    keep: bool,
+    is_head: bool,
+    extra: bytes = b"",
+) -> bytes:
+    parts = [_status_line(status)]
+    if content_type:
+        parts.append(f"Content-Type: {content_type}\r\n".encode("latin-1"))
+    if status != 204 and status != 304:
+        parts.append(b"Content-Length: %d\r\n" % len(body))
+    parts.append(_date_line())
+    if extra:
+        parts.append(extra)
+    if not keep:
+        parts.append(_CLOSE)
+    parts.append(b"\r\n")
+    if not is_head and status != 204 and status != 304:
+        parts.append(body)
+    return b"".join(parts)
+
+
+def _json_error(status: int, message: str, keep: bool, is_head: bool) -> bytes:
+    body = to_json({"error": message}).encode()
+    return _build(status, "application/json", body, keep, is_head)
+
+
+def render_result(result, keep: bool, is_head: bool) -> bytes:
+    """The HTTP response for a handler's return value."""
+    if result is None:
+        return _build(204, None, b"", keep, is_head)
+    if type(result) is dict or isinstance(result, Mapping):
+        if "statusCode" in result:
+            return _render_status_form(result, keep, is_head)
+        if type(result) is not dict:
+            result = dict(result)
+    try:
+        body = _json_encode(result).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        return _json_error(
+            500,
+            f"handler result is not JSON serialisable: {describe_exception(exc)}",
+            keep,
+            is_head,
+        )
+    if keep and not is_head:
+        return b"".join((_JSON_200, b"%d\r\n" % len(body), _date_line(), b"\r\n", body))
+    return _build(200, "application/json", body, keep, is_head)
+
+
+def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
+    status = result["statusCode"]
+    if type(status) is not int or not 200 <= status <= 599:
+        return _json_error(
+            500,
+            f"handler returned an invalid statusCode {status!r} (expected 200-599)",
+            keep,
+            is_head,
+        )
+    headers = result.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        return _json_error(500, "handler returned 'headers' that is not a mapping", keep, is_head)
+    content_type = None
+    extra = []
+    for name, value in headers.items():
+        name = str(name)
+        value = value if isinstance(value, str) else str(value)
+        if (
+            not name
+            or any(c in name for c in "\r\n: \t")
+            or "\r" in value
+            or "\n" in value
+            or not (name.isascii() and value.isascii())
+        ):
+            return _json_error(
+                500, f"handler returned an invalid response header {name!r}", keep, is_head
+            )
+        lower = name.lower()
+        if lower == "content-type":
+            content_type = value
+        elif lower not in _SKIPPED_RESPONSE_HEADERS:
+            extra.append(f"{name}: {value}\r\n")
+    body = result.get("body")
+    if body is None:
+        payload = b""
+    elif isinstance(body, str):
+        payload = body.encode()
+        content_type = content_type or "text/plain; charset=utf-8"
+    elif isinstance(body, (bytes, bytearray, memoryview)):
+        payload = bytes(body)
+        content_type = content_type or "application/octet-stream"
+    else:
+        try:
+            payload = _json_encode(body).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
+            return _json_error(
+                500,
+                f"handler body is not JSON serialisable: {describe_exception(exc)}",
+                keep,
+                is_head,
+            )
+        content_type = content_type or "application/json"
+    return _build(status, content_type, payload, keep, is_head, "".join(extra).encode("ascii"))
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class _Connection:
+    """One client connection. ``deadline`` is non-zero while a handler runs."""
+
+    __slots__ = ("abandoned", "buf", "deadline", "is_head", "keep", "lock", "sock")
+
+    def __init__(self, sock: _socket.socket, buf: bytes = b""):
+        self.sock = sock
+        self.buf = buf
+        self.deadline = 0.0
+        self.abandoned = False
+        self.keep = True
+        self.is_head = False
+        self.lock = threading.Lock()
+
+
+class Load:
+    """What /health reports of the calls: running now, answered, and busy seconds.
+
+    Busy seconds are the integral of the calls running over time, so a scraper reads
+    the average concurrency between two reads as Δbusy/Δt (as Knative's queue-proxy).
+    A call counts from just before the handler runs until its answer is decided (a
+    call past its timeout ends with its 504, though its abandoned thread runs on).
+    """
+
+    __slots__ = ("busy", "inflight", "lock", "requests", "since")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inflight = 0
+        self.requests = 0
+        self.busy = 0.0
+        self.since = _monotonic()
+
+    def begin(self) -> None:
+        with self.lock:
+            now = _monotonic()
+            self.busy += self.inflight * (now - self.since)
+            self.since = now
+            self.inflight += 1
+
+    def end(self) -> None:
+        with self.lock:
+            now = _monotonic()
+            self.busy += self.inflight * (now - self.since)
+            self.since = now
+            self.inflight -= 1
+            self.requests += 1
+
+    def report(self) -> bytes:
+        """The /health body."""
+        with self.lock:
+            busy = self.busy + self.inflight * (_monotonic() - self.since)
+            inflight, requests = self.inflight, self.requests
+        report = {"status": "ok", "inflight": inflight, "requests": requests, "busySeconds": busy}
+        return _json_encode(report).encode()
+
+
+class Server:
+    def __init__(
+        self,
+        handler: Callable,
+        host: str,
+        port: int,
+        timeout: float,
+        function_name: str = "",
+        environment: str = "",
+        entrypoint: str = "",
+        replica_key: str | None = None,
+    ):
+        self.call, self.needs_context = make_caller(handler)
+        # set where others share the network (the local backend): a call without it did
+        # not come through the proxy, and skipped its limits and its record
+        self.replica_key = replica_key.encode("latin-1") if replica_key else None
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.function_name = function_name
+        self.environment = environment
+        self.entrypoint = entrypoint
+        self.connections: set[_Connection] = set()
+        self.load = Load()
+        self.stopping = False
+        self.timeout_text = f"function timed out after {format_seconds(timeout)}s"
+        self.listener: _socket.socket | None = None
+
+    # -- lifecycle
+
+    def bind(self) -> None:
+        host = self.host or None
+        if host is not None and host.isascii():
+            host = host.encode()  # as str, getaddrinfo imports the idna codec first
+        infos = _socket.getaddrinfo(
+            host, self.port, type=_socket.SOCK_STREAM, flags=_socket.AI_PASSIVE
+        )
+        family, socktype, proto, _, address = infos[0]
+        listener = _socket.socket(family, socktype, proto)
+        listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(1024)
+        self.listener = listener
+        self.port = listener.getsockname()[1]
+
+    def serve_forever(self) -> None:
+        """Accept connections until SIGTERM or SIGINT raises _Stop; in the main thread."""
+        listener = self.listener
+        assert listener is not None
+        family, kind, proto = listener.family, listener.type, listener.proto
+        # The kernel hands a signal to any thread, and one taken by another thread does not
+        # interrupt a blocking accept() here, which would then wait for a connection before
+        # the handler could stop it. Python's C handler writes to the wakeup fd wherever it
+        # runs: this thread waits on that fd and on the listener, and runs the Python
+        # handler as soon as the wait returns.
+        wake, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        _signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        listener.setblocking(False)
+        waits = select.poll()
+        waits.register(listener, select.POLLIN)
+        waits.register(wake, select.POLLIN)
+        listening = listener.fileno()
+        threading.Thread(target=self._watchdog, name="sless-watchdog", daemon=True).start()
+        while not self.stopping:
+            events = waits.poll()
+            if any(fd == wake for fd, _ in events):
+                os.read(wake, 512)
+            if not any(fd == listening for fd, _ in events):
+                continue
+            try:
+                fd, _ = listener._accept()
+            except BlockingIOError:  # taken back by the client meanwhile
+                continue
+            except OSError:
+                if self.stopping:
+                    break
+                time.sleep(0.01)  # e.g. EMFILE: back off instead of spinning
+                continue
+            self._start(_Connection(_socket.socket(family, kind, proto, fd)))
+
+    def _start(self, conn: _Connection, first: bytes | None = None, more: bool = True) -> None:
+        self.connections.add(conn)
+        thread = threading.Thread(target=self._serve, args=(conn, first, more), daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # cannot start a new thread
+            self.connections.discard(conn)
+            conn.sock.close()
+
+    def drain(self, grace: float) -> None:
+        """Wait until no handler runs (abandoned ones aside), at most ``grace`` seconds."""
+        end = _monotonic() + grace
+        while _monotonic() < end:
+            if not any(c.deadline and not c.abandoned for c in list(self.connections)):
+                break
+            time.sleep(0.02)
+
+    # -- the watchdog
+
+    def _watchdog(self) -> None:
+        tick = min(0.05, self.timeout / 4)
+        while True:
+            time.sleep(tick)
+            try:
+                now = _monotonic()
+                for conn in list(self.connections):
+                    deadline = conn.deadline
+                    if deadline and now >= deadline:
+                        self._expire(conn)
+            except Exception:  # never let the watchdog die
+                print_exc()
+
+    def _expire(self, conn: _Connection) -> None:
+        with conn.lock:
+            if not conn.deadline or conn.abandoned:
+                return
+            conn.abandoned = True
+        self.load.end()
+        self.connections.discard(conn)
+        print(f"[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True)
+        keep = conn.keep and not self.stopping
+        reply = _json_error(504, self.timeout_text, keep, conn.is_head)
+        # A fresh thread answers 504 and, on a keep-alive connection, goes on serving it.
+        self._start(_Connection(conn.sock, conn.buf), reply, keep)
+
+    # -- one connection
+
+    def _serve(self, conn: _Connection, first: bytes | None, more: bool) -> None:
+        sock = conn.sock
+        try:
+            if first is not None:
+                sock.sendall(first)
+            if not more:
+                return
+            try:
+                sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            sock.settimeout(IDLE_TIMEOUT_SEC)
+            while self._one_request(conn, sock):
+                pass
+        except (OSError, _ClientGone):
+            pass
+        except Exception:
+            print_exc()
+        finally:
+            if not conn.abandoned:
+                self.connections.discard(conn)
+                _close(sock)
+
+    def _one_request(self, conn: _Connection, sock: _socket.socket) -> bool:
+        """Read, run and answer one request; False when the connection is done."""
+        buf = conn.buf
+        while buf[:2] == b"\r\n":  # tolerated before a request line
+            buf = buf[2:]
+        end = buf.find(b"\r\n\r\n")
+        while end < 0:
+            if len(buf) > MAX_HEADER_BYTES:
+                sock.sendall(_json_error(431, "request header too large", False, False))
+                return False
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                return False
+            start = max(0, len(buf) - 3)
+            buf += data
+            while buf[:2] == b"\r\n":
+                buf = buf[2:]
+            end = buf.find(b"\r\n\r\n", start if start < len(buf) else 0)
+        if end > MAX_HEADER_BYTES:
+            sock.sendall(_json_error(431, "request header too large", False, False))
+            return False
+        head = buf[:end].decode("latin-1")
+        conn.buf = buf[end + 4 :]
+        try:
+            method, target, version, headers, keep, is_head = _parse_head(head)
+            body = self._read_body(conn, sock, headers, version)
+            if "transfer-encoding" in headers and "content-length" in headers:
+                keep = False
+        except _BadRequest as exc:
+            sock.sendall(_json_error(exc.status, str(exc), False, False))
+            return False
+        if self.stopping:
+            keep = False
+
+        path, _, query = target.partition("?")
+        if path == "/health" and (method == "GET" or is_head):
+            sock.sendall(_build(200, "application/json", self.load.report(), keep, is_head))
+            return keep
+        if self.replica_key is not None:
+            given = headers.pop(REPLICA_KEY_HEADER, "").encode("latin-1", "replace")
+            if not _compare_digest(given, self.replica_key):  # hmac.compare_digest
+                sock.sendall(_json_error(403, "call functions through the proxy", keep, is_head))
+                return keep
+
+        if body:
+            try:
+                event = _json_decode(body)
+            except (ValueError, RecursionError):
+                event = None
+            if type(event) is not dict:
+                event = {"_body": body.decode("utf-8", "replace")}
+        else:
+            event = {}
+        if "%" in path:
+            from urllib.parse import unquote
+
+            path = unquote(path)
+        event["_path"] = path or "/"
+        event["_query"] = _parse_query(query) if query else {}
+        event["_method"] = method
+        event["_headers"] = headers
+
+        conn.keep = keep
+        conn.is_head = is_head
+        deadline = _monotonic() + self.timeout
+        if self.needs_context:
+            context = Context(
+                self.function_name,
+                self.environment,
+                headers.get("x-request-id"),
+                deadline,
+            )
+        else:
+            context = None
+        self.load.begin()
+        conn.deadline = deadline
+        try:
+            result = self.call(event, context)
+        except BaseException as exc:
+            with conn.lock:
+                if conn.abandoned:
+                    return False
+                conn.deadline = 0.0
+            self.load.end()
+            if self.stopping:
+                keep = False
+            print_handler_exception(exc, f"[sless] the handler raised on {method} {path}:")
+            reply = _json_error(500, describe_exception(exc), keep, is_head)
+        else:
+            with conn.lock:
+                if conn.abandoned:
+                    return False
+                conn.deadline = 0.0
+            self.load.end()
+            if self.stopping:
+                keep = False
+            try:
+                reply = render_result(result, keep, is_head)
+            except Exception as exc:
+                print_exc()
+                reply = _json_error(500, describe_exception(exc), keep, is_head)
+        sock.sendall(reply)
+        return keep
+
+    def _read_body(self, conn: _Connection, sock: _socket.socket, headers: dict, version: str):
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            codings = [c.strip().lower() for c in te.split(",")]
+            if codings[-1] != "chunked":
+                raise _BadRequest(501, f"unsupported Transfer-Encoding {te!r}")
+            if any(c not in ("chunked", "identity") for c in codings):
+                raise _BadRequest(501, f"unsupported Transfer-Encoding {te!r}")
+            self._continue(sock, headers, version)
+            return self._read_chunked(conn, sock)
+        length = headers.get("content-length")
+        if length is None:
+            return b""
+        if not (length.isascii() and length.isdigit()):
+            raise _BadRequest(400, f"invalid Content-Length {length!r}")
+        size = int(length)
+        if size > MAX_BODY_BYTES:
+            raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        buf = conn.buf
+        if len(buf) >= size:
+            conn.buf = buf[size:]
+            return buf[:size]
+        self._continue(sock, headers, version)
+        chunks = [buf]
+        have = len(buf)
+        while have < size:
+            data = sock.recv(max(RECV_SIZE, size - have))
+            if not data:
+                raise _ClientGone
+            chunks.append(data)
+            have += len(data)
+        data = b"".join(chunks)
+        conn.buf = data[size:]
+        return data[:size]
+
+    @staticmethod
+    def _continue(sock: _socket.socket, headers: dict, version: str) -> None:
+        if version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    @staticmethod
+    def _read_chunked(conn: _Connection, sock: _socket.socket) -> bytes:
+        buf = conn.buf
+        chunks = []
+        total = 0
+
+        def need_line(buf):
+            while b"\r\n" not in buf:
+                if len(buf) > MAX_HEADER_BYTES:
+                    raise _BadRequest(400, "invalid chunked body")
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    raise _ClientGone
+                buf += data
+            return buf
+
+        while True:
+            buf = need_line(buf)
+            line, _, buf = buf.partition(b"\r\n")
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _BadRequest(400, "invalid chunk size in chunked body") from None
+            if size < 0:
+                raise _BadRequest(400, "invalid chunk size in chunked body")
+            if size == 0:
+                while True:  # trailer fields, up to the empty line
+                    buf = need_line(buf)
+                    line, _, buf = buf.partition(b"\r\n")
+                    if not line:
+                        conn.buf = buf
+                        return b"".join(chunks)
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise _BadRequest(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+            while len(buf) < size + 2:
+                data = sock.recv(max(RECV_SIZE, size + 2 - len(buf)))
+                if not data:
+                    raise _ClientGone
+                buf += data
+            if buf[size : size + 2] != b"\r\n":
+                raise _BadRequest(400, "invalid chunked body")
+            chunks.append(buf[:size])
+            buf = buf[size + 2 :]
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _parse_query(query: str) -> dict[str, str]:
+    from urllib.parse import parse_qsl  # only for calls with a query string
+
+    return dict(parse_qsl(query, keep_blank_values=True))
+
+
+def _parse_head(head: str):
+    lines = head.split("\r\n")
+    request_line = lines[0].split(" ")
+    if len(request_line) != 3:
+        raise _BadRequest(400, "malformed request line")
+    method, target, version = request_line
+    if version != "HTTP/1.1" and version != "HTTP/1.0":
+        if not version.startswith("HTTP/1."):
+            raise _BadRequest(505, f"unsupported protocol version {version!r}")
+        version = "HTTP/1.1"
+    if not target.startswith("/"):
+        scheme, sep, rest = target.partition("://")
+        if sep and scheme.lower() in ("http", "https"):  # absolute-form
+            target = "/" + rest.partition("/")[2]
+        elif target != "*":
+            raise _BadRequest(400, "malformed request target")
+    headers: dict[str, str] = {}
+    last = None
+    for line in lines[1:]:
+        if line[:1] in (" ", "\t"):  # obsolete line folding
+            if last is None:
+                raise _BadRequest(400, "malformed header line")
+            headers[last] = (headers[last] + " " + line.strip(" \t")).strip(" ")
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name or name[-1] in " \t":
+            raise _BadRequest(400, "malformed header line")
+        name = name.lower()
+        value = value.strip(" \t")
+        if name in headers:
+            headers[name] = headers[name] + ", " + value
+        else:
+            headers[name] = value
+        last = name
+    connection = headers.get("connection")
+    if version == "HTTP/1.1":
+        keep = connection is None or "close" not in connection.lower()
+    else:
+        keep = connection is not None and "keep-alive" in connection.lower()
+    return method, target, version, headers, keep, method == "HEAD"
+
+
+def _close(sock: _socket.socket) -> None:
+    try:
+        sock.shutdown(_socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- main
+
+
+class _Stop(Exception):
+    pass
+
+
+def _on_signal(signum, frame):
+    raise _Stop
+
+
+def take_ready_fd() -> int | None:
+    """The pipe named by SLESS_READY_FD, taken out of the environment: not the handler's."""
+    raw = os.environ.pop("SLESS_READY_FD", "")
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()):
+        raise StartupError(f"SLESS_READY_FD={raw!r} is not a file descriptor number")
+    fd = int(raw)
+    try:
+        os.set_inheritable(fd, False)  # nor the processes the handler starts
+    except OSError as exc:
+        raise StartupError(
+            f"SLESS_READY_FD={raw!r} is not an open file descriptor: {exc.strerror}"
+        ) from None
+    return fd
+
+
+def announce_ready(fd: int, port: int, phases: dict[str, float]) -> None:
+    """Write the ready line to ``fd`` and close it."""
+    line = _json_encode({"port": port, "t": phases}).encode() + b"\n"
+    try:
+        while line:
+            line = line[os.write(fd, line) :]
+    except OSError as exc:
+        print(
+            f"[sless] cannot write the ready line to SLESS_READY_FD={fd}: {exc.strerror}",
+            file=sys.stderr,
+            flush=True,
+        )
+    finally:
+        _close_fd(fd)
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def main(started: float | None = None) -> int:
+    """Serve until SIGTERM or SIGINT; ``started``: when the start began (server.py's first line)."""
+    sys.dont_write_bytecode = True  # leave no __pycache__ in the function folder
+    phases = {"start": _STARTED if started is None else started, "runtime": _monotonic()}
+    entrypoint = os.environ.get("SLESS_ENTRYPOINT", "")
+    host = os.environ.get("SLESS_HOST", "0.0.0.0")
+    ready_fd = None
+    try:
+        ready_fd = take_ready_fd()
+        port_text = os.environ.get("PORT", "8080") or "8080"
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise StartupError(f"PORT={port_text!r} is not a port number") from None
+        if not 0 <= port <= 65535:
+            raise StartupError(f"PORT={port_text!r} is not a port number")
+        timeout = parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
+        function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
+        replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
+        handler = load_handler(entrypoint, function_dir)
+        phases["handler"] = _monotonic()
+        server = Server(
+            handler,
+            host,
+            port,
+            timeout,
+            function_name=os.environ.get("SLESS_FUNCTION_NAME", ""),
+            environment=os.environ.get("SLESS_ENV", ""),
+            entrypoint=entrypoint,
+            replica_key=replica_key,
+        )
+        try:
+            server.bind()
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+        phases["listening"] = _monotonic()
+    except StartupError as exc:
+        print(f"{RUNTIME} runtime: error: {exc}", file=sys.stderr, flush=True)
+        _close_fd(ready_fd)  # no line: the parent reads EOF
+        return 1
+
+    try:
+        _signal.signal(_signal.SIGTERM, _on_signal)
+        _signal.signal(_signal.SIGINT, _on_signal)
+        if ready_fd is not None:
+            announce_ready(ready_fd, server.port, phases)
+        print(
+            f"{RUNTIME} serving {entrypoint} on {host}:{server.port}", file=sys.stderr, flush=True
+        )
+        server.serve_forever()
+    except _Stop:
+        pass
+    _signal.signal(_signal.SIGTERM, _signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    server.stopping = True
+    if server.listener is not None:
+        server.listener.close()
+    server.drain(grace=server.timeout + 1)
+    print(f"{RUNTIME} stopped", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
