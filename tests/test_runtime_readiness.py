@@ -114,8 +114,8 @@ class Started:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.line['port']}"
 
-    def health(self) -> dict:
-        response = httpx.get(f"{self.url}/health")
+    def health(self, headers: dict[str, str] | None = None) -> dict:
+        response = httpx.get(f"{self.url}/health", headers=headers)
         assert response.status_code == 200
         assert response.headers["content-type"] == "application/json"
         return response.json()
@@ -288,7 +288,18 @@ def test_a_call_past_its_timeout_stops_counting_once_and_only_once(start, tmp_pa
 def test_with_a_replica_key_health_needs_none_and_refused_calls_are_not_counted(start):
     key = "k3y-only-the-proxy-knows"
     srv = start(SLESS_REPLICA_KEY=key)
+    proxy = {"X-Sless-Replica": key}
     assert httpx.get(f"{srv.url}/env").status_code == 403
-    assert srv.health() == {"status": "ok", "inflight": 0, "requests": 0, "busySeconds": 0}
+    assert srv.health(proxy) == {"status": "ok", "inflight": 0, "requests": 0, "busySeconds": 0}
+    assert httpx.get(f"{srv.url}/env", headers=proxy).status_code == 200
+    assert srv.health(proxy)["requests"] == 1
+
+
+def test_a_neighbour_without_the_key_learns_nothing_of_the_load(start):
+    """Sandboxes share the loopback: another function may reach /health, not the figures."""
+    key = "k3y-only-the-proxy-knows"
+    srv = start(SLESS_REPLICA_KEY=key)
     assert httpx.get(f"{srv.url}/env", headers={"X-Sless-Replica": key}).status_code == 200
-    assert srv.health()["requests"] == 1
+    assert srv.health() == {"status": "ok"}
+    assert srv.health({"X-Sless-Replica": "a-guess"}) == {"status": "ok"}
+    assert srv.health({"X-Sless-Replica": key})["requests"] == 1

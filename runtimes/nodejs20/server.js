@@ -441,7 +441,10 @@ function createServer(handler, options) {
     (req, res) => {
       const url = req.url;
       if ((req.method === 'GET' || req.method === 'HEAD') && (url === '/health' || url.startsWith('/health?'))) {
-        send(res, 200, JSON_TYPE, healthBody(state), null);
+        // the load figures only to the proxy where others share the network: they would
+        // tell a neighbour's function how this one is used
+        const body = key !== null && !fromProxy(req) ? '{"status":"ok"}' : healthBody(state);
+        send(res, 200, JSON_TYPE, body, null);
         return;
       }
       if (key !== null && !fromProxy(req)) {
