@@ -35,6 +35,12 @@ REPORTS = {
         "## Targets",
     ],
     "autoscale.py": ["| function | calls/s |", "throughput auto / fixed", "## Targets"],
+    "kube_wake.py": [
+        "## Held call forwarded after the ready watch event (2 rounds)",
+        "forwarded - ready watch event",
+        "warm call, client (baseline)",
+        "## Targets",
+    ],
 }
 
 

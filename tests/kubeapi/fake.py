@@ -87,6 +87,10 @@ class FakeKube:
         self._requests: Counter[tuple[str, str]] = Counter()
         self._writes: Counter[tuple[str, str]] = Counter()
         self._injections: list[dict[str, Any]] = []
+        # when set (benchmarks), called as things happen, from the thread serving them:
+        # ("watch", {"type", "object"}) as an event is about to be written to a watch stream,
+        # ("proxy", {"namespace", "service", "method", "path"}) as services/proxy takes a call
+        self.trace: Callable[[str, dict[str, Any]], None] | None = None
         for ns in SYSTEM_NAMESPACES:
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             self.api.create(BY_KIND["Namespace"], "", body, "kube-apiserver")

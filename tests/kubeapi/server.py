@@ -306,6 +306,9 @@ class Handler(BaseHTTPRequestHandler):
         parts = target.split(":")
         name = parts[1] if len(parts) == 3 else parts[0]
         port = parts[-1] if len(parts) > 1 else None
+        trace = self.fake.trace
+        if trace is not None:
+            trace("proxy", {"namespace": ns, "service": name, "method": method, "path": r.tail})
         svc = self.fake.store.peek("Service", ns, name)
         if svc is None:
             raise not_found(BY_KIND["Service"], name)

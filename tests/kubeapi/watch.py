@@ -66,6 +66,9 @@ def serve(handler: Handler, r: Route, query: dict[str, str]) -> None:
         )
 
     def emit(etype: str, obj: dict[str, Any]) -> None:
+        trace = handler.fake.trace
+        if trace is not None:
+            trace("watch", {"type": etype, "object": obj})
         line = json.dumps({"type": etype, "object": obj}, separators=(",", ":")).encode() + b"\n"
         handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
         handler.wfile.flush()
