@@ -21,6 +21,7 @@ from ..manifests.model import Function, Job
 from ..plan.backend import ApplyFailed, Backend, CronRun, Deployment, EnvValue, Health, JobRecord
 from ..source.snapshot import Snapshot
 from ..state.routes import Route, RouteTable
+from .activator import RouteSwitch
 from .apply import Applier
 from .builds import Builds
 from .client import KubeClient, NotFound
@@ -69,6 +70,7 @@ class KubeBackend(Backend):
         self.applier = Applier(client, config)
         self.jobs = JobRunner(client, config)
         self.functions = FunctionWriter(client, config)
+        self.switch = RouteSwitch(client, config)  # --gateway: an idle function's route
         self.runtime_load = RuntimeLoad(client)  # what the runtimes report: busy()
         self._crd_missing = False
         self._namespaces: Informer | None = None
@@ -179,6 +181,8 @@ class KubeBackend(Backend):
             for name in self.routes.names(view.env):
                 if name not in serving:
                     self.routes.remove(view.env, name)
+        for name in sorted(n for n in names if n):
+            self._switch(view, name)
         self._published[view.env] = view.version
 
     def _serving_changed(self, view: View, names: set[str]) -> None:
@@ -191,7 +195,15 @@ class KubeBackend(Backend):
                 if not self._publish(view, name):
                     self.routes.remove(view.env, name)
         for name in names:
+            self._switch(view, name)
             self._scaled_event(view, name)
+
+    def _switch(self, view: View, name: str) -> None:
+        """With --gateway, the function's HTTPRoute to the reconciler while no replica
+        serves, back to its Service once one does (:mod:`.activator`)."""
+        with self._lock:
+            zeroing = (view.env, name) in self._zeroing
+        self.switch.follow(view, name, zeroing)
 
     def _scaled_event(self, view: View, name: str) -> None:
         """Tell the reconciler (the leader's) when the function's Deployment starts or stops
@@ -316,8 +328,9 @@ class KubeBackend(Backend):
         self.starts.forget(deployment.env, deployment.name)  # a new spec: a new try
         with self._lock:
             self._zeroing.discard((deployment.env, deployment.name))
-        self.applier.apply(view, objects)
+        self.applier.apply(view, self.switch.moded(view, objects, False))
         self._initial_scale(deployment, before)
+        self._switch(view, deployment.name)  # its replicas changed while it was written
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
         stale = [
             o
@@ -411,6 +424,8 @@ class KubeBackend(Backend):
         """The namespace goes, with anything left in it (Jobs, Function resources)."""
         view = self.view(env)
         self.client.delete("Namespace", None, view.namespace)
+        if self.config.gateway:
+            self.switch.grants.remove(env)
         view.drop("Namespace", view.namespace)
         view.stop()
         with self._lock:

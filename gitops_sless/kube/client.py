@@ -89,9 +89,10 @@ CALLS: dict[str, frozenset[str]] = {
         "Function": "list watch apply delete status",
         "HTTPRoute": "list watch apply delete",  # --gateway: one per http function
         "Gateway": "get",  # --gateway: its address is the functions' public URL
+        "ReferenceGrant": "list apply delete",  # --gateway: one per environment (activator)
     }.items()
 }
-OWN_NAMESPACE_ONLY = frozenset({"Lease", "ConfigMap"})
+OWN_NAMESPACE_ONLY = frozenset({"Lease", "ConfigMap", "ReferenceGrant"})
 
 
 class KubeError(Exception):

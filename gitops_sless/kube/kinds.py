@@ -49,6 +49,9 @@ KINDS = {
         # the Gateway API, with --gateway only (its CRDs come with the cluster's gateway)
         Kind("HTTPRoute", "gateway.networking.k8s.io", "v1", "httproutes"),
         Kind("Gateway", "gateway.networking.k8s.io", "v1", "gateways"),
+        # lets the HTTPRoutes of the environments send idle functions' calls to the
+        # reconciler's Service, in its own namespace
+        Kind("ReferenceGrant", "gateway.networking.k8s.io", "v1beta1", "referencegrants"),
     )
 }
 

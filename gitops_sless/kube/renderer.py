@@ -37,6 +37,7 @@ __all__ = [
     "pinned_image",
     "render_environment",
     "render_function",
+    "render_http_route",
     "render_job",
     "spec_hash",
 ]
@@ -105,6 +106,9 @@ class RenderConfig:
     # (namespace, name) of the Gateway that serves /fn/ in the cluster (--gateway): each
     # http function also gets an HTTPRoute, and that namespace reaches the functions' port
     gateway: tuple[str, str] | None = None
+    # the reconciler's Service (port 80, in controller_namespace): an autoscaled function's
+    # HTTPRoute sends calls there while no replica serves (deploy/service.yaml)
+    reconciler_service: str = "gitops-sless"
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
@@ -273,7 +277,7 @@ class _EnvironmentRenderer:
             yield _finish(templates.render("deployment", values), labels, annotations)
             yield _finish(templates.render("service", values), labels)
             if self.config.gateway:
-                yield _finish(self.http_route(fn), labels)
+                yield render_http_route(self.environment, fn.name, fn.timeout_sec, self.config)
         for index, trigger in enumerate(fn.crons):
             event = {"SLESS_EVENT": json.dumps(trigger.event, sort_keys=True)}
             values = {
@@ -284,18 +288,6 @@ class _EnvironmentRenderer:
                 "podSpec": self.pod_spec(fn, "runner", event, env_vars),
             }
             yield _finish(templates.render("cronjob", values), labels)
-
-    def http_route(self, fn: Function) -> dict[str, Any]:
-        namespace, name = self.config.gateway or ("", "")
-        values = {
-            "name": fn.name,
-            "namespace": self.namespace,
-            "gatewayNamespace": namespace,
-            "gatewayName": name,
-            "prefix": f"/fn/{self.environment}/{fn.name}",
-            "timeout": f"{fn.timeout_sec}s",
-        }
-        return templates.render("httproute", values)
 
     def job_object(
         self, fn: Function, job: Job, env_vars: Mapping[str, str | SecretRef]
@@ -469,6 +461,25 @@ def render_function(
             annotations[REVISION] = revision
         _finish(objects[0], {}, annotations)
     return objects
+
+
+def render_http_route(
+    environment: str, name: str, timeout_sec: int | str, config: RenderConfig
+) -> dict[str, Any]:
+    """The HTTPRoute of an http function with ``--gateway``, as it serves (straight to its
+    Service): from the function's name and timeout alone, so the route can be rendered
+    again from its Deployment (see :mod:`.activator`)."""
+    gateway_namespace, gateway_name = config.gateway or ("", "")
+    values = {
+        "name": name,
+        "namespace": config.namespace(environment),
+        "gatewayNamespace": gateway_namespace,
+        "gatewayName": gateway_name,
+        "prefix": f"/fn/{environment}/{name}",
+        "timeout": f"{timeout_sec}s",
+    }
+    labels = {"app.kubernetes.io/name": name, **_env_labels(environment), FUNCTION_LABEL: name}
+    return _finish(templates.render("httproute", values), labels)
 
 
 def render_job(

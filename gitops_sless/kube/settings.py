@@ -54,6 +54,7 @@ class KubeSettings:
     reconciler_labels: tuple[tuple[str, str], ...] = netpolicy.DEFAULT_RECONCILER_LABELS
     preview_egress: tuple[str, ...] = ()
     gateway: tuple[str, str] | None = None  # (namespace, name): --gateway, SLESS_GATEWAY
+    reconciler_service: str = "gitops-sless"  # where --gateway routes idle functions
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -109,6 +110,7 @@ class KubeSettings:
             reconciler_labels=self.reconciler_labels,
             preview_egress=self.preview_egress,
             gateway=self.gateway,
+            reconciler_service=self.reconciler_service,
         )
 
 
