@@ -9,12 +9,13 @@ import socket
 import ssl
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ipaddress import ip_address, ip_network
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +26,7 @@ from gitops_sless.invocations.callbacks import (
     CallbackSecrets,
     deliver,
     refusal,
+    resolve_host,
     sign,
     verify,
 )
@@ -166,9 +168,19 @@ def ended(
     )
 
 
-def run_deliver(invocation: Invocation, **kwargs: object) -> Callback:
-    options: dict = {"secret": SECRET, "allowed": LOOPBACK, "own": (), "clock": lambda: NOW}
-    return asyncio.run(deliver(invocation, **(options | kwargs)))
+def run_deliver(
+    invocation: Invocation, *, client: Callable[[], httpx.AsyncClient] | None = None, **kwargs: Any
+) -> Callback:
+    """One delivery, through a client that ``client()`` makes (default: deliver's own)."""
+    options = {"secret": SECRET, "allowed": LOOPBACK, "own": (), "clock": lambda: NOW} | kwargs
+
+    async def go() -> Callback:
+        if client is None:
+            return await deliver(invocation, **options)
+        async with client() as made:
+            return await deliver(invocation, client=made, **options)
+
+    return asyncio.run(go())
 
 
 def closed_port() -> int:
@@ -362,19 +374,11 @@ def test_https_checks_the_certificate_against_the_name_not_the_address(
     receiver = start(receivers, tls=server_tls)
     url = f"https://receiver.test:{receiver.port}/hook"
 
-    async def go() -> Callback:
-        async with httpx.AsyncClient(verify=client_tls, trust_env=False) as client:
-            return await deliver(
-                ended(url),
-                secret=SECRET,
-                allowed=LOOPBACK,
-                own=(),
-                client=client,
-                resolve=FakeDNS({"receiver.test": ["127.0.0.1"]}),
-                clock=lambda: NOW,
-            )
-
-    callback = asyncio.run(go())
+    callback = run_deliver(
+        ended(url),
+        client=lambda: httpx.AsyncClient(verify=client_tls, trust_env=False),
+        resolve=FakeDNS({"receiver.test": ["127.0.0.1"]}),
+    )
     if delivered:
         assert callback.state == "delivered"
         assert receiver.requests[0].headers["host"] == f"receiver.test:{receiver.port}"
@@ -417,18 +421,9 @@ def test_the_metadata_service_receives_nothing(url: str, table: dict[str, list[s
     sent: list[httpx.Request] = []
     transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
 
-    async def go() -> Callback:
-        async with httpx.AsyncClient(transport=transport) as client:
-            return await deliver(
-                ended(url),
-                secret=SECRET,
-                allowed=LOOPBACK,
-                own=(),
-                client=client,
-                resolve=FakeDNS(table),
-            )
-
-    callback = asyncio.run(go())
+    callback = run_deliver(
+        ended(url), client=lambda: httpx.AsyncClient(transport=transport), resolve=FakeDNS(table)
+    )
     assert callback.state == "failed"
     assert "link-local address: refused" in (callback.error or "")
     assert sent == []
@@ -457,72 +452,43 @@ def test_a_loopback_service_receives_nothing_unless_allowed(
 # --- refusal at submission ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "reason"),
-    [
-        pytest.param("http://127.0.0.1/", "host 127.0.0.1 is a loopback address", id="loopback"),
-        pytest.param("http://localhost:8080/", "host localhost resolves to ", id="localhost"),
-        pytest.param("http://[::1]:8080/", "host ::1 is a loopback address", id="ipv6-loopback"),
-        pytest.param("http://169.254.169.254/latest/", "is a link-local address", id="metadata"),
-        pytest.param("http://[fe80::1]/", "is a link-local address", id="ipv6-link-local"),
-        pytest.param("http://10.1.2.3/", "is a private address", id="rfc1918-10"),
-        pytest.param("http://172.16.0.1/", "is a private address", id="rfc1918-172"),
-        pytest.param("http://192.168.1.1/", "is a private address", id="rfc1918-192"),
-        pytest.param("http://[fd00::1]/", "is a private address", id="ula"),
-        pytest.param(
-            "http://100.64.0.1/", "is a carrier-grade NAT (100.64.0.0/10) address", id="cgnat"
-        ),
-        pytest.param("http://0.0.0.0:8080/", "is an unspecified address", id="unspecified"),
-        pytest.param("http://[::]/", "is an unspecified address", id="ipv6-unspecified"),
-        pytest.param("http://224.0.0.1/", "is a multicast address", id="multicast"),
-        pytest.param("http://240.0.0.1/", "is a reserved address", id="reserved"),
-        pytest.param(
-            "http://192.0.2.1/",
-            "is a special-purpose (not globally reachable) address",
-            id="doc-net",
-        ),
-        pytest.param(
-            "http://[::ffff:127.0.0.1]/", "is an IPv4-mapped loopback address", id="mapped"
-        ),
-        pytest.param(
-            "http://[::ffff:10.0.0.1]/", "is an IPv4-mapped private address", id="mapped-private"
-        ),
-        pytest.param("http://[2002:a00:1::]/", "is a 6to4 private address", id="6to4-private"),
-        pytest.param(
-            "http://2130706433/", "resolves to 127.0.0.1, a loopback address", id="decimal-ip"
-        ),
-        pytest.param(
-            "http://evil.test/",
-            "host evil.test resolves to 127.0.0.1, a loopback address",
-            id="name-to-loopback",
-        ),
-        pytest.param(
-            "http://mixed.test/",
-            "host mixed.test resolves to 10.0.0.5, a private address",
-            id="any-address",
-        ),
-        pytest.param(
-            "http://nowhere.test/", "host nowhere.test does not resolve", id="unresolvable"
-        ),
-        pytest.param("ftp://example.com/", "scheme 'ftp' is not http or https", id="ftp"),
-        pytest.param("file:///etc/passwd", "scheme 'file' is not http or https", id="file"),
-        pytest.param(
-            "gopher://127.0.0.1:6379/", "scheme 'gopher' is not http or https", id="gopher"
-        ),
-        pytest.param("/relative/path", "scheme '(none)' is not http or https", id="relative"),
-        pytest.param("http:///path", "has no host", id="no-host"),
-    ],
-)
+REFUSED = {  # id: (url, what the reason says)
+    "loopback": ("http://127.0.0.1/", "host 127.0.0.1 is a loopback address"),
+    "localhost": ("http://localhost:8080/", "host localhost resolves to "),
+    "ipv6-loopback": ("http://[::1]:8080/", "host ::1 is a loopback address"),
+    "metadata": ("http://169.254.169.254/latest/", "is a link-local address"),
+    "ipv6-link-local": ("http://[fe80::1]/", "is a link-local address"),
+    "rfc1918-10": ("http://10.1.2.3/", "is a private address"),
+    "rfc1918-172": ("http://172.16.0.1/", "is a private address"),
+    "rfc1918-192": ("http://192.168.1.1/", "is a private address"),
+    "ula": ("http://[fd00::1]/", "is a private address"),
+    "cgnat": ("http://100.64.0.1/", "is a carrier-grade NAT (100.64.0.0/10) address"),
+    "unspecified": ("http://0.0.0.0:8080/", "is an unspecified address"),
+    "ipv6-unspecified": ("http://[::]/", "is an unspecified address"),
+    "multicast": ("http://224.0.0.1/", "is a multicast address"),
+    "reserved": ("http://240.0.0.1/", "is a reserved address"),
+    "doc-net": ("http://192.0.2.1/", "a special-purpose (not globally reachable) address"),
+    "mapped": ("http://[::ffff:127.0.0.1]/", "is an IPv4-mapped loopback address"),
+    "mapped-private": ("http://[::ffff:10.0.0.1]/", "is an IPv4-mapped private address"),
+    "6to4-private": ("http://[2002:a00:1::]/", "is a 6to4 private address"),
+    "decimal-ip": ("http://2130706433/", "resolves to 127.0.0.1, a loopback address"),
+    "name-to-loopback": ("http://evil.test/", "evil.test resolves to 127.0.0.1, a loopback"),
+    "any-address": ("http://mixed.test/", "mixed.test resolves to 10.0.0.5, a private address"),
+    "unresolvable": ("http://nowhere.test/", "host nowhere.test does not resolve"),
+    "ftp": ("ftp://example.com/", "scheme 'ftp' is not http or https"),
+    "file": ("file:///etc/passwd", "scheme 'file' is not http or https"),
+    "gopher": ("gopher://127.0.0.1:6379/", "scheme 'gopher' is not http or https"),
+    "relative": ("/relative/path", "scheme '(none)' is not http or https"),
+    "no-host": ("http:///path", "has no host"),
+}
+
+
+@pytest.mark.parametrize(("url", "reason"), REFUSED.values(), ids=REFUSED.keys())
 def test_a_callback_url_is_refused(url: str, reason: str) -> None:
     dns = FakeDNS({"evil.test": ["127.0.0.1"], "mixed.test": [PUBLIC, "10.0.0.5"]})
 
-    async def resolve(host: str, port: int) -> list:
-        if host.endswith(".test"):
-            return await dns(host, port)
-        loop = asyncio.get_running_loop()  # the real resolver for the rest
-        return [
-            ip_address(i[4][0]) for i in await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        ]
+    async def resolve(host: str, port: int) -> list:  # the real resolver but for *.test
+        return await (dns if host.endswith(".test") else resolve_host)(host, port)
 
     why = asyncio.run(refusal(url, [], (), resolve=resolve))
     assert why is not None and why.startswith("callback URL ")
