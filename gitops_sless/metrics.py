@@ -55,6 +55,10 @@ class Gauge:
     def set(self, value: float, **labels: str) -> None:
         self.values[_labels(labels)] = value
 
+    def replace(self, values: list[tuple[float, dict[str, str]]]) -> None:
+        """Every series at once: one that is not named any more is gone."""
+        self.values = {_labels(labels): value for value, labels in values}
+
     def render(self) -> list[str]:
         lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} gauge"]
         lines += [f"{self.name}{_fmt(k)} {_num(v)}" for k, v in sorted(self.values.items())]
@@ -177,6 +181,28 @@ class Registry:
             "sless_scaled_to_zero_total",
             "Times an autoscaled function stopped its last replica after its idle time.",
         )
+        self.async_submitted = Counter(
+            "sless_async_submitted_total",
+            "Asynchronous invocations accepted (202), by environment and function.",
+        )
+        self.async_attempts = Counter(
+            "sless_async_attempts_total",
+            "Attempts of asynchronous invocations by environment, function and outcome: "
+            "succeeded, failed (a final 4xx), retried, dead.",
+        )
+        self.async_dead = Counter(
+            "sless_async_dead_total",
+            "Asynchronous invocations that became dead letters, by environment and function.",
+        )
+        self.async_invocations = Gauge(
+            "sless_async_invocations",
+            "Asynchronous invocations kept, by environment, function and status (queued is "
+            "the queue's depth), as the queue engine last counted them.",
+        )
+        self.async_oldest = Gauge(
+            "sless_async_oldest_queued_seconds",
+            "Age of the oldest queued asynchronous invocation, by environment and function.",
+        )
         self.last_success = Gauge(
             "sless_last_successful_sync_timestamp_seconds",
             "When the last pass that fetched and converged finished (Unix time), by environment.",
@@ -202,6 +228,11 @@ class Registry:
                 self.concurrency,
                 self.idle_functions,
                 self.reconciler_replicas,
+                self.async_submitted,
+                self.async_attempts,
+                self.async_dead,
+                self.async_invocations,
+                self.async_oldest,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 

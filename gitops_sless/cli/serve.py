@@ -12,7 +12,6 @@ import dataclasses
 import ipaddress
 import math
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,21 @@ from urllib.parse import urlsplit
 
 from .. import logs
 from .common import EXIT_OK, UsageError, check_env, exit_epilog, positive
+from .flaggroups import (
+    KUBE_FLAGS,
+    TRUST_LEVELS,
+    add_async_flags,
+    add_kube_flags,
+    add_preview_flags,
+    add_scaling_flags,
+    duration,
+    env_choice,
+)
 
 __all__ = ["TRUST_LEVELS", "add_parser"]
 
 # webhooks.FORGES, named here so that a command other than serve loads no pydantic
 WEBHOOK_FORGES = ("github", "gitea", "gitlab")
-# trust.TRUST_LEVELS, written again here: the server stack loads only for serve
-TRUST_LEVELS = ("same-repo", "approved", "all")
 # local.sandbox.MODES, for the same reason
 _SANDBOX_MODES = ("auto", "bubblewrap", "off")
 
@@ -65,26 +72,6 @@ def add_parser(commands: Any) -> None:
     )
     serve.add_argument(
         "--poll-interval", type=float, default=30.0, help="seconds between polls (default: 30)"
-    )
-    scaling = serve.add_argument_group("autoscaling (functions with a scale block)")
-    scaling.add_argument(
-        "--scale-window",
-        default="60s",
-        metavar="DURATION",
-        help="concurrency is averaged over this stable window (default: 60s, as Knative)",
-    )
-    scaling.add_argument(
-        "--scale-panic-window",
-        default="6s",
-        metavar="DURATION",
-        help="a burst that this window sees at twice the ready replicas scales up at once, "
-        "and nothing scales down for a stable window (default: 6s)",
-    )
-    scaling.add_argument(
-        "--scale-tick",
-        default="1s",
-        metavar="DURATION",
-        help="how often the autoscaler decides (default: 1s)",
     )
     serve.add_argument(
         "--api-token",
@@ -130,7 +117,7 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--sandbox",
         choices=_SANDBOX_MODES,
-        default=_env_choice("SLESS_SANDBOX", "auto"),
+        default=env_choice("SLESS_SANDBOX", "auto"),
         help="local backend: every function process and installer in a bubblewrap sandbox: "
         "auto (where bubblewrap works, else unconfined, with a warning), bubblewrap (or refuse "
         "to start), off (default: $SLESS_SANDBOX or auto)",
@@ -140,8 +127,10 @@ def add_parser(commands: Any) -> None:
         action="store_true",
         help="let a commit that declares no function prune every function (Argo CD's allowEmpty)",
     )
-    _add_kube_flags(serve)
-    _add_preview_flags(serve)
+    add_kube_flags(serve)
+    add_preview_flags(serve)
+    add_scaling_flags(serve)
+    add_async_flags(serve)
     serve.add_argument(
         "--fetch-timeout",
         type=float,
@@ -160,13 +149,13 @@ def add_parser(commands: Any) -> None:
     serve.add_argument(
         "--log-format",
         choices=logs.FORMATS,
-        default=_env_choice("SLESS_LOG_FORMAT", "text"),
+        default=env_choice("SLESS_LOG_FORMAT", "text"),
         help="one line per event as text or JSON (default: $SLESS_LOG_FORMAT or text)",
     )
     serve.add_argument(
         "--log-level",
         choices=logs.LEVELS,
-        default=_env_choice("SLESS_LOG_LEVEL", "info"),
+        default=env_choice("SLESS_LOG_LEVEL", "info"),
         help="least severe level logged (default: $SLESS_LOG_LEVEL or info)",
     )
     serve.add_argument(
@@ -199,12 +188,6 @@ def add_parser(commands: Any) -> None:
         help="CIDRs of the proxies whose forwarding headers are trusted "
         "(default: $SLESS_TRUSTED_PROXIES or none)",
     )
-
-
-def _env_choice(name: str, default: str) -> str:
-    # argparse checks the choices of values given on the command line only: a value from
-    # the environment is checked by _choice, so a typo there is a usage error as well
-    return os.environ.get(name) or default
 
 
 def _deadline(name: str, value: float) -> float:
@@ -287,13 +270,22 @@ def _choice(env: str, value: str, choices: Sequence[str]) -> str:
     return value
 
 
-def _trusted_proxies(value: str) -> tuple[str, ...]:
+def _queue(value: str | None, backend: str) -> str | None:
+    from ..serve.queue import queue_refusal
+
+    refused = queue_refusal(value, backend)
+    if refused is not None:
+        raise UsageError(refused)
+    return value
+
+
+def _networks(flag: str, value: str) -> tuple[str, ...]:
     networks = []
     for item in filter(None, (part.strip() for part in value.split(","))):
         try:
             networks.append(str(ipaddress.ip_network(item, strict=False)))
         except ValueError as exc:
-            raise UsageError(f"--trusted-proxies {item!r}: not an IP network (CIDR)") from exc
+            raise UsageError(f"{flag} {item!r}: not an IP network (CIDR)") from exc
     return tuple(networks)
 
 
@@ -320,121 +312,17 @@ def _register_secrets(args: argparse.Namespace) -> None:
         logs.register_secret(urlsplit(args.repo).password)  # https://user:password@host/...
 
 
-# --flag, environment variable, help: the Kubernetes backend's settings (kube/settings.py)
-_KUBE_FLAGS = (
-    ("--kubeconfig", "KUBECONFIG", "kubeconfig file (in a pod: its service account)"),
-    ("--kube-context", None, "kubeconfig context (default: the current one)"),
-    ("--namespace", "SLESS_NAMESPACE", "the reconciler's namespace, where builds run"),
-    ("--namespace-prefix", "SLESS_NAMESPACE_PREFIX", "environment E lives in <prefix>E"),
-    ("--registry", "SLESS_REGISTRY", "image repository prefix, e.g. registry.example.com/team"),
-    ("--pull-secret", "SLESS_PULL_SECRET", "docker-registry Secret for pulls, copied to envs"),
-    ("--push-secret", "SLESS_PUSH_SECRET", "docker-registry Secret kaniko pushes with"),
-    ("--s3-endpoint", "SLESS_S3_ENDPOINT", "S3 endpoint for build contexts, with scheme"),
-    ("--s3-bucket", "SLESS_S3_BUCKET", "S3 bucket for build contexts"),
-    ("--s3-region", "SLESS_S3_REGION", "S3 region"),
-    ("--kaniko-image", "SLESS_KANIKO_IMAGE", "kaniko executor image, pinned"),
-    ("--build-cpu", "SLESS_BUILD_CPU", "CPU request of a build pod"),
-    ("--build-memory", "SLESS_BUILD_MEMORY", "memory request and limit of a build pod"),
-    ("--build-service-account", "SLESS_BUILD_SERVICE_ACCOUNT", "service account of build pods"),
-    ("--gateway", "SLESS_GATEWAY", "NAMESPACE/NAME of a Gateway that serves /fn/ (HTTPRoutes)"),
-)
-
-
-def _add_kube_flags(serve: argparse.ArgumentParser) -> None:
-    serve.add_argument(
-        "--backend",
-        choices=("local", "kubernetes"),
-        default=_env_choice("SLESS_BACKEND", "local"),
-        help="where functions run (default: $SLESS_BACKEND or local)",
-    )
-    group = serve.add_argument_group("Kubernetes backend (--backend kubernetes)")
-    for flag, variable, text in _KUBE_FLAGS:
-        where = f" (default: ${variable})" if variable else ""
-        group.add_argument(flag, default=None, help=text + where)
-
-
-def _add_preview_flags(serve: argparse.ArgumentParser) -> None:
-    group = serve.add_argument_group("pull-request previews (--previews)")
-    group.add_argument(
-        "--previews", action="store_true", help="one environment pr-N per open pull request"
-    )
-    group.add_argument(
-        "--preview-filter",
-        default=os.environ.get("SLESS_PREVIEW_FILTER", ""),
-        metavar="KEY=VALUE,...",
-        help="base=BRANCH (default: --branch), label=NAME, branch=PATTERN (head branch)",
-    )
-    group.add_argument(
-        "--preview-trust",
-        choices=TRUST_LEVELS,
-        default=_env_choice("SLESS_PREVIEW_TRUST", "same-repo"),
-        help="whose pull requests run: same-repo (heads in this repository), approved (also "
-        "forks, each commit approved by a user with write access), all (every PR: private "
-        "repositories only) (default: $SLESS_PREVIEW_TRUST or same-repo)",
-    )
-    group.add_argument(
-        "--preview-approve-label",
-        default=os.environ.get("SLESS_PREVIEW_APPROVE_LABEL") or "preview",
-        metavar="LABEL",
-        help="with --preview-trust approved: the label a user with write access adds to "
-        "approve a fork's current commit (default: $SLESS_PREVIEW_APPROVE_LABEL or preview)",
-    )
-    group.add_argument(
-        "--preview-secrets-dir",
-        default=os.environ.get("SLESS_PREVIEW_SECRETS_DIR") or None,
-        metavar="DIR",
-        help="the previews' secrets, DIR/NAME/KEY; production's are never given to a "
-        "preview (default: $SLESS_PREVIEW_SECRETS_DIR; none: previews get no secret)",
-    )
-    group.add_argument(
-        "--max-previews", type=int, default=10, help="previews at once; more wait (default: 10)"
-    )
-    group.add_argument(
-        "--preview-ttl",
-        default="7d",
-        metavar="DURATION",
-        help="a preview with no new commit for this long is removed: 90s, 30m, 12h, 7d",
-    )
-    group.add_argument(
-        "--instance-name",
-        default=os.environ.get("SLESS_INSTANCE_NAME", "gitops-sless"),
-        help="names this reconciler in commit statuses and PR comments (default: gitops-sless)",
-    )
-    group.add_argument(
-        "--forge",
-        choices=("github", "gitea", "gitlab"),
-        default=os.environ.get("SLESS_FORGE") or None,
-        help="the forge's kind, when its host does not say (default: $SLESS_FORGE)",
-    )
-    group.add_argument(
-        "--forge-api",
-        default=os.environ.get("SLESS_FORGE_API") or None,
-        help="the forge's API base URL (default: from the repository URL)",
-    )
-
-
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
-
-
-def _duration(flag: str, text: str) -> float:
-    match = _DURATION.fullmatch(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise UsageError(f"{flag} {text!r}: expected a positive duration such as 90s, 12h, 7d")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
-    return float(match.group(1)) * unit
-
-
 def _windows(args: argparse.Namespace) -> Any:
     from ..scaling.autoscaler import Windows
 
-    stable = _duration("--scale-window", args.scale_window)
-    panic = _duration("--scale-panic-window", args.scale_panic_window)
+    stable = duration("--scale-window", args.scale_window)
+    panic = duration("--scale-panic-window", args.scale_panic_window)
     if panic > stable:
         raise UsageError(
             f"--scale-panic-window {args.scale_panic_window}: longer than --scale-window "
             f"{args.scale_window} (the panic window is the short one)"
         )
-    return Windows(stable, panic, _duration("--scale-tick", args.scale_tick))
+    return Windows(stable, panic, duration("--scale-tick", args.scale_tick))
 
 
 def _preview_filter(text: str) -> dict[str, str]:
@@ -473,7 +361,7 @@ def _kube_settings(args: argparse.Namespace) -> Any:
 
     overrides = {
         flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
-        for flag, _, _ in _KUBE_FLAGS
+        for flag, _, _ in KUBE_FLAGS
     }
     overrides["context"] = overrides.pop("kube_context")
     s3 = {k: overrides.pop(f"s3_{k}") for k in ("endpoint", "bucket", "region")}
@@ -561,7 +449,7 @@ def _serve(args: argparse.Namespace) -> int:
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
         gc_interval=positive("--gc-interval", args.gc_interval),
         gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
-        trusted_proxies=_trusted_proxies(args.trusted_proxies),
+        trusted_proxies=_networks("--trusted-proxies", args.trusted_proxies),
         allow_empty=args.allow_empty,
         backend=args.backend,
         sandbox=_choice("SLESS_SANDBOX", args.sandbox, _SANDBOX_MODES),
@@ -571,7 +459,7 @@ def _serve(args: argparse.Namespace) -> int:
         preview_label=preview_filter.get("label"),
         preview_branch=preview_filter.get("branch"),
         max_previews=int(positive("--max-previews", args.max_previews)),
-        preview_ttl=_duration("--preview-ttl", args.preview_ttl),
+        preview_ttl=duration("--preview-ttl", args.preview_ttl),
         preview_trust=_choice("SLESS_PREVIEW_TRUST", args.preview_trust, TRUST_LEVELS),
         preview_approve_label=_approve_label(args.preview_approve_label),
         preview_secrets_dir=_preview_secrets_dir(args.preview_secrets_dir, args.secrets_dir),
@@ -580,6 +468,9 @@ def _serve(args: argparse.Namespace) -> int:
         forge_kind=args.forge,
         forge_api=args.forge_api,
         scale_windows=_windows(args),
+        queue=_queue(args.queue, args.backend),
+        invocation_retention=duration("--invocation-retention", args.invocation_retention),
+        callback_allow=_networks("--callback-allow", args.callback_allow),
     )
     logs.configure(config.log_format, config.log_level)
     if config.backend == "local":

@@ -142,4 +142,3 @@ class Engine(Protocol):
         """Forget ended invocations that ended before ``before`` (seconds since the
         epoch), and their idempotency keys; how many."""
         ...
-

@@ -22,7 +22,6 @@ __all__ = [
     "Callback",
     "Filter",
     "Invocation",
-    "Policy",
     "Response",
     "new_id",
 ]
@@ -39,17 +38,6 @@ def new_id() -> str:
     80 random bits, in lowercase base32 (ULID's layout, so ``list`` reads newest last)."""
     raw = (time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10)
     return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A function's ``async`` block: what happens to an invocation that fails."""
-
-    retries: int = 2  # attempts after the first
-    backoff_sec: float = 1.0  # the first delay, doubled each time ...
-    max_backoff_sec: float = 300.0  # ... up to this
-    max_age_sec: float = 6 * 3600.0  # never start an attempt on an older invocation
-    concurrency: int = 10  # this function's invocations running at once
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from . import cron, durations, runtimes, schema, yamldoc
 from .identity import MANIFEST_NAME, build_tag, source_id
 from .model import (
     DEFAULT_MAX,
+    AsyncPolicy,
     CronTrigger,
     DesiredState,
     Function,
@@ -158,7 +159,7 @@ class _Manifest:
                 if http_seen:
                     self.problem((*at, "triggers", j), "a function has at most one http trigger")
                 http_seen = True
-            else:
+            elif trigger["type"] == "cron":
                 try:
                     cron.parse(trigger["schedule"])
                 except cron.CronError as exc:
@@ -185,6 +186,12 @@ class _Manifest:
         for where, block in blocks.items():
             if isinstance(block, dict):
                 self._check_scale((*at, *where), block)
+        policy = fn.get("async")
+        if isinstance(policy, dict):
+            for name in ("backoff", "maxBackoff", "maxAge"):
+                if name in policy and self._valid(*at, "async", name):
+                    bounds = _bounds("async", name)
+                    self._check_duration((*at, "async", name), policy[name], bounds)
 
     def _check_scale(self, at: yamldoc.Path, block: dict[str, Any]) -> None:
         """One scale block, every part of it the schema let through."""
@@ -319,6 +326,16 @@ def _rate_limit(block: dict[str, Any] | None) -> RateLimit | None:
     return RateLimit(float(block["rps"]), block.get("burst", math.ceil(block["rps"])))
 
 
+def _async_policy(block: dict[str, Any]) -> AsyncPolicy:
+    return AsyncPolicy(
+        retries=block["retries"],
+        backoff_sec=float(durations.parse(block["backoff"])),
+        max_backoff_sec=float(durations.parse(block["maxBackoff"])),
+        max_age_sec=float(durations.parse(block["maxAge"])),
+        concurrency=block["concurrency"],
+    )
+
+
 def _function(
     manifest: _Manifest, fn: dict[str, Any], source_id: str, replicas_named: bool
 ) -> Function:
@@ -335,7 +352,8 @@ def _function(
         enabled=fn["enabled"],
         env=read_env(fn["env"]),
         preview_env=read_env(fn["preview"].get("env", {})),
-        http=any(t["type"] == "http" for t in fn["triggers"]),
+        # a queue trigger's events arrive as calls: it serves the function as http does
+        http=any(t["type"] in ("http", "queue") for t in fn["triggers"]),
         crons=tuple(
             CronTrigger(t["schedule"], t["event"]) for t in fn["triggers"] if t["type"] == "cron"
         ),
@@ -350,6 +368,8 @@ def _function(
         concurrency=fn["concurrency"],
         rate_limit=_rate_limit(fn.get("rateLimit")),
         max_body_bytes=fn.get("maxBodyBytes"),
+        async_policy=_async_policy(fn["async"]),
+        subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
     )
 
 

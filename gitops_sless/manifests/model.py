@@ -11,6 +11,8 @@ from typing import Any
 from ..errors import ManifestError, ManifestProblem
 
 __all__ = [
+    "DEFAULT_ASYNC",
+    "AsyncPolicy",
     "CronTrigger",
     "DesiredState",
     "EnvValue",
@@ -100,6 +102,21 @@ class RateLimit:
 
 
 @dataclass(frozen=True)
+class AsyncPolicy:
+    """A function's ``async`` block: what happens to an asynchronous invocation that
+    fails (the schema's defaults)."""
+
+    retries: int = 2  # attempts after the first
+    backoff_sec: float = 1.0  # the first delay, doubled each time ...
+    max_backoff_sec: float = 300.0  # ... up to this
+    max_age_sec: float = 6 * 3600.0  # no attempt starts on an older invocation
+    concurrency: int = 10  # this function's invocations running at once
+
+
+DEFAULT_ASYNC = AsyncPolicy()  # async: {} (the schema's defaults)
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     run_id: int
@@ -139,6 +156,8 @@ class Function:
     concurrency: int = 0  # in-flight calls per replica at most; 0: no limit
     rate_limit: RateLimit | None = None
     max_body_bytes: int | None = None  # None: the proxy's own limit
+    async_policy: AsyncPolicy = DEFAULT_ASYNC
+    subjects: tuple[str, ...] = ()  # the queue triggers' subjects
 
     def scale_in(self, environment: str) -> Scale:
         """The replicas policy of this function in ``environment``."""

@@ -199,6 +199,7 @@ class EdgeProtocol(HttpToolsProtocol):
         # 0 when the head so far has one Host and no Transfer-Encoding but plain chunked
         self._check = 1
         self._te: bytes | None = None  # the Transfer-Encoding values; b"": plain chunked
+        self._respond_async = False  # Prefer: respond-async (see ProxyHttpProtocol)
         self._version = "1.1"
         self._last_read = 0.0  # loop time of the last read inside a body
         self._refusal: tuple[int, str] | None = None
@@ -303,6 +304,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._check = 1
         self._te = None
+        self._respond_async = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -317,6 +319,8 @@ class EdgeProtocol(HttpToolsProtocol):
                 self._check = 1_000_000
         elif name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name == b"prefer" and b"respond-async" in value.lower():
+            self._respond_async = True  # an asynchronous invocation: not the fast path's
         self.headers.append((name, value))
 
     def _head_size(self) -> int:
@@ -501,6 +505,7 @@ class ProxyHttpProtocol(EdgeProtocol):
         self._head_bytes = 0
         self._check = 1
         self._te = None
+        self._respond_async = False
 
     def on_headers_complete(self) -> None:
         # as EdgeProtocol.on_headers_complete, up to the fast path
@@ -516,7 +521,7 @@ class ProxyHttpProtocol(EdgeProtocol):
             or self._first_read + self._head_bytes > self._head_limit
         ):
             self._check_head(version)
-        if self.url.startswith(b"/fn/") and self._idle():
+        if self.url.startswith(b"/fn/") and not self._respond_async and self._idle():
             self.fast = self.cycle = FastCall(self)  # type: ignore[assignment]
             self.fast.start()
             return

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
-from ..manifests.model import RateLimit, Scale
+from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy, RateLimit, Scale
 from .load import Load
 
 __all__ = ["Address", "Declared", "Gateway", "Route", "RouteTable"]
@@ -40,6 +40,9 @@ class Declared:
     phase: str  # Pending, Building, Ready, Failed, Invalid, Disabled
     message: str | None = None
     http: bool = True  # False: declared without an http trigger, so never callable
+    # what becomes of its asynchronous invocations, and the queue triggers' subjects
+    async_policy: AsyncPolicy = DEFAULT_ASYNC
+    subjects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ class RouteTable:
         self._closed: frozenset[str] = frozenset()  # environments being torn down
         self._write = threading.Lock()
         self._watchers: list[Callable[[str, str], None]] = []
+        self._declaration_watchers: list[Callable[[], None]] = []
 
     def watch(self, changed: Callable[[str, str], None]) -> None:
         """Call ``changed(env, name)`` after every change of a route, from the thread that
@@ -202,6 +206,15 @@ class RouteTable:
                 changed(env, name)
             except Exception:  # a watcher's bug must not stop a backend's update
                 log.exception("route watcher failed for %s/%s", env, name)
+
+    def watch_declarations(self, changed: Callable[[], None]) -> None:
+        """Call ``changed()`` after what an environment declares is replaced (from that
+        thread: it must return at once)."""
+        self._declaration_watchers.append(changed)
+
+    def all_declared(self) -> dict[str, dict[str, Declared]]:
+        """Every environment's declarations (a snapshot: never changed in place)."""
+        return self._declared
 
     def all(self) -> list[Route]:
         """Every route, for the autoscaler's tick."""
@@ -234,6 +247,11 @@ class RouteTable:
             if not functions:
                 declared.pop(env)
             self._declared = declared
+        for changed in self._declaration_watchers:
+            try:
+                changed()
+            except Exception:  # a watcher's bug must not stop a pass
+                log.exception("declarations watcher failed for %s", env)
 
     def get(self, env: str, name: str) -> Route | None:
         return self._routes.get((env, name))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .. import logs
@@ -39,7 +40,8 @@ class Report:
         self.routes = routes
         self._ask_settle = settle
         self._settle: threading.Timer | None = None
-        self._published = -1  # the records version the proxy and /metrics last saw
+        # the (records version, revision) the proxy and /metrics last saw
+        self._published: tuple[int, str | None] | None = None
         self._derived_from: tuple[Any, ...] | None = None  # the phases' inputs last pass
         self._derived_for: dict[str, tuple[Any, ...]] = {}  # and each function's
         self._derived_url: str | None = None  # the public address the URLs were made with
@@ -140,9 +142,11 @@ class Report:
         version = ctx.records.version
         if ctx.backend.publishes:  # every pass: it puts back what was edited by hand
             self._report(ctx.records.all())
-        if version == self._published:
+        # a new revision may change what the records do not show (an async policy)
+        published = (version, ctx.desired.revision if ctx.desired else None)
+        if published == self._published:
             return
-        self._published = version
+        self._published = published
         records = ctx.records.all()
         counts: dict[str, int] = dict.fromkeys(FUNCTION_PHASES, 0)
         for record in records:
@@ -151,16 +155,20 @@ class Report:
             METRICS.functions.set(count, env=ctx.env, phase=phase)
         if self.routes is None:
             return
-        self.routes.declare(
-            ctx.env,
-            {
-                # an invalid manifest may never have said which triggers it has: 503
-                r["name"]: Declared(
-                    r["phase"], r["message"], r["url"] is not None or r["phase"] == "Invalid"
-                )
-                for r in records
-            },
-        )
+        self.routes.declare(ctx.env, {r["name"]: self._declared(r) for r in records})
+
+    def _declared(self, record: dict[str, Any]) -> Declared:
+        ctx = self.ctx
+        name = record["name"]
+        # an invalid manifest may never have said which triggers it has: 503
+        http = record["url"] is not None or record["phase"] == "Invalid"
+        fn = ctx.desired.functions.get(name) if ctx.desired else None
+        if fn is None:  # not valid now: its last good version keeps running, as it said
+            before = self.routes.declared(ctx.env, name) if self.routes else None
+            if before is None:
+                return Declared(record["phase"], record["message"], http)
+            return replace(before, phase=record["phase"], message=record["message"], http=http)
+        return Declared(record["phase"], record["message"], http, fn.async_policy, fn.subjects)
 
     def _report(self, records: list[dict[str, Any]]) -> None:
         ctx = self.ctx

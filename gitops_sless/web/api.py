@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 
 from .. import logs
 from ..errors import SlessError
+from ..invocations.service import Invocations
 from ..manifests import load as manifest
 from ..manifests import model
 from ..metrics import METRICS
@@ -44,6 +45,7 @@ from .access import Access, ReadGate
 from .dashboard import router as dashboard_router
 from .dashboard import signin_page
 from .diffs import DiffReply, DiffRequest
+from .invocations import router as invocations_router
 from .models import (
     Environment,
     ErrorReply,
@@ -135,6 +137,7 @@ def create_api(
     forward_webhook: Callable[[str, Mapping[str, str], bytes], tuple[int, dict[str, Any]] | None]
     | None = None,
     scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
+    invocations: Invocations | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -146,6 +149,8 @@ def create_api(
     ``forward_webhook(forge, headers, body)``: hands a verified delivery to the replica that
     leads, whose (status, reply) it returns; None when this replica must act on it itself.
     ``scaling(env, name)``: an autoscaled function's replicas and cold starts (Scaling).
+    ``invocations``: asynchronous invocations, started and stopped with the app (its
+    workers run on the loop that serves it).
     """
 
     def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +163,11 @@ def create_api(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if invocations is not None:
+            await invocations.start()
         yield
+        if invocations is not None:
+            await invocations.stop()
         # uvicorn re-raises SIGTERM/SIGINT once it has shut down, so code after
         # server.run() may never run: the lifespan's end is the place to clean up
         if on_shutdown:
@@ -542,6 +551,8 @@ def create_api(
             return replies.read_log(path, offset, limit, finished)
         return replies.text_log(build["log"] or "", offset, limit, finished)
 
+    if invocations is not None:
+        app.include_router(invocations_router(invocations, authorize))
     app.include_router(
         dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge, scaling)
     )

@@ -1,5 +1,6 @@
-"""Which address serves what: the API, the dashboard and /fn/ on one listener, or /fn/ on
-a listener of its own (``--fn-listen``), so functions' pages get an origin apart."""
+"""Which address serves what: the API, the dashboard and /fn/ (with /async/) on one
+listener, or /fn/ and /async/ on a listener of its own (``--fn-listen``), so functions'
+pages get an origin apart."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from ..invocations.submit import wants_async
+
 __all__ = ["ASGIApp", "Beside", "dispatch", "functions_only", "json_answer", "without_functions"]
 
 ASGIApp = Callable[
@@ -18,12 +21,27 @@ ASGIApp = Callable[
 ]
 
 
-def dispatch(api: ASGIApp, proxy: ASGIApp) -> ASGIApp:
+def functions(proxy: ASGIApp, submit: ASGIApp | None) -> Callable[[str, Any], ASGIApp | None]:
+    """Which app serves a path of the functions' (None: neither): ``/fn/`` the proxy, or
+    ``submit`` when it asks to be answered at once (``Prefer: respond-async``); ``/async/``
+    always ``submit``."""
+
+    def which(path: str, headers: Any) -> ASGIApp | None:
+        if path.startswith("/fn/"):
+            return submit if submit is not None and wants_async(headers) else proxy
+        if path.startswith("/async/") and submit is not None:
+            return submit
+        return None
+
+    return which
+
+
+def dispatch(api: ASGIApp, proxy: ASGIApp, submit: ASGIApp | None = None) -> ASGIApp:
+    which = functions(proxy, submit)
+
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
-            await proxy(scope, receive, send)
-        else:
-            await api(scope, receive, send)
+        target = which(scope["path"], scope["headers"]) if scope["type"] == "http" else None
+        await (target or api)(scope, receive, send)
 
     return app
 
@@ -42,11 +60,16 @@ def json_answer(status: int, body: dict[str, str]) -> ASGIApp:
 def without_functions(api: ASGIApp, fn_url: str) -> ASGIApp:
     """The main listener with --fn-listen: /fn/ is 404 with where functions are served."""
     moved = json_answer(
-        404, {"error": f"functions are served on the --fn-listen address: {fn_url}/fn/..."}
+        404,
+        {
+            "error": f"functions are served on the --fn-listen address: {fn_url}/fn/... "
+            "(and /async/)"
+        },
     )
 
     async def app(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/fn/"):
+        path = scope["path"] if scope["type"] == "http" else ""
+        if path.startswith(("/fn/", "/async/")):
             await moved(scope, receive, send)
         else:
             await api(scope, receive, send)
@@ -54,8 +77,9 @@ def without_functions(api: ASGIApp, fn_url: str) -> ASGIApp:
     return app
 
 
-def functions_only(proxy: ASGIApp) -> ASGIApp:
-    """The --fn-listen listener: /fn/ and /healthz; anything else 404."""
+def functions_only(proxy: ASGIApp, submit: ASGIApp | None = None) -> ASGIApp:
+    """The --fn-listen listener: /fn/, /async/ and /healthz; anything else 404."""
+    which = functions(proxy, submit)
     healthy = json_answer(200, {"status": "ok"})
     elsewhere = json_answer(404, {"error": "not found: this address serves /fn/ only"})
 
@@ -65,8 +89,8 @@ def functions_only(proxy: ASGIApp) -> ASGIApp:
         elif scope["type"] != "http":
             await receive()
             await send({"type": "websocket.close", "code": 1008})
-        elif scope["path"].startswith("/fn/"):
-            await proxy(scope, receive, send)
+        elif (target := which(scope["path"], scope["headers"])) is not None:
+            await target(scope, receive, send)
         elif scope["path"] == "/healthz":
             await healthy(scope, receive, send)
         else:

@@ -37,7 +37,9 @@ ERROR_TEXT = {
     403: "refused: no token or secret is configured, or the read token was given for a change",
     404: "no such thing",
     413: "the body is too large",
+    409: "the thing is not in a state that allows this",
     422: "a parameter is not valid",
+    503: "the queue cannot answer now, or is not configured",
 }
 
 

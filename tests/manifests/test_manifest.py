@@ -98,7 +98,7 @@ RUNTIMES = '"python3.11", "nodejs20"'
 CRON_FIELDS = "a schedule has five: minute hour day-of-month month day-of-week"
 KNOWN_FUNCTION_FIELDS = (
     "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, scale, "
-    "concurrency, rateLimit, maxBodyBytes, enabled, env, triggers, jobs, preview"
+    "concurrency, rateLimit, maxBodyBytes, async, enabled, env, triggers, jobs, preview"
 )
 
 # Ten levels of ten aliases each: 10**10 values once expanded.
@@ -593,8 +593,29 @@ BAD_CASES = [
     # --- triggers -----------------------------------------------------------------------
     bad(
         "unknown-trigger-type",
+        one("    triggers:", "      - type: kafka"),
+        f'{M}:6: functions[0].triggers[0].type: "kafka" is not one of "http", "cron", "queue"',
+    ),
+    bad(
+        "queue-trigger-without-subject",
         one("    triggers:", "      - type: queue"),
-        f'{M}:6: functions[0].triggers[0].type: "queue" is not one of "http", "cron"',
+        f"{M}:6: functions[0].triggers[0].subject: is required",
+    ),
+    bad(
+        "queue-subject-wildcard",
+        one("    triggers:", "      - {type: queue, subject: 'orders.>'}"),
+        f"{M}:6: functions[0].triggers[0].subject: \"orders.>\" must be tokens of letters, "
+        "digits, '-' and '_' separated by dots (orders.created), without wildcards",
+    ),
+    bad(
+        "async-max-age-too-short",
+        one("    async: {maxAge: 10s}"),
+        f'{M}:5: functions[0].async.maxAge: "10s" is less than the minimum of 1m',
+    ),
+    bad(
+        "async-unknown-field",
+        one("    async: {retry: 3}"),
+        f"{M}:5: functions[0].async.retry: unknown field; did you mean 'retries'?",
     ),
     bad(
         "two-http-triggers",

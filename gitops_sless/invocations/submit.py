@@ -1,0 +1,205 @@
+"""Taking an asynchronous invocation: ``Prefer: respond-async`` on ``/fn/``, or ``/async/``.
+
+:class:`Submitter` is the ASGI application for both. It refuses what a synchronous
+call would be refused at once (an unknown function or one without an http trigger:
+404, never a 202 for a function that does not exist; a disabled one: 503; a body
+over the function's ``maxBodyBytes`` or the proxy's limit: 413), checks the
+``X-Callback-Url`` (400 with the reason), reads the whole body, and answers ``202
+Accepted`` with ``Location: /api/invocations/{id}`` and ``{"id", "status"}`` only
+once the engine has stored the invocation durably. An ``Idempotency-Key`` seen
+before for the same function gives the same invocation again (202, same id).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from ..metrics import METRICS
+from ..proxy.http import HOP_BY_HOP, PREFIX, split_target
+from ..state.routes import RouteTable
+from .engine import Engine, EngineUnavailable
+from .model import Callback, Invocation, new_id
+
+__all__ = ["ASYNC_PREFIX", "Submitter", "wants_async"]
+
+_log = logging.getLogger(__name__)
+
+ASYNC_PREFIX = b"/async/"
+# why a callback URL is refused (None: it is not), see .callbacks.refusal
+Refusal = Callable[[str], Awaitable[str | None]]
+Scope = MutableMapping[str, Any]
+# kept off a stored request: what only made sense on the connection it came on, and
+# what the reconciler itself read (the proxy adds its own forwarding headers anew)
+_DROPPED = HOP_BY_HOP | {b"content-length", b"host"}
+
+
+def wants_async(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """Whether a request asks to be answered at once (RFC 7240 ``respond-async``)."""
+    return any(name == b"prefer" and b"respond-async" in value.lower() for name, value in headers)
+
+
+def _without_respond_async(value: bytes) -> bytes:
+    """A Prefer header's other preferences (the function has no use for this one)."""
+    kept = [p.strip() for p in value.split(b",") if p.strip().lower() != b"respond-async"]
+    return b", ".join(p for p in kept if p)
+
+
+class Submitter:
+    """The ASGI application that takes asynchronous invocations into ``engine``."""
+
+    def __init__(
+        self,
+        routes: RouteTable,
+        engine: Engine | None,
+        *,
+        max_body_bytes: int,
+        callback_refusal: Refusal,
+        unavailable: str | None = None,
+    ) -> None:
+        self.routes = routes
+        self.engine = engine
+        self.max_body_bytes = max_body_bytes
+        self.callback_refusal = callback_refusal
+        # why this server takes no asynchronous invocations at all (None: it does)
+        self.unavailable = unavailable
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await receive()
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        status, body, headers = await self._submit(scope, receive)
+        data = json.dumps(body).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(data)),
+                    *headers,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": data})
+
+    async def _submit(
+        self, scope: Scope, receive: Any
+    ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
+        raw = scope.get("raw_path") or scope["path"].encode("latin-1")
+        if raw.startswith(ASYNC_PREFIX):
+            raw = PREFIX + raw[len(ASYNC_PREFIX) :]
+        env, name, valid, tail = split_target(raw)
+        if not valid:
+            return 404, {"error": "function not found"}, []
+        refused = self._refused(env, name)
+        if refused is not None:
+            return *refused, []
+        if self.unavailable is not None or self.engine is None:
+            reason = self.unavailable or "asynchronous invocations are off"
+            return 503, {"error": reason}, []
+        route = self.routes.get(env, name)
+        own = route.max_body_bytes if route is not None else None
+        limit = self.max_body_bytes if own is None else min(own, self.max_body_bytes)
+        headers: list[tuple[str, str]] = []
+        length = None
+        callback_url = key = None
+        for raw_name, value in scope["headers"]:
+            if raw_name == b"content-length":
+                length = int(value) if value.isdigit() else None
+            if raw_name in _DROPPED:
+                continue
+            if raw_name == b"prefer":
+                value = _without_respond_async(value)
+                if not value:
+                    continue
+            elif raw_name == b"x-callback-url":
+                callback_url = value.decode("latin-1").strip()
+            elif raw_name == b"idempotency-key":
+                key = value.decode("latin-1").strip()[:256] or None
+            headers.append((raw_name.decode("latin-1"), value.decode("latin-1")))
+        if length is not None and length > limit:
+            return 413, {"error": f"request body larger than {limit} bytes"}, []
+        try:
+            body = await _read_body(receive, limit)
+        except _ClientGone:  # nothing was accepted: there is nobody to tell
+            return 499, {"error": "the client left before its body was read"}, []
+        if body is None:
+            return 413, {"error": f"request body larger than {limit} bytes"}, []
+        if body:
+            headers.append(("content-length", str(len(body))))
+        if callback_url is not None:
+            reason = await self.callback_refusal(callback_url)
+            if reason is not None:
+                return 400, {"error": reason}, []
+        query = scope.get("query_string", b"")
+        path = "/" + tail.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        client = scope.get("client")
+        invocation = Invocation(
+            id=new_id(),
+            env=env,
+            function=name,
+            method=scope["method"],
+            path=path,
+            headers=tuple(headers),
+            body=body,
+            created=time.time(),
+            client=client[0] if client else None,
+            idempotency_key=key,
+            callback=None if callback_url is None else Callback(callback_url),
+        )
+        try:
+            stored, created = await self.engine.submit(invocation)
+        except EngineUnavailable as exc:
+            _log.warning("invocation of %s/%s not taken: %s", env, name, exc)
+            return 503, {"error": f"the queue cannot take it now: {exc}"}, [(b"retry-after", b"5")]
+        if created:
+            METRICS.async_submitted.inc(env=env, function=name)
+        location = f"/api/invocations/{stored.id}".encode("ascii")
+        reply = {"id": stored.id, "status": stored.status}
+        return (
+            202,
+            reply,
+            [
+                (b"location", location),
+                (b"x-invocation-id", stored.id.encode("ascii")),
+                (b"x-call-id", stored.id.encode("ascii")),  # OpenFaaS's name for it
+            ],
+        )
+
+    def _refused(self, env: str, name: str) -> tuple[int, dict[str, Any]] | None:
+        """The answer a synchronous call would get at once, for what can never run."""
+        declared = self.routes.declared(env, name)
+        route = self.routes.get(env, name)
+        if route is None and declared is None:
+            return 404, {"error": "function not found", "env": env, "function": name}
+        if route is None and declared is not None and not declared.http:
+            return 404, {"error": "function has no http trigger", "env": env, "function": name}
+        if declared is not None and declared.phase == "Disabled":
+            return 503, {"error": "function disabled", "env": env, "function": name}
+        return None
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body; None past ``limit`` bytes (the rest is not read)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
