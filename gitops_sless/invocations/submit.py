@@ -130,8 +130,6 @@ class Submitter:
             return 499, {"error": "the client left before its body was read"}, []
         if body is None:
             return 413, {"error": f"request body larger than {limit} bytes"}, []
-        if body:
-            headers.append(("content-length", str(len(body))))
         if callback_url is not None:
             reason = await self.callback_refusal(callback_url)
             if reason is not None:

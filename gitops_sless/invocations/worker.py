@@ -62,6 +62,7 @@ _log = logging.getLogger(__name__)
 START_MARGIN_SEC = 30.0
 JITTER = 0.2
 _RETRIED = frozenset({408, 429})
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,14 @@ class ProxyCaller:
     async def __call__(self, invocation: Invocation) -> Answer:
         path, _, query = invocation.path.partition("?")
         target = f"/fn/{invocation.env}/{invocation.function}{path}"
+        # the body is whole: its length is known, whatever framing it came with
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in invocation.headers
+            if name.lower() not in _FRAMING
         ]
+        if invocation.body:
+            headers.append((b"content-length", b"%d" % len(invocation.body)))
         headers.append((b"x-invocation-id", invocation.id.encode("ascii")))
         headers.append((b"x-invocation-attempt", b"%d" % invocation.attempt))
         scope: dict[str, Any] = {
