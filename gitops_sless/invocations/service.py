@@ -191,7 +191,8 @@ class Invocations:
             self._callbacks_due.set()
 
     async def _callbacks(self) -> None:
-        assert self.engine is not None
+        engine = self.engine
+        assert engine is not None
         limit = asyncio.Semaphore(CALLBACKS_AT_ONCE)
         running: set[str] = set()  # ids being delivered: never two deliveries of one
         tasks: set[asyncio.Task[None]] = set()
@@ -215,7 +216,10 @@ class Invocations:
                         own=self.own_networks,
                     )
                 try:
-                    await self.engine.save(invocation.evolve(callback=callback))  # type: ignore[union-attr]
+                    # read again: a redrive while it was delivered must not be undone
+                    current = await engine.get(invocation.id)
+                    if current is not None and current.ended == invocation.ended:
+                        await engine.save(current.evolve(callback=callback))
                 finally:
                     running.discard(invocation.id)
 
@@ -236,7 +240,8 @@ class Invocations:
         collected_at = 0.0
         while True:
             now = self.clock()
-            if now - collected_at >= COLLECT_TICK_SEC:
+            # a short retention is collected soon after it passes, a long one every minute
+            if now - collected_at >= min(COLLECT_TICK_SEC, max(1.0, self.retention_sec / 4)):
                 collected_at = now
                 gone = await self.engine.collect(now - self.retention_sec)
                 if gone:
