@@ -2,16 +2,17 @@
 
 ``validate``, ``render`` and ``import`` work on files on disk (local.py); ``serve``
 follows a repository (serve.py); ``status``, ``diff``, ``logs``, ``invoke`` and
-``sync`` talk to a running server (remote.py); ``completion`` prints shell scripts
-(completion.py). What they share: common.py (exit codes, usage errors, arguments)
-and output.py (colours, tables).
+``sync`` talk to a running server (remote.py), and so does ``invocations
+list|show|redrive``, for its asynchronous invocations (invocations.py);
+``completion`` prints shell scripts (completion.py). What they share: common.py
+(exit codes, usage errors, arguments) and output.py (colours, tables).
 
 Exit codes, in short (common.EXIT_CODES has each verb's, docs/operating.md the
 table): 0 success; 1 the answer is not what was hoped for (invalid manifests, a
 function not Ready, a difference, a non-2xx answer, a failed sync, no such
-function); 2 an error: bad arguments, a path or ref that cannot be read, a server
-that cannot be reached or refuses the token, an environment it does not have;
-3 serve cannot listen; 130 interrupted.
+function, an invocation that failed or died); 2 an error: bad arguments, a path
+or ref that cannot be read, a server that cannot be reached or refuses the token,
+an environment it does not have; 3 serve cannot listen; 130 interrupted.
 
 May import: every layer below it (it is the top, under ``__main__``).
 """
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 import gitops_sless
 
 from ..errors import SlessError
-from . import completion, local, remote, serve
+from . import completion, invocations, local, remote, serve
 from .client import ClientError
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
 from .serve import TRUST_LEVELS as _TRUST_LEVELS  # noqa: F401 - tests hold it to trust's
@@ -47,6 +48,7 @@ def parser() -> argparse.ArgumentParser:
     local.add_parsers(commands)
     serve.add_parser(commands)
     remote.add_parsers(commands)
+    invocations.add_parsers(commands)
     local.add_import_parser(commands)
     completion.add_parser(commands, root)
     return root

@@ -93,6 +93,13 @@ EXIT_CODES: dict[str, dict[int, str]] = {
         1: "the pass failed, or did not finish within --wait",
         2: f"bad arguments, or {_SERVER}",
     },
+    "invocations": {
+        0: "listed or shown, none failed or dead; queued again (with --dead: however many "
+        "were dead)",
+        1: "one listed or shown failed or is dead, no such invocation, or (redrive) it is "
+        "neither dead nor failed",
+        2: f"bad arguments, {_SERVER}, or asynchronous invocations off or unavailable",
+    },
     "import": {
         0: "everything was converted",
         1: "a refusal (nothing written), or a part left to convert by hand",

@@ -36,7 +36,8 @@ def add_parser(commands: Any, root: argparse.ArgumentParser) -> None:
 
 
 def complete(argv: Sequence[str]) -> int:
-    """``__complete envs|functions [--server URL]``: names for the shell, quietly."""
+    """``__complete envs|functions|names [--server URL]``: names for the shell, quietly
+    (``functions`` as ENV/NAME, ``names`` as NAME alone)."""
     server = None
     if "--server" in argv[:-1]:
         server = argv[list(argv).index("--server") + 1]
@@ -47,9 +48,15 @@ def complete(argv: Sequence[str]) -> int:
             if argv[:1] == ["envs"]:
                 print("\n".join(envs))
                 return EXIT_OK
-            for env in envs:
-                for fn in client.get(f"/api/v1/environments/{segment(env)}/functions"):
-                    print(f"{env}/{fn['name']}")
+            found = [
+                (env, fn["name"])
+                for env in envs
+                for fn in client.get(f"/api/v1/environments/{segment(env)}/functions")
+            ]
+            if argv[:1] == ["names"]:
+                print("\n".join(sorted({name for _, name in found})))
+            else:
+                print("\n".join(f"{env}/{name}" for env, name in found))
     except (ClientError, ValueError, KeyError, TypeError):
         return EXIT_ERROR
     return EXIT_OK
@@ -65,8 +72,8 @@ def _value_kind(action: argparse.Action, talks_to_server: bool) -> str | list[st
         return [str(choice) for choice in action.choices]
     if action.dest in _DIRS and (action.dest != "path" or not action.option_strings):
         return "dirs"
-    if action.dest in _NAMES:
-        return _NAMES[action.dest]
+    if action.dest in _NAMES:  # a --function flag takes a NAME, the positional ENV/NAME
+        return "names" if action.option_strings else _NAMES[action.dest]
     if action.dest == "env" and talks_to_server:
         return "envs"
     if action.dest in ("data", "repo"):
@@ -90,37 +97,47 @@ def _helps(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 def bash_script(parser: argparse.ArgumentParser) -> str:
     commands = commands_of(parser)
-    cases = []
+    cases, nested = [], []
     for name, sub in commands.items():
-        server = any("--server" in a.option_strings for a in sub._actions)
-        options, values, positional = [], [], "none"
-        for action in sub._actions:
-            if not action.option_strings:
-                kind = _value_kind(action, server)
-                positional = kind if isinstance(kind, str) else "words:" + " ".join(kind)
-                continue
-            options += action.option_strings
-            if action.nargs != 0:
-                kind = _value_kind(action, server)
-                word = kind if isinstance(kind, str) else "words:" + " ".join(kind)
-                values.append(f"            {'|'.join(action.option_strings)}) kind='{word}' ;;")
-        cases.append(
-            f"        {name})\n"
-            f"            options='{' '.join(options)}'\n"
-            f"            positional='{positional}'\n"
-            f'            case "$prev" in\n' + "\n".join(values) + "\n            esac ;;"
-        )
+        cases.append(_bash_case(name, sub))
+        for inner, action in commands_of(sub).items():  # invocations list, import terraform
+            cases.append(_bash_case(f"{name} {inner}", action))
+            nested += [] if name in nested else [name]
     return (
         _BASH_TEMPLATE.replace("@COMMANDS@", " ".join(commands))
+        .replace("@NESTED@", " ".join(nested))
         .replace("@CASES@", "\n".join(cases))
         .lstrip()
+    )
+
+
+def _bash_case(name: str, sub: argparse.ArgumentParser) -> str:
+    """The ``case`` branch of one command (``"invocations list"`` for a nested one)."""
+    server = any("--server" in a.option_strings for a in sub._actions)
+    options, values, positional = [], [], "none"
+    for action in sub._actions:
+        if not action.option_strings:
+            kind = _value_kind(action, server)
+            positional = kind if isinstance(kind, str) else "words:" + " ".join(kind)
+            continue
+        options += action.option_strings
+        if action.nargs != 0:
+            kind = _value_kind(action, server)
+            word = kind if isinstance(kind, str) else "words:" + " ".join(kind)
+            values.append(f"            {'|'.join(action.option_strings)}) kind='{word}' ;;")
+    label = f'"{name}"' if " " in name else name
+    return (
+        f"        {label})\n"
+        f"            options='{' '.join(options)}'\n"
+        f"            positional='{positional}'\n"
+        f'            case "$prev" in\n' + "\n".join(values) + "\n            esac ;;"
     )
 
 
 _BASH_TEMPLATE = r"""
 # bash completion for gitops-sless
 #   source <(gitops-sless completion bash)      # now, or from ~/.bashrc
-# ENV/NAME and --env values come from the server (--server or $SLESS_SERVER).
+# ENV/NAME, --env and --function values come from the server (--server or $SLESS_SERVER).
 _gitops_sless_names() {
     local server=""
     if [[ $COMP_LINE =~ --server[=\ ]+([^ ]+) ]]; then server=${BASH_REMATCH[1]}; fi
@@ -132,7 +149,14 @@ _gitops_sless() {
     cur="${COMP_WORDS[COMP_CWORD]}"
     prev="${COMP_WORDS[COMP_CWORD-1]}"
     for ((i = 1; i < COMP_CWORD; i++)); do
-        if [[ ${COMP_WORDS[i]} != -* ]]; then cmd="${COMP_WORDS[i]}"; break; fi
+        [[ ${COMP_WORDS[i]} == -* ]] && continue
+        if [[ -z $cmd ]]; then
+            cmd="${COMP_WORDS[i]}"
+            [[ " @NESTED@ " == *" $cmd "* ]] || break
+        else
+            cmd="$cmd ${COMP_WORDS[i]}"
+            break
+        fi
     done
     if [[ -z $cmd ]]; then
         COMPREPLY=($(compgen -W "@COMMANDS@ --version --help" -- "$cur"))
@@ -153,7 +177,8 @@ _gitops_sless() {
     case "$kind" in
         dirs) COMPREPLY=($(compgen -d -- "$cur")) ;;
         files) COMPREPLY=($(compgen -f -- "$cur")) ;;
-        envs | functions) COMPREPLY=($(compgen -W "$(_gitops_sless_names "$kind")" -- "$cur")) ;;
+        envs | functions | names)
+            COMPREPLY=($(compgen -W "$(_gitops_sless_names "$kind")" -- "$cur")) ;;
         words:*) COMPREPLY=($(compgen -W "${kind#words:}" -- "$cur")) ;;
         *) COMPREPLY=() ;;
     esac
@@ -174,6 +199,7 @@ _ZSH_ACTIONS = {
     "files": "_files",
     "envs": "_gitops_sless_envs",
     "functions": "_gitops_sless_functions",
+    "names": "_gitops_sless_function_names",
     "none": " ",
 }
 
@@ -191,31 +217,25 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
     )
     cases = []
     for name, sub in commands.items():
-        server = any("--server" in a.option_strings for a in sub._actions)
-        specs = []
-        for action in sub._actions:
-            kind = _value_kind(action, server)
-            help_text = _zsh_quote(
-                (action.help or "")
-                .replace("%(default)s", str(action.default))
-                .replace("%(default)g", str(action.default))
+        arguments = _zsh_arguments(sub)
+        inner = commands_of(sub)
+        if inner:  # invocations list, import terraform: the action, then its own arguments
+            branches = "\n".join(
+                f"                            {action})\n"
+                f"                                {_zsh_arguments(parser)} ;;"
+                for action, parser in inner.items()
             )
-            if not action.option_strings:
-                label = (action.metavar or action.dest).replace(":", "")
-                specs.append(f"'1:{label}:{_zsh_action(kind)}'")
-                continue
-            flags = action.option_strings
-            exclusive = f"({' '.join(flags)})" if len(flags) > 1 else ""
-            names = flags[0] if len(flags) == 1 else "{" + ",".join(flags) + "}"
-            value = ""
-            if action.nargs != 0:
-                label = str(action.metavar or action.dest).replace(":", "").replace("'", "")
-                value = f":{label}:{_zsh_action(kind)}"
-            repeat = "*" if isinstance(action, argparse._AppendAction) else ""
-            prefix = f"'{repeat or exclusive}'" if (repeat or exclusive) else ""
-            specs.append(f"{prefix}{names}'[{help_text}]{value}'")
-        body = " \\\n                ".join(specs)
-        cases.append(f"            {name})\n                _arguments {body} ;;")
+            arguments = (
+                f"{arguments.replace('_arguments ', '_arguments -C ', 1)} \\\n"
+                "                '*::argument:->nested'\n"
+                "                case $state in\n"
+                "                    nested)\n"
+                "                        case $words[1] in\n"
+                f"{branches}\n"
+                "                        esac ;;\n"
+                "                esac"
+            )
+        cases.append(f"            {name})\n                {arguments} ;;")
     return (
         _ZSH_TEMPLATE.replace("@DESCRIBED@", described)
         .replace("@CASES@", "\n".join(cases))
@@ -223,12 +243,40 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
     )
 
 
+def _zsh_arguments(sub: argparse.ArgumentParser) -> str:
+    """``_arguments`` with a spec for each option and positional of one command."""
+    server = any("--server" in a.option_strings for a in sub._actions)
+    specs = []
+    for action in sub._actions:
+        kind = _value_kind(action, server)
+        help_text = _zsh_quote(
+            (action.help or "")
+            .replace("%(default)s", str(action.default))
+            .replace("%(default)g", str(action.default))
+        )
+        if not action.option_strings:
+            label = (action.metavar or action.dest).replace(":", "")
+            specs.append(f"'1:{label}:{_zsh_action(kind)}'")
+            continue
+        flags = action.option_strings
+        exclusive = f"({' '.join(flags)})" if len(flags) > 1 else ""
+        names = flags[0] if len(flags) == 1 else "{" + ",".join(flags) + "}"
+        value = ""
+        if action.nargs != 0:
+            label = str(action.metavar or action.dest).replace(":", "").replace("'", "")
+            value = f":{label}:{_zsh_action(kind)}"
+        repeat = "*" if isinstance(action, argparse._AppendAction) else ""
+        prefix = f"'{repeat or exclusive}'" if (repeat or exclusive) else ""
+        specs.append(f"{prefix}{names}'[{help_text}]{value}'")
+    return "_arguments " + " \\\n                ".join(specs)
+
+
 _ZSH_TEMPLATE = r"""
 #compdef gitops-sless
 # zsh completion for gitops-sless
 #   source <(gitops-sless completion zsh)       # now, or from ~/.zshrc after compinit
 #   gitops-sless completion zsh > "${fpath[1]}/_gitops-sless"   # or install it
-# ENV/NAME and --env values come from the server (--server or $SLESS_SERVER).
+# ENV/NAME, --env and --function values come from the server (--server or $SLESS_SERVER).
 
 _gitops_sless_names() {
     local server=${opt_args[--server]}
@@ -244,6 +292,12 @@ _gitops_sless_envs() {
 _gitops_sless_functions() {
     local -a names
     names=(${(f)"$(_gitops_sless_names functions)"})
+    _describe -t functions 'function' names
+}
+
+_gitops_sless_function_names() {
+    local -a names
+    names=(${(f)"$(_gitops_sless_names names)"})
     _describe -t functions 'function' names
 }
 

@@ -554,6 +554,8 @@ def create_api(
     if invocations is not None:
         app.include_router(invocations_router(invocations, authorize))
     app.include_router(
-        dashboard_router(reconciler, store, repo, branch, poll_interval, access, forge, scaling)
+        dashboard_router(
+            reconciler, store, repo, branch, poll_interval, access, forge, scaling, invocations
+        )
     )
     return app

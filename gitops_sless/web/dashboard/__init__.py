@@ -27,7 +27,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
+from starlette.concurrency import run_in_threadpool
 
+from ...invocations.service import Invocations
 from ...state.store import Store
 from ..access import COOKIE, CSRF_HEADER, Access
 from .function import FunctionPage
@@ -44,6 +46,7 @@ from .html import (
     _h,
 )
 from .overview import Overview
+from .queue import QueueReader
 from .signin import _SIGNOUT, _signin_routes, signin_page
 
 __all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "Pages", "router", "signin_page"]
@@ -62,6 +65,7 @@ def router(
     access: Access | None = None,
     forge: str | None = None,
     scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
+    invocations: Invocations | None = None,
 ) -> APIRouter:
     """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
@@ -69,10 +73,13 @@ def router(
     (default: open reads, nothing to sign in to) decides who may see the pages. ``forge``
     (else guessed from the repository's URL) links a preview to its pull request.
     ``scaling(env, name)``: an autoscaled function's replicas and cold starts.
+    ``invocations``: asynchronous invocations, whose counts and dead letters a function's
+    page shows (and the overview a function's dead ones).
     """
     access = access or Access(None)
     pages = Pages(reconciler, store, repository, branch, poll_interval, forge)
     pages.scaling = scaling
+    pages.queue = QueueReader(invocations)
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:
@@ -88,8 +95,11 @@ def router(
         return pages.index(signout(request), request.query_params.get("syncs"))
 
     @routes.get("/functions/{env}/{name}", response_class=HTMLResponse)
-    def function(env: str, name: str, request: Request) -> HTMLResponse:
-        return pages.function(env, name, signout(request))
+    async def function(env: str, name: str, request: Request) -> HTMLResponse:
+        # the dead letters are read on this loop, the service's (its methods are its
+        # coroutines); the page, from the store and the mirror, in a worker thread
+        queue = await pages.queue.read(env, name)
+        return await run_in_threadpool(lambda: pages.function(env, name, signout(request), queue))
 
     @routes.get(f"{ASSETS}/dashboard.css")
     def css() -> Response:

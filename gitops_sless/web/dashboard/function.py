@@ -39,13 +39,17 @@ from .html import (
     _url_link,
     _when,
 )
+from .queue import Queue, section
 from .site import Site
 
 
 class FunctionPage(Site):
     """The page at ``/functions/{env}/{name}``."""
 
-    def function(self, env: str, name: str, signout: Html = NO_HTML) -> HTMLResponse:
+    def function(
+        self, env: str, name: str, signout: Html = NO_HTML, queue: Queue | None = None
+    ) -> HTMLResponse:
+        """``queue``: its asynchronous invocations, read before (QueueReader.read)."""
         now = time.time()
         header = self.header(self._status(), now, signout)
         row = self.store.function(env, name)
@@ -70,6 +74,7 @@ class FunctionPage(Site):
                 self._summary(env, fn, row, now),
                 self._build(fn, now, self._built_with(env, row)),
                 self._jobs([job for job in fn.jobs if job.function == name], now),
+                section(env, name, queue, now),
                 self._calls(fn.invocations, now),
             ],
             "\n",

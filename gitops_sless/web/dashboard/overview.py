@@ -36,6 +36,7 @@ from .html import (
     _url_link,
     _when,
 )
+from .queue import dead_badge
 from .site import Site
 
 
@@ -106,7 +107,12 @@ class Overview(Site):
         fn = FunctionDetail.from_rows(row, None, [], [])
         page = f"/functions/{quote(env, safe='')}/{quote(fn.name, safe='')}"
         cells = [
-            _h('<a href="{page}">{name}</a>', page=page, name=fn.name),
+            _h(
+                '<a href="{page}">{name}</a>{dead}',
+                page=page,
+                name=fn.name,
+                dead=dead_badge(self.queue.counts(env, fn.name)),
+            ),
             _badge(fn.phase),
             self._runtime(fn.build_tag) or DASH,
             _tag(fn.build_tag),

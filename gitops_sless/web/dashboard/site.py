@@ -25,6 +25,7 @@ from .html import (
     _sync_time,
     _when,
 )
+from .queue import QueueReader
 
 
 class Site:
@@ -48,6 +49,8 @@ class Site:
         self.commits = Commits(self._mirror_path)
         # (env, name) -> an autoscaled function's replicas and cold starts (scaling.describe)
         self.scaling: Callable[[str, str], dict[str, Any] | None] | None = None
+        # asynchronous invocations: counts and dead letters (no service: none shown)
+        self.queue = QueueReader(None)
 
     def _mirror_path(self) -> Path | None:
         path = getattr(getattr(self.reconciler, "source", None), "path", None)
