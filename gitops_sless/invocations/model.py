@@ -35,9 +35,10 @@ MAX_RESPONSE_BYTES = 256 * 1024
 
 def new_id() -> str:
     """A 26-character id that sorts by submission time: 48 bits of milliseconds, then
-    80 random bits, in lowercase base32 (ULID's layout, so ``list`` reads newest last)."""
+    80 random bits, in lowercase base32hex (RFC 4648 §7: its alphabet is in ASCII order,
+    so ids compare as their times do and ``list`` reads newest last)."""
     raw = (time.time_ns() // 1_000_000).to_bytes(6, "big") + os.urandom(10)
-    return base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+    return base64.b32hexencode(raw).decode("ascii").rstrip("=").lower()
 
 
 @dataclass(frozen=True)

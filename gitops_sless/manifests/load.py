@@ -9,7 +9,6 @@ the others load.
 
 from __future__ import annotations
 
-import math
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,18 +16,14 @@ from typing import Any
 
 from ..errors import ManifestError, ManifestProblem
 from ..source.snapshot import Snapshot
-from . import cron, durations, runtimes, schema, yamldoc
+from . import blocks, cron, durations, runtimes, schema, yamldoc
 from .identity import MANIFEST_NAME, build_tag, source_id
 from .model import (
     DEFAULT_MAX,
-    AsyncPolicy,
     CronTrigger,
     DesiredState,
     Function,
     Job,
-    RateLimit,
-    Scale,
-    Warm,
     read_env,
 )
 from .yamldoc import Located, YamlProblem, field_path
@@ -311,31 +306,6 @@ def _bounds(definition: str, name: str) -> tuple[int, int]:
     return prop["minimum"], prop["maximum"]
 
 
-def _scale(block: dict[str, Any] | None) -> Scale | None:
-    """A valid scale block with the schema's defaults filled in, as a Scale."""
-    if block is None:
-        return None
-    warm = tuple(Warm(w["cron"], float(durations.parse(w["for"])), w["min"]) for w in block["warm"])
-    idle = float(durations.parse(block["idle"]))
-    return Scale(block["min"], block["max"], block["target"], idle, warm)
-
-
-def _rate_limit(block: dict[str, Any] | None) -> RateLimit | None:
-    if block is None:
-        return None
-    return RateLimit(float(block["rps"]), block.get("burst", math.ceil(block["rps"])))
-
-
-def _async_policy(block: dict[str, Any]) -> AsyncPolicy:
-    return AsyncPolicy(
-        retries=block["retries"],
-        backoff_sec=float(durations.parse(block["backoff"])),
-        max_backoff_sec=float(durations.parse(block["maxBackoff"])),
-        max_age_sec=float(durations.parse(block["maxAge"])),
-        concurrency=block["concurrency"],
-    )
-
-
 def _function(
     manifest: _Manifest, fn: dict[str, Any], source_id: str, replicas_named: bool
 ) -> Function:
@@ -362,13 +332,13 @@ def _function(
         build_tag=build_tag(source_id, runtime),
         max_processes=fn["maxProcesses"],
         same_origin=any(t.get("sameOrigin", False) for t in fn["triggers"] if t["type"] == "http"),
-        scale=_scale(fn.get("scale")),
-        preview_scale=_scale(fn["preview"].get("scale")),
+        scale=blocks.scale(fn.get("scale")),
+        preview_scale=blocks.scale(fn["preview"].get("scale")),
         replicas_named=replicas_named,
         concurrency=fn["concurrency"],
-        rate_limit=_rate_limit(fn.get("rateLimit")),
+        rate_limit=blocks.rate_limit(fn.get("rateLimit")),
         max_body_bytes=fn.get("maxBodyBytes"),
-        async_policy=_async_policy(fn["async"]),
+        async_policy=blocks.async_policy(fn["async"]),
         subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
     )
 

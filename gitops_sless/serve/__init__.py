@@ -3,6 +3,8 @@
 ``config`` holds what the command was asked (:class:`ServeConfig`), ``server`` wires
 the layers into one process (:class:`Server`), ``queue`` chooses and opens the
 asynchronous invocations' engine.
+
+May import: every layer below it (only ``cli`` and ``__main__`` are above).
 """
 
 from .config import ServeConfig
