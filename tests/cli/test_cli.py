@@ -360,6 +360,10 @@ def serve_main(monkeypatch, tmp_path) -> ServeRun:
             {"SLESS_TRUSTED_PROXIES": "10.0.0.0/33"},
             "--trusted-proxies '10.0.0.0/33': not an IP network",
         ),
+        (["--queue", "redis://q:6379"], {}, "--queue redis://q:6379: expected sqlite or nats://"),
+        ([], {"SLESS_QUEUE": "kafka"}, "--queue kafka: expected sqlite or nats://HOST:PORT"),
+        (["--callback-allow", "10.0.0.0/8,x"], {}, "--callback-allow 'x': not an IP network"),
+        (["--invocation-retention", "0"], {}, "--invocation-retention '0': expected a positive"),
     ],
 )
 def test_serve_flag_errors_exit_two_before_the_server_starts(

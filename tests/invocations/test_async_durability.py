@@ -148,3 +148,21 @@ def test_metrics_count_the_queue(setup):
     assert 'sless_async_submitted_total{env="prod",function="slow"} 1' in text
     assert 'sless_async_attempts_total{env="prod",function="slow",outcome="succeeded"} 1' in text
     assert 'sless_async_oldest_queued_seconds{env="prod",function="slow"} 0' in text
+
+
+def test_an_invocation_wakes_a_function_scaled_to_zero(setup):
+    fast = ["--scale-window", "3s", "--scale-panic-window", "1s", "--scale-tick", "0.2s"]
+    setup.push(
+        {
+            "sleepy/sless.yaml": manifest("sleepy", HTTP, "    scale: {min: 0, max: 2, idle: 1s}"),
+            "sleepy/handler.py": SLOW,
+        }
+    )
+    server = setup.serve(args=fast)
+    server.wait(lambda: server.function("sleepy")["phase"] == "Idle", "sleepy idle")
+    answer = server.client.post(f"{server.base}/async/prod/sleepy/", json={"n": 4})
+    record = wait_ended(server, answer.headers["location"])
+    assert record["status"] == "succeeded"
+    # one attempt: held while a replica started, never a 502/503 for the cold start
+    assert [a["statusCode"] for a in record["attemptLog"]] == [200]
+    assert "x-sless-cold-start" in {k.lower() for k, _ in record["response"]["headers"]}
