@@ -604,7 +604,7 @@ BAD_CASES = [
     bad(
         "queue-subject-wildcard",
         one("    triggers:", "      - {type: queue, subject: 'orders.>'}"),
-        f"{M}:6: functions[0].triggers[0].subject: \"orders.>\" must be tokens of letters, "
+        f'{M}:6: functions[0].triggers[0].subject: "orders.>" must be tokens of letters, '
         "digits, '-' and '_' separated by dots (orders.created), without wildcards",
     ),
     bad(
