@@ -71,6 +71,12 @@ class Engine(Protocol):
 
     name: str  # "sqlite" or "nats", shown by the status API
 
+    @property
+    def max_body_bytes(self) -> int | None:
+        """The largest request body this engine can keep (None: no limit of its own;
+        submissions over it are 413, as over the function's maxBodyBytes)."""
+        ...
+
     async def start(self) -> None:
         """Connect or open; recover what a previous process left running."""
         ...

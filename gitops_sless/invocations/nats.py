@@ -46,7 +46,15 @@ from .model import DEAD, ENDED, FAILED, QUEUED, Filter, Invocation
 from .natsconsume import Delivery
 from .natsevents import Events
 from .natsindex import IndexWatch, RecordIndex
-from .natsstore import Conflict, Names, Store, check_name, stream_configs, translated
+from .natsstore import (
+    PAYLOAD_SLACK,
+    Conflict,
+    Names,
+    Store,
+    check_name,
+    stream_configs,
+    translated,
+)
 
 __all__ = ["NatsEngine"]
 
@@ -56,6 +64,9 @@ CONNECT_TIMEOUT_SEC = 5.0  # start() gives up after this (the service tries agai
 REQUEST_TIMEOUT_SEC = 5.0  # any one request to the server: nothing waits forever
 KEY_WAIT_SEC = 2.0  # a key's first holder has this long to write its record
 READS_AT_ONCE = 64
+# the record's JSON around its body: request headers and the path are bounded by the
+# proxy's head limit, attempts and the response kept short (see natsstore)
+RECORD_OVERHEAD = 96 * 1024
 
 
 class NatsEngine:
@@ -89,6 +100,15 @@ class NatsEngine:
         self._cut: set[asyncio.Future[Any]] = set()  # ... cut by a disconnection
 
     # -- life
+
+    @property
+    def max_body_bytes(self) -> int | None:
+        """The largest request body one record can hold (None: not connected yet): the
+        record is one message, its body base64 in JSON, under the server's max_payload."""
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return None
+        return max(0, (nc.max_payload - PAYLOAD_SLACK - RECORD_OVERHEAD) * 3 // 4)
 
     async def start(self) -> None:
         async with self._starting:

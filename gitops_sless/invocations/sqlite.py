@@ -309,6 +309,7 @@ class SqliteEngine:
     """
 
     name = "sqlite"
+    max_body_bytes: int | None = None  # a BLOB holds what the proxy's limit lets through
 
     def __init__(self, path: Path, *, retention_sec: float = 86400.0) -> None:
         self.path = path

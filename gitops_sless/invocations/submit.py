@@ -105,6 +105,9 @@ class Submitter:
         route = self.routes.get(env, name)
         own = route.max_body_bytes if route is not None else None
         limit = self.max_body_bytes if own is None else min(own, self.max_body_bytes)
+        kept = self.engine.max_body_bytes
+        if kept is not None:
+            limit = min(limit, kept)
         headers: list[tuple[str, str]] = []
         length = None
         callback_url = key = None

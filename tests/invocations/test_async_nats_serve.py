@@ -107,3 +107,14 @@ def test_a_message_from_any_nats_client_fans_out(setup, nats_server):
     listed = server.wait(two_ended, "both functions invoked")
     assert sorted(i["function"] for i in listed) == ["billing", "shipping"]
     assert all(i["subject"] == "orders.created" for i in listed)
+
+
+def test_a_body_nats_cannot_hold_is_413_not_503(setup, nats_server):
+    setup.push({"orders/sless.yaml": manifest("orders", HTTP), "orders/handler.py": FLAKY})
+    server = setup.serve(args=["--queue", nats_server.url])
+    # under the proxy's 1 MiB, over what one NATS message (1 MB max_payload) can carry
+    answer = server.client.post(f"{server.base}/async/prod/orders/", content=b"x" * 900_000)
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["error"].startswith("request body larger than")
+    small = server.client.post(f"{server.base}/async/prod/orders/", content=b"x" * 500_000)
+    assert small.status_code == 202, small.text
