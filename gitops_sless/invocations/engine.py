@@ -62,6 +62,8 @@ class Worker(Protocol):
         Returns it ended (``succeeded``, ``failed``, ``dead``) or ``queued`` again with
         ``next_at`` set for a retry; the engine stores that and delivers it again at
         ``next_at``. It may also return ``dead`` without any new attempt (too old).
+        An exception from ``save`` (another replica took the invocation: NATS's
+        compare-and-set) must propagate: this run then stores nothing.
         """
         ...
 
