@@ -822,3 +822,139 @@ def test_kubectl_builds_deploy_and_an_overlay_with_the_restrict_component(tmp_pa
     kinds = [doc["kind"] for doc in objects]
     assert "ValidatingAdmissionPolicy" in kinds and "ValidatingAdmissionPolicyBinding" in kinds
     assert len(objects) == len([d for d in yaml.safe_load_all(plain.stdout) if d]) + 2
+
+
+# --- deploy/nats: NATS JetStream for asynchronous invocations ------------------------------
+
+NATS = DEPLOY / "nats"
+
+
+@cache
+def _nats_component() -> dict[str, Any]:
+    return yaml.safe_load((NATS / "kustomization.yaml").read_text(encoding="utf-8"))
+
+
+@cache
+def _nats_objects() -> tuple[dict[str, Any], ...]:
+    found = []
+    for name in _nats_component()["resources"]:
+        text = (NATS / name).read_text(encoding="utf-8")
+        found.extend(obj for obj in yaml.safe_load_all(text) if obj)
+    return tuple(found)
+
+
+def _nats(kind: str) -> dict[str, Any]:
+    (obj,) = [o for o in _nats_objects() if o["kind"] == kind]
+    return obj
+
+
+def _nats_patch(kind: str) -> Any:
+    """The component's patch of the base's ``kind``: a strategic merge patch (an object)
+    or a JSON 6902 patch (a list of operations)."""
+    for patch in _nats_component()["patches"]:
+        body = yaml.safe_load(patch["patch"])
+        target = patch.get("target", {}).get("kind") or body.get("kind")
+        if target == kind:
+            return body
+    raise AssertionError(f"deploy/nats patches no {kind}")
+
+
+def test_the_nats_component_is_a_statefulset_a_service_and_a_policy_valid_in_1_30():
+    component = _nats_component()
+    assert component["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert component["kind"] == "Component"
+    listed = {p.name for p in NATS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == set(component["resources"])
+    assert sorted(o["kind"] for o in _nats_objects()) == ["NetworkPolicy", "Service", "StatefulSet"]
+    for obj in _nats_objects():
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+        assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+def test_nats_runs_the_official_image_pinned_with_jetstream_on_a_volume_claim():
+    statefulset = _nats("StatefulSet")["spec"]
+    pod = statefulset["template"]["spec"]
+    (container,) = pod["containers"]
+    assert re.fullmatch(r"nats:2\.(1[1-9]|[2-9][0-9])\.[0-9]+-alpine", container["image"]), (
+        "the official image, a NATS 2.11 or later release pinned by its full version"
+    )
+    args = container["args"]
+    assert "--jetstream" in args and "--port=4222" in args
+    (store,) = [a.split("=", 1)[1] for a in args if a.startswith("--store_dir=")]
+    (claim,) = statefulset["volumeClaimTemplates"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert {"name": claim["metadata"]["name"], "mountPath": store} in container["volumeMounts"]
+    assert not pod.get("volumes"), "the store is the claim, never an emptyDir"
+    assert not [a for a in args if a.startswith(("--config", "-c"))], "not the image's config"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["resources"]["limits"]["memory"]
+
+
+def test_the_queue_url_names_the_nats_service_and_serve_takes_it():
+    from gitops_sless.serve.queue import queue_refusal
+
+    service = _nats("Service")
+    assert service["spec"]["selector"] == _nats("StatefulSet")["spec"]["selector"]["matchLabels"]
+    (port,) = service["spec"]["ports"]
+    config = _nats_patch("ConfigMap")
+    assert _one("ConfigMap", config["metadata"]["name"])["metadata"]["namespace"] == NAMESPACE
+    url = config["data"]["SLESS_QUEUE"]
+    assert url == f"nats://{service['metadata']['name']}.{NAMESPACE}:{port['port']}"
+    assert port["port"] == 4222
+    assert queue_refusal(url, "kubernetes") is None
+
+
+def test_only_the_reconcilers_pods_may_connect_to_nats():
+    policy = _nats("NetworkPolicy")["spec"]
+    assert policy["podSelector"] == _nats("StatefulSet")["spec"]["selector"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    reconciler = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    (source,) = rule["from"]
+    assert set(source) == {"podSelector"}, "pods of this namespace only, no namespaceSelector"
+    assert source["podSelector"]["matchLabels"].items() <= reconciler.items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 4222}]
+
+
+def test_every_replica_reads_the_callback_secrets_from_one_secret():
+    from gitops_sless.invocations.callbacks import SECRET_NAME
+
+    operations = {op["path"]: op["value"] for op in _nats_patch("Deployment")}
+    (arg,) = [v for p, v in operations.items() if p.endswith("/args/-")]
+    secrets_dir = arg.removeprefix("--secrets-dir=")
+    mount = operations["/spec/template/spec/containers/0/volumeMounts/-"]
+    assert mount["mountPath"] == f"{secrets_dir}/{SECRET_NAME}" and mount["readOnly"]
+    volume = operations["/spec/template/spec/volumes/-"]
+    assert volume["name"] == mount["name"]
+    assert volume["secret"]["optional"] is True  # the pods start without it
+
+
+def test_kubectl_builds_an_overlay_with_the_nats_and_restrict_components(tmp_path: Path) -> None:
+    """What docs/install.md shows: an overlay of deploy/ with deploy/nats (and restrict)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "scripts/setup --tests installs kubectl"
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    shutil.copytree(DEPLOY, overlay / "deploy")
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [deploy]\ncomponents: [deploy/restrict, deploy/nats]\n", encoding="utf-8"
+    )
+    built = subprocess.run(
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True
+    )
+    objects = [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+    by_id = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    assert ("StatefulSet", "nats") in by_id and ("NetworkPolicy", "nats") in by_id
+    assert ("ValidatingAdmissionPolicy", POLICY_NAME) in by_id
+    config = by_id["ConfigMap", "gitops-sless-config"]["data"]
+    assert config["SLESS_QUEUE"] == f"nats://nats.{NAMESPACE}:4222"
+    assert config["SLESS_REPO"], "the base's settings are kept"
+    pod = by_id["Deployment", "gitops-sless"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:2] == ["serve", "--backend"], "the base's arguments are kept"
+    assert "--secrets-dir=/etc/gitops-sless/secrets" in container["args"]
+    assert {v["name"] for v in pod["volumes"]} == {"state", "tmp", "callback-secrets"}
