@@ -158,6 +158,8 @@ class Invocation:
     subject: str | None = None  # the queue trigger's subject that made it, if one did
     # attempts before this index belong to earlier rounds: a redrive starts a new one
     round_start: int = 0
+    # when the round began (a redrive; None: at submission): maxAge counts from it
+    round_started: float | None = None
 
     @property
     def attempt(self) -> int:
@@ -169,8 +171,29 @@ class Invocation:
         """Failed attempts of this round that count against ``retries``."""
         return sum(1 for a in self.attempts[self.round_start :] if a.counted and a.error)
 
+    @property
+    def age_from(self) -> float:
+        """When this round began: maxAge counts from here."""
+        return self.created if self.round_started is None else self.round_started
+
     def evolve(self, **changes: Any) -> Invocation:
         return replace(self, **changes)
+
+    def redriven(self, now: float) -> Invocation:
+        """Queued again for a new round, due now: its attempts kept as history, its last
+        outcome cleared, its callback waiting for the new end, maxAge counted anew."""
+        callback = None if self.callback is None else Callback(self.callback.url)
+        return replace(
+            self,
+            status=QUEUED,
+            next_at=now,
+            round_start=len(self.attempts),
+            round_started=now,
+            error=None,
+            ended=None,
+            response=None,
+            callback=callback,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -193,6 +216,7 @@ class Invocation:
             "callback": None if self.callback is None else self.callback.to_json(),
             "subject": self.subject,
             "roundStart": self.round_start,
+            "roundStarted": self.round_started,
         }
 
     @classmethod
@@ -217,6 +241,7 @@ class Invocation:
             callback=None if data["callback"] is None else Callback.from_json(data["callback"]),
             subject=data["subject"],
             round_start=data["roundStart"],
+            round_started=data.get("roundStarted"),  # not in records of before 2026-12-06
         )
 
 

@@ -42,7 +42,7 @@ import nats.js.errors
 from nats.js import api
 
 from .engine import Counts, EngineUnavailable, Worker
-from .model import DEAD, ENDED, FAILED, QUEUED, Filter, Invocation
+from .model import DEAD, ENDED, FAILED, Filter, Invocation
 from .natsconsume import Delivery
 from .natsevents import Events
 from .natsindex import IndexWatch, RecordIndex
@@ -412,7 +412,7 @@ class NatsEngine:
             inv, revision = got
             if inv.status not in statuses:
                 return inv, False
-            again = _redriven(inv, self.clock())
+            again = inv.redriven(self.clock())
             # the message first: until the record says this round it waits for it
             await store.publish_work(again)
             try:
@@ -452,22 +452,6 @@ class NatsEngine:
                 await store.drop_dead_letter(inv)
             count += 1
         return count
-
-
-def _redriven(inv: Invocation, now: float) -> Invocation:
-    """``inv`` queued again for a new round; its attempts and their history kept."""
-    callback = inv.callback
-    if callback is not None:
-        callback = type(callback)(callback.url)  # a new end to report
-    return inv.evolve(
-        status=QUEUED,
-        next_at=now,
-        round_start=len(inv.attempts),
-        error=None,
-        ended=None,
-        response=None,
-        callback=callback,
-    )
 
 
 async def _ensure_stream(js: Any, config: Any) -> None:

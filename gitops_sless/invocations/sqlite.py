@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .engine import Counts, EngineUnavailable, Worker
-from .model import DEAD, FAILED, QUEUED, RUNNING, STATUSES, Callback, Filter, Invocation, new_id
+from .model import DEAD, FAILED, QUEUED, RUNNING, STATUSES, Filter, Invocation, new_id
 
 __all__ = ["INTERRUPTED", "SqliteEngine"]
 
@@ -120,9 +120,7 @@ def _redrive(
     cleared, its callback waiting again for the new end."""
     again = []
     for inv in _loaded(db, where, *args):
-        callback = None if inv.callback is None else Callback(inv.callback.url)
-        fresh = inv.evolve(status=QUEUED, next_at=time.time(), round_start=len(inv.attempts))
-        fresh = fresh.evolve(error=None, ended=None, response=None, callback=callback)
+        fresh = inv.redriven(time.time())
         _put(db, fresh, queued)
         again.append(fresh)
     return again

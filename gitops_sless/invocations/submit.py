@@ -32,9 +32,10 @@ ASYNC_PREFIX = b"/async/"
 # why a callback URL is refused (None: it is not), see .callbacks.refusal
 Refusal = Callable[[str], Awaitable[str | None]]
 Scope = MutableMapping[str, Any]
-# kept off a stored request: what only made sense on the connection it came on, and
-# what the reconciler itself read (the proxy adds its own forwarding headers anew)
-_DROPPED = HOP_BY_HOP | {b"content-length", b"host"}
+# kept off a stored request: what only made sense on the connection it came on (Host
+# stays: a synchronous call would send it, and HTTP/1.1 servers such as Node's refuse a
+# request without one)
+_DROPPED = HOP_BY_HOP | {b"content-length"}
 
 
 def wants_async(headers: Sequence[tuple[bytes, bytes]]) -> bool:

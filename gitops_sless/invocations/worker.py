@@ -98,6 +98,8 @@ class ProxyCaller:
         ]
         if invocation.body:
             headers.append((b"content-length", b"%d" % len(invocation.body)))
+        if not any(name == b"host" for name, _ in headers):  # an event has none
+            headers.append((b"host", b"localhost"))
         headers.append((b"x-invocation-id", invocation.id.encode("ascii")))
         headers.append((b"x-invocation-attempt", b"%d" % invocation.attempt))
         scope: dict[str, Any] = {
@@ -226,7 +228,7 @@ class Runner:
     async def _run(self, invocation: Invocation, save: Save) -> Invocation:
         policy = self.policy(invocation.env, invocation.function)
         now = self.clock()
-        if now - invocation.created > policy.max_age_sec:
+        if now - invocation.age_from > policy.max_age_sec:
             age = durations.shown(policy.max_age_sec)
             return self._end(invocation, DEAD, f"older than maxAge {age}: no attempt started")
         attempt = Attempt(invocation.attempt + 1, now)
@@ -255,7 +257,7 @@ class Runner:
         if asked is not None:
             delay = max(delay, asked)
         next_at = ended + delay
-        if next_at - invocation.created > policy.max_age_sec:
+        if next_at - invocation.age_from > policy.max_age_sec:
             age = durations.shown(policy.max_age_sec)
             return self._end(done, DEAD, f"{error} (the next attempt would pass maxAge {age})")
         return done.evolve(status=QUEUED, next_at=next_at, error=error)

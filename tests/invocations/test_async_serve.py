@@ -234,3 +234,43 @@ def test_callback_signed_and_private_addresses_refused(setup, tmp_path):
     finally:
         receiver.shutdown()
         receiver.server_close()
+
+
+NODE = """\
+module.exports.handler = async (event) => ({
+  attempt: event._headers['x-invocation-attempt'], name: event.name,
+});
+"""
+
+
+def test_a_nodejs_function_runs_asynchronously_submitted_or_published(setup):
+    setup.push(
+        {
+            "hello/sless.yaml": "\n".join(
+                [
+                    "functions:",
+                    "  - name: hello-js",
+                    "    runtime: nodejs20",
+                    "    entrypoint: hello.handler",
+                    "    triggers: [{type: http}, {type: queue, subject: greet}]",
+                    "",
+                ]
+            ),
+            "hello/hello.js": NODE,
+        }
+    )
+    server = setup.serve()
+    answer = server.client.post(f"{server.base}/async/prod/hello-js/", json={"name": "Ada"})
+    record = wait_ended(server, answer.headers["location"])
+    assert record["status"] == "succeeded", record
+    assert json.loads(record["response"]["body"]) == {"attempt": "1", "name": "Ada"}
+    # an event has no Host of its own: Node refuses HTTP/1.1 without one
+    published = server.client.post(
+        "/api/v1/environments/prod/events/greet",
+        content=b'{"name": "Bo"}',
+        headers={**write(server), "Content-Type": "application/json"},
+    )
+    (made,) = published.json()["invocations"]
+    record = wait_ended(server, f"/api/invocations/{made}")
+    assert record["status"] == "succeeded", record
+    assert json.loads(record["response"]["body"])["name"] == "Bo"

@@ -254,3 +254,11 @@ def test_the_function_gets_the_request_as_a_synchronous_call_with_the_invocation
     assert headers["x-invocation-id"] == "01abc"
     assert headers["x-invocation-attempt"] == "2"
     assert headers["x-forwarded-for"] == "203.0.113.9"
+
+
+def test_a_redrive_counts_max_age_anew() -> None:
+    clock = Clock()
+    runner = Runner(table(AsyncPolicy(max_age_sec=60.0)), Script(Answer(200)), clock=clock)
+    dead = invocation(clock.now - 3600, status="dead", ended=clock.now - 3000)
+    ended, _ = asyncio.run(run_until_ended(runner, dead.redriven(clock.now), clock))
+    assert ended.status == "succeeded"
