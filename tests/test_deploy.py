@@ -288,6 +288,7 @@ def test_the_crd_schema_has_the_functions_fields():
     assert set(props["spec"]["properties"]) == {
         *("runtime", "entrypoint", "memoryMB", "timeoutSec", "replicas", "enabled", "http"),
         *("crons", "env", "jobs", "buildTag", "manifest", "folder", "environment"),
+        *("async", "subjects"),
     }
     status = props["status"]["properties"]
     assert set(status) == {

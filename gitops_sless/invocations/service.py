@@ -75,6 +75,7 @@ class Invocations:
         self._tasks: list[asyncio.Task[Any]] = []
         self._callbacks_due = asyncio.Event()
         self._counts: Counts = {}
+        self._declared = bool(routes.all_declared())
         routes.watch_declarations(self._declarations_changed)
 
     @property
@@ -132,12 +133,16 @@ class Invocations:
     # -- the repository's queue triggers
 
     def _declarations_changed(self) -> None:
+        self._declared = True
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._apply_subscriptions)
 
     def _apply_subscriptions(self) -> None:
-        if self.engine is None:
+        # before anything is declared (a restart, a follower that has not read the
+        # Function resources yet) an empty set would drop every other replica's
+        # subscriptions on a shared NATS server
+        if self.engine is None or not self._declared:
             return
         subscriptions = {
             (env, name): frozenset(declared.subjects)

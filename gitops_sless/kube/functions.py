@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..manifests.model import Function, JobRef, SecretRef
+from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy, Function, JobRef, SecretRef
 from ..timestamps import rfc3339
 from .client import KubeClient
 from .policy import ROUTE_ANNOTATION, route_policy
@@ -46,6 +46,30 @@ def _label_value(path: str) -> str:
     return value
 
 
+def async_spec(policy: AsyncPolicy) -> dict[str, Any]:
+    return {
+        "retries": policy.retries,
+        "backoffSec": policy.backoff_sec,
+        "maxBackoffSec": policy.max_backoff_sec,
+        "maxAgeSec": policy.max_age_sec,
+        "concurrency": policy.concurrency,
+    }
+
+
+def async_policy(spec: dict[str, Any]) -> AsyncPolicy:
+    """A Function resource's async policy (the defaults where it has none: written by an
+    older reconciler)."""
+    found = spec.get("async") or {}
+    default = DEFAULT_ASYNC
+    return AsyncPolicy(
+        retries=int(found.get("retries", default.retries)),
+        backoff_sec=float(found.get("backoffSec", default.backoff_sec)),
+        max_backoff_sec=float(found.get("maxBackoffSec", default.max_backoff_sec)),
+        max_age_sec=float(found.get("maxAgeSec", default.max_age_sec)),
+        concurrency=int(found.get("concurrency", default.concurrency)),
+    )
+
+
 def function_spec(fn: Function, env: str) -> dict[str, Any]:
     env_values: dict[str, dict[str, str]] = {}
     for name, value in sorted(fn.env_for(env).items()):
@@ -66,6 +90,8 @@ def function_spec(fn: Function, env: str) -> dict[str, Any]:
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
         "env": env_values,
         "jobs": [{"name": j.name, "runId": j.run_id, "event": dict(j.event)} for j in fn.jobs],
+        "async": async_spec(fn.async_policy),
+        "subjects": list(fn.subjects),
         "buildTag": fn.build_tag,
         "manifest": fn.manifest,
         "folder": fn.folder,

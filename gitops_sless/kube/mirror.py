@@ -28,6 +28,7 @@ from ..state.routes import Declared, Route, RouteTable
 from ..state.store import Store
 from ..timestamps import epoch
 from .client import KubeClient
+from .functions import async_policy
 from .policy import RoutePolicy
 from .renderer import ENV_LABEL, MANAGED_BY
 
@@ -195,7 +196,11 @@ class FunctionMirror:
             spec, status = obj.get("spec") or {}, obj.get("status") or {}
             http = bool(spec.get("http")) or status.get("phase") == "Invalid"
             by_env.setdefault(env, {})[name] = Declared(
-                status.get("phase") or "Pending", status.get("message"), http
+                status.get("phase") or "Pending",
+                status.get("message"),
+                http,
+                async_policy(spec),
+                tuple(spec.get("subjects") or ()),
             )
             if not (spec.get("http") and self._route(env, name, obj)):
                 self.routes.remove(env, name)

@@ -164,9 +164,9 @@ class Server:
         self.followers: Any = None  # kube.mirror.FunctionMirror: what a non-leader serves
         if config.backend == "kubernetes":
             # the kubernetes client loads only for this backend
-            from .kube.connect import connect
-            from .kube.leader import LeaderElector
-            from .kube.mirror import FunctionMirror
+            from ..kube.connect import connect
+            from ..kube.leader import LeaderElector
+            from ..kube.mirror import FunctionMirror
 
             backend = connect(config.kube, self.routes, on_cron=self.invocations.record_cron)
             backend.on_replica_event = self._replica_event  # Idle/Ready without a pass
@@ -408,7 +408,7 @@ class Server:
             return None
 
     def _collect_cluster_garbage(self) -> Any:
-        from .kube.gc import ClusterGC  # the kubernetes client loads only for this backend
+        from ..kube.gc import ClusterGC  # the kubernetes client loads only for this backend
 
         collector = ClusterGC(
             self.backend.client,
