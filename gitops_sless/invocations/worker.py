@@ -63,6 +63,9 @@ START_MARGIN_SEC = 30.0
 JITTER = 0.2
 _RETRIED = frozenset({408, 429})
 _FRAMING = frozenset({"content-length", "transfer-encoding"})
+# a function in these phases without a route will serve soon: its invocations wait
+_COMING = frozenset({"Pending", "Building", "Ready"})
+NOT_YET_SEC = 1.0
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,8 @@ class Runner:
         if now - invocation.age_from > policy.max_age_sec:
             age = durations.shown(policy.max_age_sec)
             return self._end(invocation, DEAD, f"older than maxAge {age}: no attempt started")
+        if self._coming(invocation):  # not the function's failure: no attempt spent on it
+            return invocation.evolve(status=QUEUED, next_at=now + NOT_YET_SEC)
         attempt = Attempt(invocation.attempt + 1, now)
         running = invocation.evolve(status=RUNNING, attempts=(*invocation.attempts, attempt))
         await save(running)
@@ -261,6 +266,17 @@ class Runner:
             age = durations.shown(policy.max_age_sec)
             return self._end(done, DEAD, f"{error} (the next attempt would pass maxAge {age})")
         return done.evolve(status=QUEUED, next_at=next_at, error=error)
+
+    def _coming(self, invocation: Invocation) -> bool:
+        """Whether the function is on its way (a restart before its first pass has put its
+        routes back, a deploy or a build under way) rather than failed: nothing is
+        declared yet, or it is declared Pending or Building without a route."""
+        if not self.routes.all_declared():
+            return True
+        if self.routes.get(invocation.env, invocation.function) is not None:
+            return False
+        declared = self.routes.declared(invocation.env, invocation.function)
+        return declared is not None and declared.phase in _COMING
 
     def _end(self, invocation: Invocation, status: str, error: str | None) -> Invocation:
         callback = invocation.callback

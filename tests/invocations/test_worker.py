@@ -262,3 +262,26 @@ def test_a_redrive_counts_max_age_anew() -> None:
     dead = invocation(clock.now - 3600, status="dead", ended=clock.now - 3000)
     ended, _ = asyncio.run(run_until_ended(runner, dead.redriven(clock.now), clock))
     assert ended.status == "succeeded"
+
+
+def test_a_function_on_its_way_is_waited_for_without_spending_an_attempt() -> None:
+    clock = Clock()
+    routes = RouteTable()  # a restart before its first pass: nothing declared yet
+    script = Script()
+    runner = Runner(routes, script, clock=clock)
+
+    async def save(_: Invocation) -> None:
+        pass
+
+    after = asyncio.run(runner.run(invocation(clock.now), save))
+    assert (after.status, after.attempts, script.calls) == ("queued", (), [])
+    assert after.next_at > clock.now
+
+    routes.declare("prod", {"orders": Declared("Building")})
+    after = asyncio.run(runner.run(invocation(clock.now), save))
+    assert (after.status, after.attempts) == ("queued", ())
+
+    routes.declare("prod", {"orders": Declared("Failed", "build failed")})
+    script.answers.append(Answer(503, body=b'{"error": "function not ready"}'))  # the proxy's
+    after = asyncio.run(runner.run(invocation(clock.now), save))
+    assert len(after.attempts) == 1 and after.error == "HTTP 503: function not ready"
