@@ -35,6 +35,15 @@ REPORTS = {
         "## Targets",
     ],
     "autoscale.py": ["| function | calls/s |", "throughput auto / fixed", "## Targets"],
+    "async.py": [
+        "| engine | submissions/s |",
+        "## Async over sync, end to end",
+        "## Crash safety",
+        "## Targets",
+        "sqlite: serve (kill -9): lost",
+        "nats: serve (kill -9): lost",
+        "nats: nats-server (kill -9): lost",
+    ],
     "kube_wake.py": [
         "## Held call forwarded after the ready watch event (2 rounds)",
         "forwarded - ready watch event",
