@@ -1,7 +1,7 @@
 """Manifests: every ``sless.yaml`` of a snapshot, checked, as typed functions.
 
 Loading never stops at the first bad file. Each manifest is checked on its own
-(YAML, schema, entrypoint files, cron schedules, symlinks), then the checks
+(YAML, schema, entrypoint files and their code, cron schedules, symlinks), then the checks
 that span files (unique names, job references). A manifest with any problem
 contributes no functions and is reported as invalid with every problem found;
 the others load.
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ManifestError, ManifestProblem
 from ..source.snapshot import Snapshot
-from . import blocks, cron, durations, runtimes, schema, yamldoc
+from . import blocks, cron, durations, handlers, runtimes, schema, yamldoc
 from .identity import MANIFEST_NAME, build_tag, source_id
 from .model import (
     DEFAULT_MAX,
@@ -142,10 +142,20 @@ class _Manifest:
                 at, f"{fn['entrypoint']!r}: '..', '.' and empty path segments are not allowed"
             )
             return
-        wanted = module + runtimes.get(fn["runtime"]).extension
+        runtime = runtimes.get(fn["runtime"])
+        wanted = module + runtime.extension
+        where = posixpath.join(self.folder, wanted)
         if wanted not in files:
-            where = posixpath.join(self.folder, wanted)
             self.problem(at, f"{where} does not exist (runtime {fn['runtime']})")
+        elif files[wanted] == "blob":  # a link's target is checked where it is
+            function = fn["entrypoint"].rpartition(".")[2]
+            read = self.snapshot.read
+            esm = handlers.loads_as_esm(wanted, files, lambda rel: read(f"{self.folder}/{rel}"))
+            found = handlers.check(runtime.interpreter, read(where), function, esm)
+            if found is not None and found.in_code:
+                self.problems.append(ManifestProblem(where, found.line, "(code)", found.reason))
+            elif found is not None:
+                self.problem(at, f"{where} {found.reason}")
 
     def _check_triggers(self, at: yamldoc.Path, fn: dict[str, Any]) -> None:
         http_seen = False

@@ -25,10 +25,11 @@ def home(tmp_path, monkeypatch) -> Path:
 
 
 def _repo(root: Path) -> Path:
+    code = {"py": "def main(event):\n    return event\n", "js": "exports.main = (e) => e;\n"}
     for runtime, handler, ext in (("python3.11", "h", "py"), ("nodejs20", "h", "js")):
         folder = root / "repo" / runtime
         folder.mkdir(parents=True)
-        (folder / f"{handler}.{ext}").write_text("// code\n")
+        (folder / f"{handler}.{ext}").write_text(code[ext])
         name = "fn-" + runtime.replace(".", "")
         (folder / "sless.yaml").write_text(
             f"functions:\n  - {{name: {name}, runtime: {runtime}, entrypoint: {handler}.main}}\n"
@@ -63,9 +64,10 @@ def test_a_revert_gives_the_old_tag_back(home, tmp_path):
     repo = _repo(tmp_path)
     handler = repo / "python3.11" / "h.py"
     original = _tags(repo)["fn-python311"]
-    handler.write_text("// changed\n")
+    code = handler.read_text()
+    handler.write_text(code + "# changed\n")
     changed = _tags(repo)["fn-python311"]
-    handler.write_text("// code\n")
+    handler.write_text(code)
     assert changed != original
     assert _tags(repo)["fn-python311"] == original
 

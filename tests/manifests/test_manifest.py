@@ -19,6 +19,7 @@ from ..gitserver import git
 
 HANDLER = "def main(event):\n    return event\n"
 NODE_HANDLER = "exports.main = async (event) => event;\n"
+CRUD_HANDLER = "def crud(event):\n    return event\n"
 
 
 def manifest_text(
@@ -1051,7 +1052,7 @@ GOOD_CASES = [
     good("defaults", one()),
     good(
         "every-field",
-        repo(ALL_FIELDS) | {"fn/notes_crud.py": HANDLER},
+        repo(ALL_FIELDS) | {"fn/notes_crud.py": CRUD_HANDLER},
         name="notes",
         entrypoint="notes_crud.crud",
         memory_mb=512,
@@ -1123,7 +1124,7 @@ GOOD_CASES = [
         "node-entrypoint-in-subfolder",
         {
             "fn/sless.yaml": manifest_text(runtime="nodejs20", entrypoint="src/index.$handle_2"),
-            "fn/src/index.js": NODE_HANDLER,
+            "fn/src/index.js": "exports.$handle_2 = async (event) => event;\n",
         },
         runtime="nodejs20",
         entrypoint="src/index.$handle_2",
@@ -1389,7 +1390,7 @@ IDENTITY_REPO: dict[str, str | bytes] = {
         "    runtime: python3.11\n"
         "    entrypoint: lib/admin-tools.main\n"
     ),
-    "notes/notes_crud.py": HANDLER,
+    "notes/notes_crud.py": CRUD_HANDLER,
     "notes/lib/admin-tools.py": HANDLER,
     "notes/lib.py": "# a file named like a folder: git sorts 'lib' as 'lib/'\n",
     "notes/lib-extra.py": "X = 1\n",
@@ -1405,7 +1406,7 @@ IDENTITY_REPO: dict[str, str | bytes] = {
         "        schedule: '*/5 * * * *'\n"
         "        event: {tz: UTC}\n"
     ),
-    "clock/node/clock.js": NODE_HANDLER,
+    "clock/node/clock.js": "exports.show = async (event) => event;\n",
     "clock/node/package.json": '{"name": "clock", "version": "1.0.0"}\n',
     "clock/node/bin/run.sh": "#!/bin/sh\nexec node clock.js\n",
 }
@@ -1558,7 +1559,7 @@ def test_a_cache_following_commits_answers_as_a_load_from_scratch(tmp_path: Path
         {"README.md": "a file outside every function\n"},
         {"a/handler.py": None, "a/sless.yaml": None},  # a folder removed
         {"a/sless.yaml": manifest_text(name="a"), "a/handler.py": HANDLER},  # and back
-        {"e/handler.py": b"\x00binary now\n", "e/lib/util.py": "X = 1\n"},
+        {"e/data.bin": b"\x00binary\n", "e/lib/util.py": "X = 1\n"},
     ]
     cache = manifest.ManifestCache()
     for number, files in enumerate(steps):
