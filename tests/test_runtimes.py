@@ -274,13 +274,40 @@ def test_async_handler(server):
     assert httpx.get(f"{server.url}/async").json() == {"async": True}
 
 
-def test_exception_is_500_with_type_and_message(server):
-    response = httpx.get(f"{server.url}/boom")
+def test_an_exception_is_a_generic_500_with_the_request_id_and_the_detail_in_the_log(server):
+    """Outside previews a caller never reads the exception's text (it can hold what the
+    caller sent, or what the function knows): the request id finds it in the log."""
+    response = httpx.get(f"{server.url}/boom", headers={"x-request-id": "req-4711"})
     assert response.status_code == 500
     assert response.headers["content-type"] == "application/json"
-    assert response.json() == {"error": "TypeError: kaboom"}
-    assert "kaboom" in server.stderr  # the traceback / stack goes to stderr
+    assert response.json() == {
+        "error": "the function failed; its log has the details",
+        "requestId": "req-4711",
+    }
+    assert "kaboom" not in response.text
+    assert "(request req-4711):" in server.stderr and "kaboom" in server.stderr
+    anonymous = httpx.get(f"{server.url}/boom").json()["requestId"]  # no id given: one made
+    assert len(anonymous) == 32 and f"(request {anonymous}):" in server.stderr
     assert httpx.get(f"{server.url}/list").status_code == 200  # still serving
+
+
+@pytest.mark.parametrize(
+    ("environment", "setting", "detailed"),
+    [("pr-12", None, True), ("pr-12", "0", False), ("prod", "1", True), ("prod", "0", False)],
+)
+def test_previews_and_sless_error_detail_show_the_exception(
+    runtime, log_dir, environment: str, setting: str | None, detailed: bool
+):
+    env = {"SLESS_ENV": environment} | ({"SLESS_ERROR_DETAIL": setting} if setting else {})
+    srv = Server(runtime, log_dir, "handlers.main", **env).wait_healthy()
+    try:
+        response = httpx.get(f"{srv.url}/boom", headers={"x-request-id": "r1"})
+    finally:
+        srv.stop()
+    assert response.status_code == 500
+    expected = {"error": "TypeError: kaboom"} if detailed else {"requestId": "r1"}
+    assert expected.items() <= response.json().items()
+    assert "kaboom" in srv.stderr
 
 
 def test_unserialisable_result_is_500(server):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..manifests.model import ENV_NAME
 from ..source.snapshot import DirectorySnapshot, Snapshot
 from ..web import tokenfile
 from .client import Client, server_url
@@ -42,7 +42,6 @@ EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 EXIT_NOT_OK, EXIT_ERROR = 1, 2  # the answer is not what was hoped for / could not get one
 EXIT_LISTEN = 3  # serve: uvicorn's own code when it cannot bind --listen
 EXIT_INTERRUPTED = 130
-ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 
 _USAGE = "bad arguments, or a path or ref that cannot be read"
 _SERVER = "a server that cannot be reached or refuses the token"

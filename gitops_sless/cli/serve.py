@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import logs
+from ..errordetail import ErrorDetails
 from .common import EXIT_OK, UsageError, check_env, exit_epilog, positive
 from .flaggroups import (
     KUBE_FLAGS,
@@ -188,6 +189,15 @@ def add_parser(commands: Any) -> None:
         help="CIDRs of the proxies whose forwarding headers are trusted "
         "(default: $SLESS_TRUSTED_PROXIES or none)",
     )
+    serve.add_argument(
+        "--error-details",
+        default=os.environ.get("SLESS_ERROR_DETAILS") or "previews",
+        metavar="ENVS",
+        help="environments whose callers read a handler's exception in its 500: 'previews', "
+        "'all', 'none' or environment names, comma-separated; elsewhere the 500 says only "
+        "the request id, and the exception is in the function's log "
+        "(default: $SLESS_ERROR_DETAILS or previews)",
+    )
 
 
 def _deadline(name: str, value: float) -> float:
@@ -279,6 +289,13 @@ def _queue(value: str | None, backend: str) -> str | None:
     return value
 
 
+def _error_details(value: str) -> ErrorDetails:
+    try:
+        return ErrorDetails.parse(value)
+    except ValueError as exc:
+        raise UsageError(f"--error-details {value!r}: {exc}") from None
+
+
 def _networks(flag: str, value: str) -> tuple[str, ...]:
     networks = []
     for item in filter(None, (part.strip() for part in value.split(","))):
@@ -365,7 +382,12 @@ def _kube_settings(args: argparse.Namespace) -> Any:
     }
     overrides["context"] = overrides.pop("kube_context")
     s3 = {k: overrides.pop(f"s3_{k}") for k in ("endpoint", "bucket", "region")}
-    settings = KubeSettings.from_env(os.environ, build_timeout=int(args.build_timeout), **overrides)
+    settings = KubeSettings.from_env(
+        os.environ,
+        build_timeout=int(args.build_timeout),
+        error_details=_error_details(args.error_details),
+        **overrides,
+    )
     s3_values = {k: v for k, v in s3.items() if v}
     if s3_values:
         settings = dataclasses.replace(settings, s3=dataclasses.replace(settings.s3, **s3_values))
@@ -471,6 +493,7 @@ def _serve(args: argparse.Namespace) -> int:
         queue=_queue(args.queue, args.backend),
         invocation_retention=duration("--invocation-retention", args.invocation_retention),
         callback_allow=_networks("--callback-allow", args.callback_allow),
+        error_details=_error_details(args.error_details),
     )
     logs.configure(config.log_format, config.log_level)
     if config.backend == "local":

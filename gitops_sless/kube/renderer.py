@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from ..errordetail import DEFAULT as DEFAULT_ERROR_DETAILS
+from ..errordetail import ErrorDetails
 from ..manifests import runtimes
 from ..manifests.model import DesiredState, Function, Job, JobRef, SecretRef, is_preview
 from ..plan.backend import Deployment
@@ -109,6 +111,8 @@ class RenderConfig:
     # the reconciler's Service (port 80, in controller_namespace): an autoscaled function's
     # HTTPRoute sends calls there while no replica serves (deploy/service.yaml)
     reconciler_service: str = "gitops-sless"
+    # whose callers read a handler's exception (serve --error-details)
+    error_details: ErrorDetails = DEFAULT_ERROR_DETAILS
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
@@ -216,6 +220,7 @@ class _EnvironmentRenderer:
             "SLESS_ENV": self.environment,
             "SLESS_FUNCTION_NAME": fn.name,
             "SLESS_TIMEOUT_SEC": str(fn.timeout_sec),
+            **self.config.error_details.runtime_env(self.environment),
             **extra,
             **env_vars,
         }

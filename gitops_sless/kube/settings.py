@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errordetail import DEFAULT as DEFAULT_ERROR_DETAILS
+from ..errordetail import ErrorDetails
 from ..errors import PermanentError, SlessError
 from . import netpolicy
 from .client import KubeClient, KubeUnavailable, own_namespace
@@ -55,6 +57,7 @@ class KubeSettings:
     preview_egress: tuple[str, ...] = ()
     gateway: tuple[str, str] | None = None  # (namespace, name): --gateway, SLESS_GATEWAY
     reconciler_service: str = "gitops-sless"  # where --gateway routes idle functions
+    error_details: ErrorDetails = DEFAULT_ERROR_DETAILS  # serve --error-details
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -111,6 +114,7 @@ class KubeSettings:
             preview_egress=self.preview_egress,
             gateway=self.gateway,
             reconciler_service=self.reconciler_service,
+            error_details=self.error_details,
         )
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import logs
+from ..errordetail import DEFAULT as DEFAULT_ERROR_DETAILS
+from ..errordetail import ErrorDetails
 from ..manifests import runtimes
 from ..manifests.model import Function, Job, RateLimit, Scale, SecretRef, is_preview
 from ..plan.backend import (
@@ -50,6 +52,7 @@ class LocalBackend(Backend):
         on_replica_event: ReplicaEvent | None = None,
         preview_secrets: SecretsDir | None = None,
         sandbox: Sandbox | None = None,
+        error_details: ErrorDetails = DEFAULT_ERROR_DETAILS,
     ) -> None:
         """``on_replica_event(env, function, kind, reason)``: kind "exited" when a replica
         ended on its own (reason "OOMKilled: ..." or "exited with code N"), "recovered"
@@ -59,6 +62,7 @@ class LocalBackend(Backend):
         previews (``pr-*``); without them a preview resolves no secret at all."""
         self.routes = routes
         self.secrets = secrets
+        self.error_details = error_details
         self.preview_secrets = preview_secrets or SecretsDir(None, previews=True)
         self.builder = local_builder.LocalBuilder(
             state_dir / "artifacts",
@@ -103,7 +107,7 @@ class LocalBackend(Backend):
             entrypoint=fn.entrypoint,
             artifact=self.builder.path(fn.build_tag),
             timeout_sec=fn.timeout_sec,
-            env_vars=resolved,
+            env_vars={**resolved, **self.error_details.runtime_env(env)},
             memory_mb=fn.memory_mb,
             max_processes=fn.max_processes,
         )

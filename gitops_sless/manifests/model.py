@@ -3,6 +3,7 @@ environment values, and the desired state of one revision."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -216,6 +217,10 @@ class DesiredState:
     @property
     def problems(self) -> list[ManifestProblem]:
         return [p for err in self.invalid.values() for p in err.problems]
+
+
+# an environment's name: a DNS-1123 label short enough to prefix into a namespace's
+ENV_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 
 
 def is_preview(environment: str) -> bool:

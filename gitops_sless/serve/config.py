@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errordetail import DEFAULT as DEFAULT_ERROR_DETAILS
+from ..errordetail import ErrorDetails
 from ..scaling.autoscaler import Windows
 
 __all__ = ["ServeConfig"]
@@ -63,6 +65,7 @@ class ServeConfig:
     queue: str | None = None
     invocation_retention: float = 86400.0  # ended invocations are kept this long
     callback_allow: tuple[str, ...] = ()  # CIDRs a callback URL may resolve to after all
+    error_details: ErrorDetails = DEFAULT_ERROR_DETAILS  # whose callers read an exception
 
     @property
     def public_url(self) -> str:

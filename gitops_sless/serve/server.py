@@ -196,6 +196,7 @@ class Server:
             on_replica_event=self._replica_event,
             preview_secrets=SecretsDir(config.preview_secrets_dir, previews=True),
             sandbox=self.sandbox,
+            error_details=config.error_details,
         )
 
     def _previews(self) -> Previews:

@@ -9,6 +9,9 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  *   SLESS_FUNCTION_DIR   the function folder (default: the current directory)
  *   SLESS_FUNCTION_NAME, SLESS_ENV   passed to the handler in its `context`
  *   SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+ *   SLESS_ERROR_DETAIL   1: a handler's error is the 500's body; 0: the body is a generic
+ *                        error with the request id, the error only in the log (default: 1 in
+ *                        a preview environment, `pr-*`, else 0)
  *   PORT, SLESS_HOST     where to listen (default 0.0.0.0:8080)
  *   SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
  *                        {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
@@ -215,6 +218,26 @@ function invoke(handler, event, context, timeoutMs, done) {
 const JSON_TYPE = 'application/json';
 const SKIPPED_RESPONSE_HEADERS = new Set(['content-length', 'transfer-encoding', 'connection', 'date', 'keep-alive']);
 
+const GENERIC_ERROR = 'the function failed; its log has the details';
+
+/** SLESS_ERROR_DETAIL as given, else whether `environment` is a preview. */
+function showsErrorDetail(setting, environment) {
+  if (setting === '1' || setting === 'true') return true;
+  if (setting === '0' || setting === 'false') return false;
+  return String(environment || '').startsWith('pr-');
+}
+
+/**
+ * The 500 for a handler's error, which is always in the log. Its text can hold what the
+ * caller sent or what the function knows, so the caller reads it only where details are
+ * shown; elsewhere, the request id that finds it in the log.
+ */
+function handlerFailed(res, err, method, path, requestId, errorDetail) {
+  process.stderr.write(`[sless] the handler raised on ${method} ${path} (request ${requestId}):\n${errorStack(err)}\n`);
+  if (errorDetail) sendJsonError(res, 500, describeError(err));
+  else send(res, 500, JSON_TYPE, JSON.stringify({ error: GENERIC_ERROR, requestId }), null);
+}
+
 function sendJsonError(res, status, message) {
   send(res, status, JSON_TYPE, JSON.stringify({ error: message }), null);
 }
@@ -380,6 +403,7 @@ function healthBody(state) {
 
 function createServer(handler, options) {
   const { timeoutSec, functionName = '', environment = '', replicaKey = null } = options;
+  const errorDetail = options.errorDetail ?? showsErrorDetail(undefined, environment);
   // set where others share the network (the local backend): a call without it did not
   // come through the proxy, and skipped its limits and its record
   const key = replicaKey ? Buffer.from(replicaKey, 'latin1') : null;
@@ -419,8 +443,7 @@ function createServer(handler, options) {
         process.stderr.write(`[sless] ${timeoutText}; the call is abandoned\n`);
         sendJsonError(res, 504, timeoutText);
       } else if (err) {
-        process.stderr.write(`[sless] the handler raised on ${req.method} ${event._path}:\n${errorStack(err)}\n`);
-        sendJsonError(res, 500, describeError(err));
+        handlerFailed(res, err, req.method, event._path, context.requestId, errorDetail);
       } else {
         try {
           sendResult(res, result);
@@ -602,6 +625,7 @@ async function main() {
     functionName: process.env.SLESS_FUNCTION_NAME || '',
     environment: process.env.SLESS_ENV || '',
     replicaKey,
+    errorDetail: showsErrorDetail(process.env.SLESS_ERROR_DETAIL, process.env.SLESS_ENV),
   });
   server.once('error', (err) => {
     closeFd(readyFd);

@@ -6,6 +6,9 @@ Standard library only. Configuration comes from the environment:
     SLESS_FUNCTION_DIR   the function folder (default: the current directory)
     SLESS_FUNCTION_NAME  SLESS_ENV   passed to the handler in its ``context``
     SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+    SLESS_ERROR_DETAIL   1: a handler's exception is the 500's body; 0: the body is a generic
+                         error with the request id, the exception only in the log (default:
+                         1 in a preview environment, ``pr-*``, else 0)
     PORT  SLESS_HOST     where to listen (default 0.0.0.0:8080)
     SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
                          {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
@@ -172,9 +175,7 @@ class Context:
     def request_id(self) -> str:
         """The X-Request-Id of the call, else a generated id (made on first use)."""
         if not self._request_id:
-            import uuid
-
-            self._request_id = uuid.uuid4().hex
+            self._request_id = _new_request_id()
         return self._request_id
 
     def remaining_time_ms(self) -> int:
@@ -295,6 +296,24 @@ def print_exc() -> None:
     import traceback
 
     traceback.print_exc()
+
+
+GENERIC_ERROR = "the function failed; its log has the details"
+
+
+def _new_request_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+def shows_error_detail(setting: str | None, environment: str) -> bool:
+    """SLESS_ERROR_DETAIL as given, else whether ``environment`` is a preview."""
+    if setting in ("1", "true"):
+        return True
+    if setting in ("0", "false"):
+        return False
+    return environment.startswith("pr-")
 
 
 def describe_exception(exc: BaseException) -> str:
@@ -635,8 +654,10 @@ class Server:
         environment: str = "",
         entrypoint: str = "",
         replica_key: str | None = None,
+        error_detail: bool = False,
     ):
         self.call, self.needs_context = make_caller(handler)
+        self.error_detail = error_detail
         # set where others share the network (the local backend): a call without it did
         # not come through the proxy, and skipped its limits and its record
         self.replica_key = replica_key.encode("latin-1") if replica_key else None
@@ -868,8 +889,7 @@ class Server:
             self.load.end()
             if self.stopping:
                 keep = False
-            print_handler_exception(exc, f"[sless] the handler raised on {method} {path}:")
-            reply = _json_error(500, describe_exception(exc), keep, is_head)
+            reply = self._handler_failed(exc, method, path, headers, keep, is_head)
         else:
             with conn.lock:
                 if conn.abandoned:
@@ -881,10 +901,24 @@ class Server:
             try:
                 reply = render_result(result, keep, is_head)
             except Exception as exc:
-                print_exc()
-                reply = _json_error(500, describe_exception(exc), keep, is_head)
+                reply = self._handler_failed(exc, method, path, headers, keep, is_head)
         sock.sendall(reply)
         return keep
+
+    def _handler_failed(
+        self, exc: BaseException, method: str, path: str, headers: dict, keep: bool, is_head: bool
+    ) -> bytes:
+        """The 500 for a handler's exception, which is always in the log. Its text can
+        hold what the caller sent or what the function knows, so the caller reads it only
+        where details are shown; elsewhere, the request id that finds it in the log."""
+        request_id = headers.get("x-request-id") or _new_request_id()
+        print_handler_exception(
+            exc, f"[sless] the handler raised on {method} {path} (request {request_id}):"
+        )
+        if self.error_detail:
+            return _json_error(500, describe_exception(exc), keep, is_head)
+        body = to_json({"error": GENERIC_ERROR, "requestId": request_id}).encode()
+        return _build(500, "application/json", body, keep, is_head)
 
     def _read_body(self, conn: _Connection, sock: _socket.socket, headers: dict, version: str):
         te = headers.get("transfer-encoding")
@@ -1118,6 +1152,9 @@ def main(started: float | None = None) -> int:
             environment=os.environ.get("SLESS_ENV", ""),
             entrypoint=entrypoint,
             replica_key=replica_key,
+            error_detail=shows_error_detail(
+                os.environ.get("SLESS_ERROR_DETAIL"), os.environ.get("SLESS_ENV", "")
+            ),
         )
         try:
             server.bind()
