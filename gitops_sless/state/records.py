@@ -10,6 +10,7 @@ hold (a replica that followed another leader).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from .store import Store
@@ -51,23 +52,31 @@ class Records:
 
     def update(self, name: str, **fields: Any) -> bool:
         """Write the fields that differ from the record (creating it); True if any did."""
+        return self.update_many({name: fields}) == 1
+
+    def update_many(self, fields: Mapping[str, Mapping[str, Any]]) -> int:
+        """:meth:`update` for each name, in one store transaction; how many changed."""
         with self._lock:
-            row = self._rows.get(name)
-            changed = (
-                fields if row is None else {k: v for k, v in fields.items() if row.get(k) != v}
-            )
-            if row is not None and not changed:
-                return False
-            self.store.set_function(self.env, name, **changed)
-            fresh = self.store.function(self.env, name)
-            if fresh is not None:
+            changes: dict[str, Mapping[str, Any]] = {}
+            for name, given in fields.items():
+                row = self._rows.get(name)
+                changed = (
+                    given if row is None else {k: v for k, v in given.items() if row.get(k) != v}
+                )
+                if row is None or changed:
+                    changes[name] = changed
+            if not changes:
+                return 0
+            self.store.set_functions(self.env, changes)
+            for fresh in self.store.functions(self.env, changes):
+                name = fresh["name"]
                 self._rows[name] = fresh
                 if _settled(fresh):
                     self._unsettled.discard(name)
                 else:
                     self._unsettled.add(name)
             self.version += 1
-            return True
+            return len(changes)
 
     def delete(self, name: str) -> None:
         with self._lock:

@@ -11,7 +11,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,8 @@ _FUNCTION_FIELDS = (
     "next_retry",
     "wanted_tag",
 )
+# host parameters per query: SQLite before 3.32 allows at most 999
+_PARAMS_PER_QUERY = 900
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
 
@@ -167,35 +169,46 @@ class Store:
 
         ``updated`` is now, unless given (a record copied from another replica's).
         """
+        self.set_functions(env, {name: fields}, updated=updated)
+
+    def set_functions(
+        self, env: str, changes: Mapping[str, Mapping[str, Any]], *, updated: float | None = None
+    ) -> None:
+        """:meth:`set_function` for each name of ``changes``, in one transaction: a pass
+        that writes every record of a large environment commits once, not per record."""
         stamp = time.time() if updated is None else updated
-        unknown = set(fields) - set(_FUNCTION_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown function fields: {sorted(unknown)}")
-        if "phase" in fields and fields["phase"] not in FUNCTION_PHASES:
-            raise ValueError(f"unknown phase {fields['phase']!r}")
-        if "spec" in fields:
-            fields["spec"] = json.dumps(fields["spec"], sort_keys=True)
+        rows = {name: _function_fields(fields) for name, fields in changes.items()}
         with self._tx() as db:
-            exists = db.execute(
-                "SELECT 1 FROM functions WHERE env = ? AND name = ?", (env, name)
-            ).fetchall()
-            if not exists:
+            for name, fields in rows.items():
                 db.execute(
-                    "INSERT INTO functions (env, name, phase, updated) VALUES (?, ?, 'Pending', ?)",
+                    "INSERT OR IGNORE INTO functions (env, name, phase, updated)"
+                    " VALUES (?, ?, 'Pending', ?)",
                     (env, name, stamp),
                 )
-            if fields:
-                assignments = ", ".join(f"{key} = ?" for key in fields)
-                db.execute(
-                    f"UPDATE functions SET {assignments}, updated = ? WHERE env = ? AND name = ?",
-                    (*fields.values(), stamp, env, name),
-                )
+                if fields:
+                    assignments = ", ".join(f"{key} = ?" for key in fields)
+                    db.execute(
+                        f"UPDATE functions SET {assignments}, updated = ? "
+                        "WHERE env = ? AND name = ?",
+                        (*fields.values(), stamp, env, name),
+                    )
 
     def function(self, env: str, name: str) -> dict[str, Any] | None:
         return self._one("SELECT * FROM functions WHERE env = ? AND name = ?", env, name)
 
-    def functions(self, env: str) -> list[dict[str, Any]]:
-        return self._all("SELECT * FROM functions WHERE env = ? ORDER BY name", env)
+    def functions(self, env: str, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every record of ``env``, or those of ``names``, ordered by name."""
+        if names is None:
+            return self._all("SELECT * FROM functions WHERE env = ? ORDER BY name", env)
+        wanted = sorted(set(names))
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(wanted), _PARAMS_PER_QUERY):
+            chunk = wanted[start : start + _PARAMS_PER_QUERY]
+            marks = ",".join("?" * len(chunk))
+            rows += self._all(
+                f"SELECT * FROM functions WHERE env = ? AND name IN ({marks})", env, *chunk
+            )
+        return sorted(rows, key=lambda row: row["name"])
 
     def delete_function(self, env: str, name: str) -> None:
         with self._tx() as db:
@@ -461,6 +474,18 @@ class Store:
             name,
             limit,
         )
+
+
+def _function_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` checked and as stored (``spec`` as JSON); ValueError names what is wrong."""
+    unknown = set(fields) - set(_FUNCTION_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown function fields: {sorted(unknown)}")
+    if "phase" in fields and fields["phase"] not in FUNCTION_PHASES:
+        raise ValueError(f"unknown phase {fields['phase']!r}")
+    if "spec" in fields:
+        return {**fields, "spec": json.dumps(fields["spec"], sort_keys=True)}
+    return dict(fields)
 
 
 def _cut(text: str, limit: int) -> tuple[str, bool]:

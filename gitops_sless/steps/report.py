@@ -67,7 +67,7 @@ class Report:
         hashes = {d.name: d.spec_hash for d in planned.applies}
         urls = {name: self.url(desired.functions[name]) for name in names}
         fields = derive(desired, planned, ctx.outcomes, health, hashes, urls, names)
-        if sum(ctx.records.update(name, **f) for name, f in fields.items()):
+        if ctx.records.update_many(fields):
             ctx.begin_row(current)
 
     def conclude(
@@ -100,7 +100,7 @@ class Report:
         changed = [name for name, given in fresh.items() if seen.get(name) != given]
         urls = {name: self.url(desired.functions[name]) for name in changed}
         fields = derive(desired, planned, ctx.outcomes, health, hashes, urls, changed)
-        writes = sum(ctx.records.update(name, **f) for name, f in fields.items())
+        writes = ctx.records.update_many(fields)
         # a refused prune (the guard against emptying an environment) leaves them serving:
         # they stay listed, and say why they still run
         kept = ctx.serving if planned.refused else set()

@@ -110,3 +110,37 @@ def test_jobs_runs_are_per_environment(tmp_path):
     assert store.job_run("prod", "j", 1)["phase"] == "Succeeded"
     assert store.job_run("pr-3", "j", 1)["error"] == "boom"
     assert store.latest_success("pr-3", "j") is None
+
+
+def test_a_pass_writes_every_record_in_one_transaction(tmp_path):
+    """Records.update_many, which a pass uses for every function's phase, gives what one
+    update per record gives, commits once for all of them (a first pass over 10,000
+    functions used to commit 10,000 times), and writes nothing when one record is bad."""
+    from gitops_sless.state.records import Records
+
+    fields = {
+        f"fn-{i:03d}": {"phase": "Building", "message": f"build {i}", "spec": {"n": i}}
+        for i in range(300)
+    }
+    one_by_one = Records(Store(tmp_path / "a.db"), "prod")
+    for name, given in fields.items():
+        one_by_one.update(name, **given)
+    store = Store(tmp_path / "b.db")
+    batched = Records(store, "prod")
+    commits: list[str] = []
+    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    assert batched.update_many(fields) == 300
+    assert len(commits) == 1
+    assert batched.update_many(fields) == 0 and len(commits) == 1  # nothing new: no write
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k != "updated"} for r in rows]
+
+    assert strip(batched.all()) == strip(one_by_one.all())
+    assert strip(Records(store, "prod").all()) == strip(one_by_one.all())  # as stored
+    assert len(batched.unsettled()) == 300
+
+    bad = {"fn-000": {"phase": "Ready"}, "fn-001": {"phase": "Running"}}
+    with pytest.raises(ValueError, match="unknown phase 'Running'"):
+        batched.update_many(bad)
+    assert store.function("prod", "fn-000")["phase"] == "Building"  # not half written
