@@ -3,16 +3,22 @@ answers (what a sync would change), as the API's models."""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
+import jsonschema
 from pydantic import ConfigDict, Field
 
 from ..errors import ManifestError, ManifestProblem
 from ..manifests import model, runtimes
 from ..manifests.identity import build_tag
+from ..manifests.schema import load_schema
 from ..plan.diff import Diff, FunctionChange
 from .models import ApiModel, JobPhase
+from .replies import inline_refs
 
 __all__ = [
     "CronSpec",
@@ -34,6 +40,8 @@ __all__ = [
     "ScaleSpec",
     "SecretValue",
     "WarmSpec",
+    "read_request",
+    "request_schema",
 ]
 
 
@@ -260,6 +268,61 @@ class DiffRequest(_Request):
             for name in invalid.functions:
                 state.invalid_names.setdefault(name, invalid.manifest)
         return state
+
+
+# the fields of a posted function that sless.yaml writes: the manifest schema's rules
+# for them (the runtime enum, the name and entrypoint patterns, the bounds) are the
+# request's too, so the schema the server publishes is the one it enforces
+_MANIFEST_FIELDS = ("name", "runtime", "entrypoint", "memoryMB", "timeoutSec", "replicas")
+_RULES = ("enum", "pattern", "minLength", "maxLength", "minimum", "maximum")
+
+
+@cache
+def _request_schema() -> dict[str, Any]:
+    schema = inline_refs(DiffRequest.model_json_schema(by_alias=True))
+    manifest = load_schema()
+    written = manifest["$defs"]["function"]["properties"]
+    posted = schema["properties"]["functions"]["items"]["properties"]
+    for name in _MANIFEST_FIELDS:
+        rule = written[name]
+        if "$ref" in rule:
+            rule = manifest["$defs"][rule["$ref"].removeprefix("#/$defs/")]
+        posted[name].update({key: rule[key] for key in _RULES if key in rule})
+    names = {k: v for k, v in manifest["$defs"]["env"]["propertyNames"].items() if k in _RULES}
+    for env in ("env", "previewEnv"):
+        posted[env]["propertyNames"] = names
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def request_schema() -> dict[str, Any]:
+    """The JSON Schema of a diff's body, as the API publishes it and checks each body."""
+    return copy.deepcopy(_request_schema())
+
+
+@cache
+def _request_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_request_schema())
+
+
+def read_request(body: bytes) -> DiffRequest:
+    """A posted body checked against :func:`request_schema` first, so nothing it refuses
+    is taken and nothing it allows is refused; ValueError says where and why."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    # the most precise first: a wrong field before the fields missing around it
+    errors = sorted(
+        _request_validator().iter_errors(data), key=lambda e: (-len(e.path), str(e.path))
+    )
+    if errors:
+        shown = "; ".join(
+            f"body field {'.'.join(str(p) for p in e.path) or '(root)'!r}: {e.message}"
+            for e in errors[:5]
+        )
+        raise ValueError(shown + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""))
+    return DiffRequest.model_validate(data)
 
 
 # --- diff: what the server answers -------------------------------------------------------------

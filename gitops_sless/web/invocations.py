@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request, Security
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 
@@ -250,7 +250,10 @@ def router(
         "/api/environments/{env}/events/{subject}", include_in_schema=False, status_code=202
     )
     async def publish(
-        env: str, subject: str, request: Request, credentials: Credentials
+        env: str,
+        subject: Annotated[str, Path(pattern=f"^{SUBJECT.pattern}$", description=SUBJECT_HINT)],
+        request: Request,
+        credentials: Credentials,
     ) -> Published:
         """Publish an event: every function of the environment with a queue trigger on the
         subject gets an asynchronous invocation (POST /, this body and Content-Type)."""
@@ -261,8 +264,6 @@ def router(
         body = await request.body()
         if len(body) > service.submitter.max_body_bytes:
             raise HTTPException(413, f"event larger than {service.submitter.max_body_bytes} bytes")
-        if not SUBJECT.fullmatch(subject):
-            raise HTTPException(422, f"{subject!r} is not a subject: {SUBJECT_HINT}")
         # the event's type and CloudEvents attributes; the caller's credentials never
         kept = tuple(
             (k, v) for k, v in request.headers.items() if k == "content-type" or k.startswith("ce-")

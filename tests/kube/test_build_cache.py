@@ -670,7 +670,8 @@ def test_what_an_install_may_read(tmp_path, files, reason):
     runtime = "nodejs20" if "package.json" in files else "python3.11"
     handler = "handler.js" if runtime == "nodejs20" else "handler.py"
     folder = tmp_path / "repo" / "fn"
-    for rel, text in {**files, handler: "", "sless.yaml": py_manifest("fn")}.items():
+    code = "exports.main = () => 1;\n" if runtime == "nodejs20" else "def main(e):\n    pass\n"
+    for rel, text in {**files, handler: code, "sless.yaml": py_manifest("fn")}.items():
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text(text.replace("python3.11", runtime))
     snapshot = DirectorySnapshot(tmp_path / "repo")
@@ -682,7 +683,9 @@ def test_what_an_install_may_read(tmp_path, files, reason):
     if reason is None:
         assert set(deps.files) == set(files) - {"binding.gyp"}
     # a change elsewhere in the folder keeps the key only when the install cannot read it
-    (folder / handler).write_text("// changed\n")
+    (folder / handler).write_text(
+        code + ("// changed\n" if handler == "handler.js" else "# changed\n")
+    )
     changed = DirectorySnapshot(tmp_path / "repo")
     again = dependencies(functions(changed)["fn"], changed)
     assert again is not None and (again.key == deps.key) == (reason is None)

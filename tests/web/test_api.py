@@ -665,7 +665,27 @@ def test_diff_refuses_bodies_it_cannot_use(api):
     }
     unknown = api.http.post("/api/v1/environments/prod/diff", json={"functions": [spec]})
     assert unknown.status_code == 422
-    assert "runtime 'cobol' is not one of" in unknown.json()["error"]
+    assert "body field 'functions.0.runtime': 'cobol' is not one of" in unknown.json()["error"]
+    # the published schema says so: what it allows is what the server takes
+    published = api.http.get("/openapi.json").json()
+    body = published["paths"]["/api/v1/environments/{env}/diff"]["post"]["requestBody"]
+    function = body["content"]["application/json"]["schema"]["properties"]["functions"]["items"]
+    assert function["properties"]["runtime"]["enum"] == ["python3.11", "nodejs20"]
+    assert function["properties"]["memoryMB"]["minimum"] == 64
+    ok = api.http.post("/api/v1/environments/prod/diff", json={"functions": [spec | RUNTIME]})
+    assert ok.status_code == 200, ok.text
+    # a Python name for a field is not in the schema (additionalProperties: false): refused
+    snake = {k: v for k, v in spec.items() if k != "timeoutSec"} | RUNTIME | {"timeout_sec": 30}
+    refused = api.http.post("/api/v1/environments/prod/diff", json={"functions": [snake]})
+    assert refused.status_code == 422, refused.text
+    assert "'timeout_sec' was unexpected" in refused.json()["error"]
+    small = api.http.post(
+        "/api/v1/environments/prod/diff", json={"functions": [spec | RUNTIME | {"memoryMB": 1}]}
+    )
+    assert small.status_code == 422 and "1 is less than the minimum of 64" in small.json()["error"]
+
+
+RUNTIME = {"runtime": "python3.11"}
 
 
 # --- logs -----------------------------------------------------------------------------------------
