@@ -289,7 +289,13 @@ def test_injected_conflicts_and_server_errors_converge(kube, harness_for, tmp_pa
     harness = harness_for(repo)
     harness.sync()
     assert kube.get("Deployment", PROD, "alpha") is not None
-    assert harness.function("alpha")["phase"] in ("Pending", "Ready")
+
+    def converged() -> bool:  # converged means Ready, not merely applied
+        return (
+            harness.sync().result == "Succeeded" and harness.function("alpha")["phase"] == "Ready"
+        )
+
+    wait_for(converged, "alpha Ready after the injected failures")
 
 
 def test_a_missing_secret_shows_the_kubelets_reason_until_it_exists(kube, harness_for, tmp_path):
@@ -412,8 +418,12 @@ def test_a_422_is_a_permanent_error_reported_on_the_function(kube, harness_for, 
     assert held["phase"] == "Failed" and held["next_retry"] == now[0] + 10
     now[0] += 10
     harness.sync()
-    assert harness.function(failed[0]["name"])["phase"] in ("Pending", "Ready")
     assert len(kube.objects("Deployment", PROD)) == 2
+    name = failed[0]["name"]
+    wait_for(
+        lambda: harness.sync() and harness.function(name)["phase"] == "Ready",
+        f"{name} Ready once applied again",
+    )
 
 
 def test_the_client_refuses_calls_outside_its_table(kube):
