@@ -131,9 +131,7 @@ def test_sigterm_while_a_job_runs_stops_the_job(repo, tmp_path):
     server = repo.server().start(wait_for_sync=False)
     # its sandbox lets the job write nothing the test could see: its process is the sign
     server.wait(lambda: processes_under(repo.state), "the job to start")
-    began = time.monotonic()
-    _sigterm_and_wait(server)
-    assert time.monotonic() - began < 20  # not the job's 120 s
+    _sigterm_and_wait(server)  # within its 30 s: a serve that waited for the job's 120 s fails
     assert processes_under(repo.state) == []
 
 

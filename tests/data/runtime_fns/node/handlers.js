@@ -27,8 +27,7 @@ exports.main = async (event, context) => {
     case '/unserialisable':
       return { value: 10n };
     case '/slow':
-      await sleep(3000);
-      return { late: true };
+      return exports.slow();
     case '/async':
       await sleep(10);
       return { async: true };
@@ -60,8 +59,10 @@ exports.boom = () => {
   throw new TypeError('kaboom');
 };
 
+/** Three seconds, then a mark in SLOW_MARK (if set): see python/handlers.py. */
 exports.slow = async () => {
   await sleep(3000);
+  if (process.env.SLOW_MARK) require('node:fs').appendFileSync(process.env.SLOW_MARK, 'finished\n');
   return { late: true };
 };
 
