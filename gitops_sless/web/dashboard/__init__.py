@@ -92,7 +92,9 @@ def router(
 
     @routes.get("/", response_class=HTMLResponse)
     def index(request: Request) -> HTMLResponse:
-        return pages.index(signout(request), request.query_params.get("syncs"))
+        query = request.query_params
+        unready = query.get("functions") == "unready"
+        return pages.index(signout(request), query.get("syncs"), unready)
 
     @routes.get("/functions/{env}/{name}", response_class=HTMLResponse)
     async def function(env: str, name: str, request: Request) -> HTMLResponse:

@@ -1,10 +1,12 @@
-"""A function's page at ``/functions/{env}/{name}``: its phase, build, jobs and calls."""
+"""A function's page at ``/functions/{env}/{name}``: its phase, log, build, jobs and calls."""
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi.responses import HTMLResponse
@@ -72,6 +74,7 @@ class FunctionPage(Site):
         main = _join(
             [
                 self._summary(env, fn, row, now),
+                self._log(env, name),
                 self._build(fn, now, self._built_with(env, row)),
                 self._jobs([job for job in fn.jobs if job.function == name], now),
                 section(env, name, queue, now),
@@ -141,6 +144,29 @@ class FunctionPage(Site):
         ]
         return folder, names or [row["name"]]
 
+    def _log(self, env: str, name: str) -> Html:
+        """The last lines its replicas printed (a traceback shows here, not only in
+        ``gitops-sless logs``), error lines marked; the whole log is the logs API's."""
+        path = self.store.path.parent / "logs" / env / f"{name}.log"
+        lines = _tail(path, LOG_TAIL_LINES)
+        more = _h(
+            '<p class="muted">The last {n} lines; all of them: <code>gitops-sless logs '
+            "{env}/{name}</code>.</p>",
+            n=LOG_TAIL_LINES,
+            env=env,
+            name=name,
+        )
+        if not lines:
+            empty = Html('<p class="muted">Nothing printed yet.</p>')
+            return _section("log", "Log", empty)
+        body = _h(
+            '{more}<pre class="log" id="replica-log" tabindex="0" role="region" '
+            'aria-label="Log, last lines">{lines}</pre>',
+            more=more,
+            lines=_join((_log_line(line) for line in lines), "\n"),
+        )
+        return _section("log", "Log", body)
+
     def _build(self, fn: FunctionDetail, now: float, built: tuple[str, list[str]]) -> Html:
         build = fn.build
         if build is None:
@@ -208,6 +234,27 @@ class FunctionPage(Site):
             for call in calls[:RECENT_CALLS]
         )
         return _section("calls", "Recent calls", Html(_chart(calls) + _table(_CALL_COLUMNS, rows)))
+
+
+LOG_TAIL_LINES = 40
+_TAIL_BYTES = 16 * 1024  # enough for 40 lines of a traceback
+
+
+def _tail(path: Path, count: int) -> list[str]:
+    """The last ``count`` whole lines of ``path`` (none when it does not exist)."""
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - _TAIL_BYTES))
+            data = log.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if size > _TAIL_BYTES:
+        lines = lines[1:]  # its first line was cut
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines[-count:]
 
 
 def _chart(calls: list[Invocation]) -> Html:

@@ -37,7 +37,7 @@ _HEADERS = {
 }
 _ERROR_LINE = re.compile(
     r"(?i)\b(?:error|fatal|failed|exception|traceback|cannot|could not|no matching"
-    r"|not found|denied|timed out|killed)\b|npm err!"
+    r"|not found|denied|timed out|killed)\b|npm err!|\w(?:Error|Exception)\b"
 )
 _KIND = {
     "Ready": "ok",
@@ -99,10 +99,14 @@ def _tr(columns: Sequence[str], cells: Sequence[Cell], attrs: Html | None = None
     return _h("<tr{attrs}>{head}{rest}</tr>", attrs=attrs or Html(""), head=head, rest=_join(rest))
 
 
-def _table(columns: Sequence[str], rows: Iterable[Html]) -> Html:
+def _table(columns: Sequence[str], rows: Iterable[Html], kind: str = "cards") -> Html:
+    """``kind``: how it folds below 760 px, "cards" (each row a card of labelled cells)
+    or "list" (a line per row: its heading cell, badge and message; the rest is a click
+    away, on the row's own page)."""
     head = _join(_h('<th scope="col">{c}</th>', c=c) for c in columns)
     return _h(
-        '<table class="cards"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>',
+        '<table class="{kind}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>',
+        kind=kind,
         head=head,
         rows=_join(rows),
     )
@@ -200,7 +204,10 @@ def _url_link(url: str | None) -> Html:
     """The function's URL as text, linked by path so it works wherever the page is seen from."""
     if not url or not url.startswith(("http://", "https://")):
         return DASH
-    return _h('<a class="url" href="{path}">{url}</a>', path=urlsplit(url).path or "/", url=url)
+    # a line may break after a '/', never inside a name: http://host/fn/prod/<wbr>greeting-py/
+    parts = url.split("/")
+    text = _join([*(_h("{p}/<wbr>", p=p) for p in parts[:-1]), _h("{p}", p=parts[-1])])
+    return _h('<a class="url" href="{path}">{text}</a>', path=urlsplit(url).path or "/", text=text)
 
 
 def _env_order(env: str, tracked: str) -> tuple[int, int, str]:

@@ -43,20 +43,26 @@ from .site import Site
 class Overview(Site):
     """The page at ``/``."""
 
-    def index(self, signout: Html = NO_HTML, syncs_of: str | None = None) -> HTMLResponse:
-        """``syncs_of``: the environment whose passes the sync history shows (None: all)."""
+    def index(
+        self, signout: Html = NO_HTML, syncs_of: str | None = None, unready: bool = False
+    ) -> HTMLResponse:
+        """``syncs_of``: the environment whose passes the sync history shows (None: all);
+        ``unready``: list only the functions that are not Ready (nor Idle, Ready at zero)."""
         now = time.time()
         status = self._status()
         envs = sorted(self.store.environments(), key=lambda e: _env_order(e, status.environment))
-        sections = [self._environment(env, now) for env in envs] or [
+        sections = [self._environment(env, now, unready) for env in envs] or [
             Html('<p class="empty">No functions yet: the first sync has not finished.</p>')
         ]
+        if envs:
+            waiting = sum(n for p, n in status.phases.items() if p not in READY_PHASES)
+            sections.insert(0, _phase_filter(unready, waiting, syncs_of))
         phases = ", ".join(f"{n} {p}" for p, n in sorted(status.phases.items()))
         title = f"gitops-sless: {phases}" if phases else "gitops-sless"
-        main = _join([*sections, self._syncs(now, envs, syncs_of)], "\n")
+        main = _join([*sections, self._syncs(now, envs, syncs_of, unready)], "\n")
         return _page(title, self.header(status, now, signout), main)
 
-    def _environment(self, env: str, now: float) -> Html:
+    def _environment(self, env: str, now: float, unready: bool = False) -> Html:
         rows = self.store.functions(env)
         info = Environment.from_rows(env, rows, self.store.last_sync(env))
         sync = info.last_sync
@@ -69,7 +75,13 @@ class Overview(Site):
         summary = Html(self._preview(env, rows, now) + summary)
         if not rows:
             return _section(f"env-{env}", env, Html(summary + "<p>No functions declared.</p>"))
-        table = _table((*_FUNCTION_COLUMNS, "Message"), (self._row(env, row) for row in rows))
+        shown = [row for row in rows if row["phase"] not in READY_PHASES] if unready else rows
+        if not shown:
+            note = _h('<p class="muted">All {n} are Ready.</p>', n=len(rows))
+            return _section(f"env-{env}", env, Html(summary + note))
+        table = _table(
+            (*_FUNCTION_COLUMNS, "Message"), (self._row(env, row) for row in shown), "list"
+        )
         return _section(f"env-{env}", env, Html(summary + table))
 
     def _preview(self, env: str, rows: list[dict[str, Any]], now: float) -> Html:
@@ -145,7 +157,9 @@ class Overview(Site):
             return f"{scaled['ready']}/{desired} (max {scaled['max']})"
         return f"{route.serving if route else 0}/{spec.get('replicas', 1)}"
 
-    def _syncs(self, now: float, envs: Sequence[str], only: str | None) -> Html:
+    def _syncs(
+        self, now: float, envs: Sequence[str], only: str | None, unready: bool = False
+    ) -> Html:
         only = only if only in envs else None
         syncs = [Sync.from_row(row) for row in self.store.syncs(RECENT_SYNCS, only)]
         rows = (
@@ -169,22 +183,45 @@ class Overview(Site):
         note = (
             '<p class="muted">Passes that changed nothing are counted in the row they repeat.</p>'
         )
-        body = _sync_filter(envs, only) + note + _table(_SYNC_COLUMNS, rows)
+        body = _sync_filter(envs, only, unready) + note + _table(_SYNC_COLUMNS, rows)
         return _section("syncs", "Sync history", Html(body))
 
     # one function ---------------------------------------------------------------------------
 
 
-def _sync_filter(envs: Sequence[str], only: str | None) -> Html:
-    """Links that show one environment's passes, or all: plain links, so they work
-    without the script, and the page's refresh keeps the choice (it fetches its own URL)."""
+READY_PHASES = ("Ready", "Idle")  # Idle: Ready at zero replicas, woken by its next call
 
-    def link(label: str, href: str, chosen: bool) -> Html:
-        current = Html(' aria-current="true"') if chosen else NO_HTML
+
+def _phase_filter(unready: bool, waiting: int, syncs_of: str | None) -> Html:
+    """All functions, or those that are not Ready: plain links (no script needed), which
+    keep the sync history's choice, as its links keep this one."""
+    keep = f"&syncs={quote(syncs_of, safe='')}" if syncs_of else ""
+    current = Html(' aria-current="true"')
+    return _h(
+        '<nav class="phase-filter" aria-label="Show the functions">Show: '
+        '<a href="/{all_q}"{a}>all</a> · '
+        '<a href="/?functions=unready{keep}"{u}>not Ready ({n})</a></nav>',
+        all_q=f"?{keep[1:]}" if keep else "",
+        a=current if not unready else NO_HTML,
+        keep=keep,
+        u=current if unready else NO_HTML,
+        n=waiting,
+    )
+
+
+def _sync_filter(envs: Sequence[str], only: str | None, unready: bool = False) -> Html:
+    """Links that show one environment's passes, or all: plain links, so they work
+    without the script, and the page's refresh keeps the choice (it fetches its own URL).
+    They keep the function filter's choice."""
+
+    def link(label: str, env: str | None) -> Html:
+        current = Html(' aria-current="true"') if env == only else NO_HTML
+        query = [f"syncs={quote(env, safe='')}"] if env else []
+        query += ["functions=unready"] if unready else []
+        href = "/" + ("?" + "&".join(query) if query else "") + "#syncs"
         return _h('<a href="{href}"{c}>{label}</a>', href=href, c=current, label=label)
 
-    links = [link("all", "/#syncs", only is None)]
-    links += [link(env, f"/?syncs={quote(env, safe='')}#syncs", env == only) for env in envs]
+    links = [link("all", None), *(link(env, env) for env in envs)]
     return _h(
         '<nav class="sync-filter" aria-label="Show the passes of">Show: {links}</nav>',
         links=_join(links, " · "),
