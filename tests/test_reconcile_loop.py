@@ -167,12 +167,23 @@ def _broken(kind: str) -> dict[str, str]:
             "keep/handler.py": handler("v2"),
             "keep/requirements.txt": "no-such-package-anywhere==1\n",
         }
-    if kind == "deploy":
+    if kind == "code":  # found before deploy: the handler does not parse
         return {"keep/handler.py": "def main(event):\n    return {'message': 'v2'\n"}
+    if kind == "deploy":  # found by the start: the import raises
+        return {"keep/handler.py": RAISES_AT_IMPORT}
     raise AssertionError(kind)
 
 
-BROKEN_PHASE = {"yaml-quote": "Invalid", "schema": "Invalid", "build": "Failed", "deploy": "Failed"}
+RAISES_AT_IMPORT = (
+    'raise RuntimeError("the config is missing")\n\n\ndef main(event):\n    return {}\n'
+)
+BROKEN_PHASE = {
+    "yaml-quote": "Invalid",
+    "schema": "Invalid",
+    "code": "Invalid",
+    "build": "Failed",
+    "deploy": "Failed",
+}
 
 
 @pytest.mark.parametrize("kind", list(BROKEN_PHASE))
@@ -237,9 +248,15 @@ def test_a_restored_handler_is_ready_again_after_a_failed_deploy(setup):
     server = setup.serve()
     setup.push({"clock/handler.js": NODE_SYNTAX_ERROR})
     server.sync()
+    invalid = server.function("clock")  # node --check found it: never deployed
+    assert invalid["phase"] == "Invalid"
+    assert "clock/handler.js:2: (code): SyntaxError" in invalid["message"]
+    assert message(server, "clock") == "tick"
+    setup.push({"clock/handler.js": "throw new Error('no config');\nexports.main = () => 1;\n"})
+    server.sync()
     failed = server.function("clock")
     assert failed["phase"] == "Failed"
-    assert "SyntaxError" in failed["message"]
+    assert "Error: no config" in failed["message"]
     setup.push(files)
     server.sync()
     assert server.function("clock")["phase"] == "Ready"
@@ -275,13 +292,13 @@ def test_a_deploy_that_fails_backs_off_and_says_when_it_tries_again(setup):
     good = setup.push(http_function("crashy", "v1"))
     server = setup.serve(poll_interval=0.2)
     server.wait(lambda: message(server, "crashy") == "v1", "v1 to serve")
-    setup.push({"crashy/handler.py": "def main(event):\n    return {'message': 'v2'\n"})
+    setup.push({"crashy/handler.py": RAISES_AT_IMPORT})
     failed = server.wait(
         lambda: (f := server.function("crashy"))["phase"] == "Failed" and f, "the deploy to fail"
     )
     assert failed["restarts"] == 1
     assert failed["nextRetry"] is not None
-    assert "SyntaxError" in failed["message"]
+    assert "RuntimeError: the config is missing" in failed["message"]
     assert message(server, "crashy") == "v1"  # the old version keeps serving
     # polls come every 0.2 s; the next try waits for its backoff (10 s), not for the next poll
     time.sleep(3)

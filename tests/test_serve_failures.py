@@ -1,7 +1,7 @@
 """End to end: a handler that cannot start, or a job that raises, is reported by its cause.
 
 A real ``serve`` follows a real git server; the status API must show the
-exception line and where it is (``handler.py:5: SyntaxError: ...`` and the
+exception line and where it is (``helper.py:5: SyntaxError: ...`` and the
 offending source line), not the tail of the runtime's stack trace.
 """
 
@@ -14,8 +14,12 @@ git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
 __all__ = ["setup"]  # the fixture, shared with test_serve
 
-PY_SYNTAX = 'import json\n\n\ndef main(event):\n    x = {"a": 1\n    return x\n'
-JS_SYNTAX = "exports.main = async (event) => {\n  const x = {a: 1;\n  return x;\n};\n"
+# the handlers parse (validate checks them: tests/manifests/test_handlers.py); the module
+# each imports does not, which only the start finds
+PY_SYNTAX = 'import json\n\n\ndef parse(event):\n    x = {"a": 1\n    return x\n'
+JS_SYNTAX = "exports.parse = async (event) => {\n  const x = {a: 1;\n  return x;\n};\n"
+PY_HANDLER = "import helper\n\n\ndef main(event):\n    return helper.parse(event)\n"
+JS_HANDLER = "const helper = require('./helper');\nexports.main = (event) => helper.parse(event);\n"
 JOB_RAISES = "def run(event):\n    total = sum(event['numbers'])\n    return total / 0\n"
 
 
@@ -23,9 +27,11 @@ def broken_repo() -> dict[str, str | None]:
     return {
         **http_function("fine", "up"),
         "pybad/sless.yaml": manifest("pybad", HTTP),
-        "pybad/handler.py": PY_SYNTAX,
+        "pybad/handler.py": PY_HANDLER,
+        "pybad/helper.py": PY_SYNTAX,
         "jsbad/sless.yaml": manifest("jsbad", HTTP).replace("python3.11", "nodejs20"),
-        "jsbad/handler.js": JS_SYNTAX,
+        "jsbad/handler.js": JS_HANDLER,
+        "jsbad/helper.js": JS_SYNTAX,
         "summer/sless.yaml": manifest(
             "summer",
             "    jobs:",
@@ -51,12 +57,12 @@ def test_syntax_errors_and_a_raising_job_are_reported_by_their_cause(setup):
 
     py = failed_message(server, "pybad")
     assert "the runtime ended before it was healthy (exited with code 1): " in py
-    assert "handler.py:5: SyntaxError: '{' was never closed" in py
+    assert "helper.py:5: SyntaxError: '{' was never closed" in py
     assert '\n    x = {"a": 1' in py  # the line to fix
     assert state not in py  # the artifact's path is the user's folder
 
     js = failed_message(server, "jsbad")
-    assert "handler.js:2: SyntaxError: Unexpected token ';'" in js
+    assert "helper.js:2: SyntaxError: Unexpected token ';'" in js
     assert "\n    const x = {a: 1;" in js
     assert state not in js
 
@@ -82,11 +88,11 @@ def test_a_new_start_reports_its_own_cause_not_the_last_one(setup):
     assert "SyntaxError" in failed_message(server, "pybad")
 
     # the replica log still holds the old traceback; this start fails for another reason
-    setup.push({"pybad/handler.py": "def other(event):\n    return 1\n"})
+    setup.push({"pybad/helper.py": 'raise LookupError("no such table")\n'})
     server.sync()
     message = server.wait(
-        lambda: (m := failed_message(server, "pybad")) and "no function" in m and m,
+        lambda: (m := failed_message(server, "pybad")) and "LookupError" in m and m,
         "pybad to fail for its new reason",
     )
-    assert "handler.py has no function 'main'" in message
+    assert "helper.py:1: LookupError: no such table" in message
     assert "SyntaxError" not in message

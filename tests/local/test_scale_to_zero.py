@@ -155,7 +155,7 @@ def test_a_replica_that_cannot_start_on_a_wake_answers_502_with_its_cause(setup)
 
 def test_a_handler_that_never_starts_fails_its_deploy_with_the_cause(setup):
     files = scaled("broken")
-    files["broken/handler.py"] = "import not_a_module\n"
+    files["broken/handler.py"] = "import not_a_module\n\n\ndef main(event):\n    return event\n"
     setup.push(files)
     server = setup.serve(args=FAST)
     status = server.wait(

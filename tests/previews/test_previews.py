@@ -609,7 +609,8 @@ def test_a_restart_keeps_a_preview_serving_its_last_good_version(setup):
     server = setup.serve()
     good = setup.open(server, 9, change("pr v1"))
     until(in_state(server, 9, "Ready", good), "pr-9 Ready", server)
-    broken = setup.open(server, 9, {f"{CHANGED}/handler.py": "def main(event):\n    return {\n"})
+    code = 'raise RuntimeError("broken at import")\n\n\ndef main(event):\n    return {}\n'
+    broken = setup.open(server, 9, {f"{CHANGED}/handler.py": code})
     until(in_state(server, 9, "Failed", broken), "pr-9's new head to fail", server)
     assert answer(server, "pr-9") == "pr v1"
     server.stop()
@@ -617,7 +618,7 @@ def test_a_restart_keeps_a_preview_serving_its_last_good_version(setup):
     again = setup.serve()
     until(lambda: answer(again, "pr-9") == "pr v1", "pr-9's last good version again", again)
     status = again.function(CHANGED, "pr-9")
-    assert status["phase"] == "Failed" and "SyntaxError" in status["message"]
+    assert status["phase"] == "Failed" and "RuntimeError" in status["message"]
     assert status["revision"] == good
 
 
