@@ -11,7 +11,8 @@ to notice deletes it.
 
 What the count is for: each replica's proxy enforces ``1/count`` of every
 ``rateLimit``, so together they admit what the manifest says (Envoy's local
-rate limit, shared out).
+rate limit, shared out). The leases also carry what the replicas tell each other
+(``annotations`` / ``on_annotations``): the dashboard sessions signed out.
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ class Members:
         self._seen: dict[str, tuple[str | None, float]] = {}  # name -> (renewTime, seen at)
         self._count = 1
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a round now, not at the next renew_sec
         self._thread: threading.Thread | None = None
+        # what this replica tells the others, in its lease's annotations, and what it is
+        # told: each other live replica's annotations, every round
+        self.annotations: Callable[[], dict[str, str]] | None = None
+        self.on_annotations: Callable[[dict[str, str]], None] | None = None
 
     def count(self) -> int:
         """Replicas up, this one included (1 until the first round)."""
@@ -70,8 +76,13 @@ class Members:
         self._thread = threading.Thread(target=self._run, name="sless-members", daemon=True)
         self._thread.start()
 
+    def nudge(self) -> None:
+        """Renew (and so tell the others) now rather than at the next round."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
         with contextlib.suppress(SlessError):
@@ -83,7 +94,8 @@ class Members:
                 self.round()
             except SlessError as exc:
                 log.debug("member lease %s: %s", self.name, exc)
-            self._stop.wait(self.renew_sec)
+            self._wake.wait(self.renew_sec)
+            self._wake.clear()
 
     def round(self) -> int:
         """Renew this replica's lease, count the live ones; the count."""
@@ -99,6 +111,9 @@ class Members:
                 seen = self._seen[name] = (renewed, now)
             if name == self.name or now - seen[1] <= self.lease_sec:
                 live += 1
+                told = (lease.get("metadata") or {}).get("annotations") or {}
+                if name != self.name and told and self.on_annotations is not None:
+                    self.on_annotations(dict(told))
             elif now - seen[1] > 2 * self.lease_sec:  # long gone: tidy up after it
                 with contextlib.suppress(SlessError):
                     self.client.delete("Lease", self.namespace, name)
@@ -121,6 +136,7 @@ class Members:
                 "name": self.name,
                 "namespace": self.namespace,
                 "labels": {MEMBER_LABEL: self.instance},
+                "annotations": self.annotations() if self.annotations is not None else {},
             },
             "spec": {
                 "holderIdentity": self.holder,

@@ -50,7 +50,7 @@ from ..web.api import create_api
 from . import queue
 from .config import ServeConfig
 
-__all__ = ["Server", "local_sandbox", "resolve_repository"]
+__all__ = ["Server", "local_sandbox", "resolve_repository", "share_sign_outs"]
 
 log = logging.getLogger("gitops_sless")
 
@@ -147,6 +147,8 @@ class Server:
             scaling=self.scaler.report,
             invocations=self.async_calls,
         )
+        if self.elector is not None:
+            share_sign_outs(api.state.access, self.elector.members)
         if config.fn_listen:
             self.app = listeners.without_functions(api, config.fn_url)
             self.fn_app: listeners.ASGIApp | None = listeners.functions_only(
@@ -542,3 +544,17 @@ def _wrapped(text: str, indent: int, width: int = 100) -> list[str]:
         break_long_words=False,
         break_on_hyphens=False,
     )
+
+
+SIGNED_OUT_ANNOTATION = "gitops-sless.dev/signed-out"
+
+
+def share_sign_outs(access: Any, members: Any) -> None:
+    """Every replica's member Lease carries the dashboard sessions signed out on it (or
+    learnt from the others), and each round reads the others': a sign-out ends the
+    session on every replica within a round, the signing-out one's at once."""
+    members.annotations = lambda: {SIGNED_OUT_ANNOTATION: access.signed_out_text()}
+    members.on_annotations = lambda told: access.learn_signed_out(
+        told.get(SIGNED_OUT_ANNOTATION, "{}")
+    )
+    access.on_sign_out = members.nudge

@@ -20,8 +20,10 @@ A browser signs in by posting a token to ``/signin`` and gets a session cookie,
 that has them accepts it and changing a token ends every session. A session
 reads only: writes need the bearer header, which a browser never adds on its
 own, so a cross-site request could not write even if the cookie went with it.
-Signing out clears the cookie and remembers its nonce until it expires (in this
-process: another replica would still take a copy of the cookie).
+Signing out clears the cookie and remembers its nonce until it expires; replicas
+tell each other the nonces they remember (:meth:`Access.signed_out_text`, carried by
+their member Leases on Kubernetes), so a copy of the cookie is refused by every
+replica within a round of theirs (5 s).
 
 The cookie alone reads the dashboard's own pages, never ``/api/``: a call there
 with a session also needs :data:`CSRF_HEADER` holding the session's CSRF token
@@ -39,7 +41,9 @@ import enum
 import hashlib
 import hmac
 import ipaddress
+import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
@@ -67,6 +71,7 @@ CSRF_HEADER = "x-sless-csrf"  # with a session, /api/ calls need it (Access.csrf
 API_PREFIX = "/api/"
 SESSION_SEC = 12 * 3600
 MAX_SIGNED_OUT = 10_000  # nonces of sessions signed out before they expire
+SHARED_SIGNED_OUT = 2_000  # of them, the newest told to the other replicas (~80 KB)
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
 # webhooks verify their own signatures; the assets are the dashboard's CSS and JS, no data
 PUBLIC_PREFIXES = ("/api/v1/webhooks/", "/dashboard/assets/")
@@ -144,7 +149,10 @@ class Access:
         self._clock = clock
         tokens = f"{self.api_token or ''}\0{self.read_token or ''}".encode()
         self._key = hashlib.sha256(b"gitops-sless session key\0" + tokens).digest()
-        self._signed_out: dict[str, int] = {}
+        self._signed_out: dict[str, int] = {}  # nonce -> expiry, oldest first
+        self._signed_out_lock = threading.Lock()
+        # called after a sign-out: the other replicas learn it sooner (see signed_out_text)
+        self.on_sign_out: Callable[[], None] | None = None
 
     # --- tokens ------------------------------------------------------------------------
 
@@ -209,13 +217,47 @@ class Access:
         found = self._session(cookie)
         if found is None:
             return
+        self._remember({found[1]: found[0]})
+        if self.on_sign_out is not None:
+            self.on_sign_out()
+
+    def _remember(self, ended: dict[str, int]) -> None:
         now = self._clock()
-        for nonce, expiry in list(self._signed_out.items()):
-            if expiry <= now:
-                del self._signed_out[nonce]
-        while len(self._signed_out) >= MAX_SIGNED_OUT:
-            self._signed_out.pop(next(iter(self._signed_out)))
-        self._signed_out[found[1]] = found[0]
+        with self._signed_out_lock:
+            for nonce, expiry in list(self._signed_out.items()):
+                if expiry <= now:
+                    del self._signed_out[nonce]
+            for nonce, expiry in ended.items():
+                if expiry <= now or nonce in self._signed_out:
+                    continue
+                while len(self._signed_out) >= MAX_SIGNED_OUT:
+                    self._signed_out.pop(next(iter(self._signed_out)))
+                self._signed_out[nonce] = expiry
+
+    def signed_out_text(self) -> str:
+        """The newest sessions signed out here or learnt from others, as JSON
+        ``{nonce: expiry}``: what this replica tells the others (on Kubernetes, in its
+        member Lease), so that a sign-out on one replica ends the session on all of them
+        (and on one started later, while any replica still remembers it)."""
+        now = self._clock()
+        with self._signed_out_lock:
+            live = [(n, e) for n, e in self._signed_out.items() if e > now]
+        return json.dumps(dict(live[-SHARED_SIGNED_OUT:]), separators=(",", ":"))
+
+    def learn_signed_out(self, text: str) -> None:
+        """What another replica's :meth:`signed_out_text` said; anything else is ignored
+        (a session is never revived: only ended)."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(data, dict):
+            ended = {
+                n: e
+                for n, e in data.items()
+                if isinstance(n, str) and len(n) <= 64 and type(e) is int
+            }
+            self._remember(ended)
 
     def _session(self, cookie: str | None) -> tuple[int, str] | None:
         """(expiry, nonce) of a cookie this server signed that has not expired."""

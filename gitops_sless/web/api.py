@@ -180,6 +180,7 @@ def create_api(
     )
     replies.install_error_handlers(app)
     app.add_middleware(ReadGate, access=access, signin_page=signin_page)
+    app.state.access = access  # replicas share their sign-outs through it (serve)
 
     def authorize(credentials: HTTPAuthorizationCredentials | None) -> None:
         refusal = access.write_refusal(credentials.credentials if credentials else None)
