@@ -11,21 +11,13 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from gitops_sless.kube.client import KubeClient
 from gitops_sless.kube.members import Members
 from gitops_sless.serve.server import share_sign_outs
 from gitops_sless.web.access import Access
 
-NAMESPACE = "gitops-sless"
+from .test_kube_leader import NAMESPACE, client
 
-
-@pytest.fixture
-def client(fake_kube):
-    setup = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
-    setup.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    return lambda: KubeClient.from_config(str(fake_kube.kubeconfig))
+__all__ = ["client"]  # the fixture: a client factory for the reconciler's namespace
 
 
 def replica(client, holder: str, share: bool = True) -> tuple[Access, Members]:
