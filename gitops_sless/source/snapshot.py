@@ -111,10 +111,15 @@ class GitSnapshot(Snapshot):
             if path in self._ids:  # by id: no path walk
                 self._objects[path] = self._repo[self._ids[path]]
                 return self._objects[path]
+            folder, _, name = path.rpartition("/")
             try:
-                self._objects[path] = self.commit.tree[path]
-            except KeyError as exc:
+                if folder in self._objects or folder in self._ids:  # from its folder's tree
+                    found = self._object(folder)[name]
+                else:
+                    found = self.commit.tree[path]
+            except (KeyError, TypeError) as exc:  # TypeError: the folder is a file
                 raise SourceError(f"{path}: not found in commit {self.revision[:12]}") from exc
+            self._objects[path] = found
         return self._objects[path]
 
     def changed_since(self, other: Snapshot) -> dict[str, bool] | None:
