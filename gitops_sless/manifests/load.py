@@ -150,7 +150,9 @@ class _Manifest:
         elif files[wanted] == "blob":  # a link's target is checked where it is
             function = fn["entrypoint"].rpartition(".")[2]
             read = self.snapshot.read
-            esm = handlers.loads_as_esm(wanted, files, lambda rel: read(f"{self.folder}/{rel}"))
+            esm = runtime.interpreter == "node" and handlers.loads_as_esm(
+                wanted, files, lambda rel: read(posixpath.join(self.folder, rel))
+            )
             found = handlers.check(runtime.interpreter, read(where), function, esm)
             if found is not None and found.in_code:
                 self.problems.append(ManifestProblem(where, found.line, "(code)", found.reason))

@@ -224,3 +224,17 @@ def _runtime_loads(manifest_text: str, text: str, files: dict[str, str], root: P
             command = [sys.executable, "-c", script]
         done = subprocess.run(command, cwd=folder, capture_output=True, check=False, timeout=30)
         return done.returncode == 0
+
+
+def test_a_function_at_the_repository_root_is_checked_as_node_loads_it(write_repo) -> None:
+    """Its package.json is the root's: an ES module there is one, not a CommonJS error."""
+    root = write_repo(
+        {
+            "sless.yaml": JS_MANIFEST.format(entrypoint="handler.main"),
+            "handler.js": "export function main(e) {\n  return e;\n}\n",
+            "package.json": json.dumps({"type": "module"}),
+        }
+    )
+    state = manifest.load(DirectorySnapshot(root))
+    assert [str(p) for p in state.problems] == []
+    assert list(state.functions) == ["fn"]
