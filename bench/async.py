@@ -98,6 +98,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gitops_sless and tests/ (the git, serve and NATS helpers)
 
+from syncbench.common import load_average, pct, wait_until  # noqa: E402
+
 from gitops_sless.timestamps import epoch  # noqa: E402
 from tests.gitserver import WorkRepo, init_bare  # noqa: E402
 from tests.natsserver import NatsServer, nats_binary  # noqa: E402
@@ -245,15 +247,6 @@ class Stop(Exception):
     """Something one engine's run needs did not happen: its run stops, the next goes on."""
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def cpu_seconds(pid: int | None, system: bool = False) -> float:
     """User + system CPU of ``pid`` so far (its threads included, its children not);
     ``system``: the system (kernel) part alone."""
@@ -291,16 +284,6 @@ def cpu_wait_seconds(pid: int | None) -> float:
         with contextlib.suppress(OSError, IndexError, ValueError):
             total += int((task / "schedstat").read_text().split()[1])
     return total / 1e9
-
-
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise Stop(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Receiver:
@@ -556,7 +539,7 @@ def until_running(server: SlessServer, count: int, timeout: float = 60) -> None:
         found = listing(server, "sleepy", "running")
         return found is not None and len(found) >= count
 
-    wait_until(f"{count} invocations of sleepy running", running, timeout)
+    wait_until(f"{count} invocations of sleepy running", running, timeout, error=Stop)
     time.sleep(0.3)  # their first log lines through the replica's pipe into its log
 
 
@@ -717,7 +700,7 @@ def run_engine(kind: str, args: argparse.Namespace, repo: Path, tmp: Path) -> En
                     server.start()
                 except AssertionError as exc:  # the helper's way of saying serve did not start
                     raise Stop(f"serve ({kind}): {exc}") from None
-                wait_until("every function Ready", lambda: ready(server), 60)
+                wait_until("every function Ready", lambda: ready(server), 60, error=Stop)
                 return server
 
             server = start()

@@ -47,16 +47,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gitops_sless and tests/ (the git and serve helpers)
+
+from syncbench.common import load_average, pct, wait_until  # noqa: E402
 
 from tests.gitserver import WorkRepo, init_bare  # noqa: E402
 from tests.sless_server import SlessServer  # noqa: E402
@@ -94,25 +95,6 @@ def manifest(name: str, policy: str, concurrency: int | None) -> str:
     if concurrency:
         lines.append(f"    concurrency: {concurrency}")
     return "\n".join(lines) + "\n"
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @contextlib.contextmanager
@@ -240,11 +222,13 @@ def main() -> int:
     try:
         with served(tmp, args.concurrency) as server:
             for run in (fixed, auto):
-                wait_until(f"{run.name} to be Ready", lambda n=run.name: _ready_phase(server, n))
-            wait_until("auto at 1 ready replica", lambda: ready(server, "auto") == 1)
+                wait_until(
+                    f"{run.name} to be Ready", lambda n=run.name: _ready_phase(server, n), 90
+                )
+            wait_until("auto at 1 ready replica", lambda: ready(server, "auto") == 1, 90)
             print(f"  fixed: {args.duration:g} s ...", file=sys.stderr)
             drive(server, fixed, args.callers, args.duration, watch=False)
-            wait_until("auto at 1 ready replica", lambda: ready(server, "auto") == 1)
+            wait_until("auto at 1 ready replica", lambda: ready(server, "auto") == 1, 90)
             print(f"  auto: {args.duration:g} s ...", file=sys.stderr)
             drive(server, auto, args.callers, args.duration, watch=True)
     finally:

@@ -48,15 +48,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gitops_sless and tests/ (the git and serve helpers)
+
+from syncbench.common import load_average, pct, wait_until  # noqa: E402
 
 from gitops_sless.local import sandbox  # noqa: E402
 from tests.gitserver import WorkRepo, init_bare  # noqa: E402
@@ -101,25 +102,6 @@ def manifest(rt: Runtime) -> str:
     )
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 @contextlib.contextmanager
 def served(tmp: Path) -> Iterator[SlessServer]:
     bare = init_bare(tmp / "origin.git")
@@ -145,7 +127,7 @@ def idle(server: SlessServer, name: str) -> None:
         status = server.function(name) or {}
         return status.get("phase") == "Idle" and (status.get("scaling") or {}).get("ready") == 0
 
-    wait_until(f"{name} to be Idle", check)
+    wait_until(f"{name} to be Idle", check, 60)
     time.sleep(SETTLE_SEC)
 
 

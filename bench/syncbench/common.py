@@ -29,14 +29,22 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float, every: float = 0.05) -> Any:
+def wait_until(
+    what: str,
+    predicate: Callable[[], Any],
+    timeout: float,
+    every: float = 0.05,
+    error: type[BaseException] = SystemExit,
+) -> Any:
+    """The first true value of ``predicate``; ``error`` (the bench stops, by default)
+    after ``timeout`` seconds without one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every)
-    raise SystemExit(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise error(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def runtime_pids(root: int) -> set[int]:
