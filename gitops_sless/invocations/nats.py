@@ -61,6 +61,7 @@ __all__ = ["NatsEngine"]
 _log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_SEC = 5.0  # start() gives up after this (the service tries again)
+CLOSE_STEP_SEC = 5.0  # the longest each step of a close may take
 REQUEST_TIMEOUT_SEC = 5.0  # any one request to the server: nothing waits forever
 KEY_WAIT_SEC = 2.0  # a key's first holder has this long to write its record
 READS_AT_ONCE = 64
@@ -169,12 +170,15 @@ class NatsEngine:
         self._store = store
 
     async def close(self) -> None:
+        # every step bounded: a stop (serve's too) never waits on a server that is gone
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_STEP_SEC)
         if self._watch is not None:
-            await self._watch.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._watch.stop(), CLOSE_STEP_SEC)
             self._watch = None
         self._store = self._events = None
         await self._close_connection()
@@ -185,7 +189,7 @@ class NatsEngine:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.flush(), 1.0)  # the naks of stopped runs
             with contextlib.suppress(Exception):
-                await nc.close()
+                await asyncio.wait_for(nc.close(), CLOSE_STEP_SEC)
 
     async def _error(self, exc: Exception) -> None:
         _log.debug("NATS %s: %r", self.url, exc)
