@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from ..errordetail import ErrorDetails
 from ..manifests import runtimes
 from ..manifests.model import Function, Job, RateLimit, Scale, SecretRef, is_preview
 from ..plan.backend import (
+    ApplyFailed,
     Backend,
     CronRun,
     Deployment,
@@ -53,13 +54,17 @@ class LocalBackend(Backend):
         preview_secrets: SecretsDir | None = None,
         sandbox: Sandbox | None = None,
         error_details: ErrorDetails = DEFAULT_ERROR_DETAILS,
+        adopt: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """``on_replica_event(env, function, kind, reason)``: kind "exited" when a replica
         ended on its own (reason "OOMKilled: ..." or "exited with code N"), "recovered"
         when restarts brought the function back to its replicas (reason None).
 
         ``secrets`` serve the tracked branch's environment, ``preview_secrets`` the
-        previews (``pr-*``); without them a preview resolves no secret at all."""
+        previews (``pr-*``); without them a preview resolves no secret at all.
+
+        ``adopt``: what :meth:`hand_over` returned before this process re-executed
+        itself; those replicas serve on (see ``adoption``)."""
         self.routes = routes
         self.secrets = secrets
         self.error_details = error_details
@@ -74,7 +79,11 @@ class LocalBackend(Backend):
         self._http: dict[tuple[str, str], _HttpTrigger] = {}
         self._on_cron = on_cron
         self.supervisor = Supervisor(
-            state_dir, self._upstreams_changed, on_replica_event=on_replica_event, sandbox=sandbox
+            state_dir,
+            self._upstreams_changed,
+            on_replica_event=on_replica_event,
+            sandbox=sandbox,
+            adopt=adopt,
         )
         self.crons = CronScheduler()
         self._health: dict[str, tuple[int, dict[str, Health]]] = {}
@@ -124,24 +133,36 @@ class LocalBackend(Backend):
         if http is None:
             self.routes.remove(env, name)
         else:
-            failed = self.supervisor.start_failure(env, name)
-            route = Route(
-                env,
-                name,
-                http.timeout_sec,
-                upstreams,
-                last_exit=last_exit,
-                same_origin=http.same_origin,
-                proof=b"x-sless-replica: " + replica_key.encode("ascii") + b"\r\n",
-                scale=http.scale,
-                concurrency=http.concurrency,
-                rate_limit=http.rate_limit,
-                max_body_bytes=http.max_body_bytes,
-                runtime=http.runtime,
-                failed=failed[0] if failed else None,
-                retry_at=failed[1] if failed else 0.0,
-            )
-            self.routes.set(route)
+            self.routes.set(self._route(env, name, http, upstreams, last_exit, replica_key))
+
+    def _route(
+        self,
+        env: str,
+        name: str,
+        http: _HttpTrigger,
+        upstreams: tuple[tuple[str, int], ...],
+        last_exit: str | None,
+        replica_key: str,
+        starting: bool = False,
+    ) -> Route:
+        failed = self.supervisor.start_failure(env, name)
+        return Route(
+            env,
+            name,
+            http.timeout_sec,
+            upstreams,
+            last_exit=last_exit,
+            same_origin=http.same_origin,
+            proof=b"x-sless-replica: " + replica_key.encode("ascii") + b"\r\n",
+            scale=http.scale,
+            concurrency=http.concurrency,
+            rate_limit=http.rate_limit,
+            max_body_bytes=http.max_body_bytes,
+            runtime=http.runtime,
+            failed=failed[0] if failed else None,
+            retry_at=failed[1] if failed else 0.0,
+            starting=starting,
+        )
 
     def tags_in_use(self) -> set[str]:
         """Build tags a deployed function or a running process uses: never collected."""
@@ -189,18 +210,7 @@ class LocalBackend(Backend):
         spec = self._process_spec(env, fn, deployment.env_vars)
         policy = fn.scale_in(env)
         autoscaled = policy if policy.autoscaled else None
-        if fn.http:
-            self._http[(env, fn.name)] = _HttpTrigger(
-                float(fn.timeout_sec),
-                fn.same_origin,
-                autoscaled if fn.enabled else None,
-                fn.concurrency,
-                fn.rate_limit,
-                fn.max_body_bytes,
-                fn.runtime,
-            )
-        else:
-            self._http.pop((env, fn.name), None)
+        self._set_trigger(env, fn)
         if not (fn.enabled and fn.http):
             replicas = 0
         elif autoscaled is None:
@@ -211,10 +221,56 @@ class LocalBackend(Backend):
             running = self.supervisor.status(env).get(fn.name)
             now = running.wanted if running else 0
             replicas = min(max(now, policy.min, 1), policy.max)
-        self.supervisor.apply(spec, deployment.spec_hash, replicas)
+        try:
+            self.supervisor.apply(spec, deployment.spec_hash, replicas)
+        except ApplyFailed:
+            route = self.routes.get(env, fn.name)
+            if route is not None and route.starting:  # no start to wait for any more: 503
+                key = self.supervisor.replica_key(env, fn.name)
+                self._upstreams_changed(env, fn.name, (), None, key)
+            raise
+        self._schedule(spec, fn)
+
+    def adopt(self, deployment: Deployment) -> None:
+        fn, env = deployment.function, deployment.env
+        spec = self._process_spec(env, fn, deployment.env_vars)
+        self._set_trigger(env, fn)
+        if not self.supervisor.adopt_spec(spec, deployment.spec_hash):
+            self.apply(deployment)  # gone meanwhile: started as usual
+            return
+        self._schedule(spec, fn)
+
+    def restoring(self, deployment: Deployment) -> None:
+        fn, env = deployment.function, deployment.env
+        self._set_trigger(env, fn)
+        http = self._http.get((env, fn.name))
+        if http is None or not fn.enabled or self.routes.get(env, fn.name) is not None:
+            return
+        # calls wait for the start (apply publishes the route with its upstreams); they
+        # carry the key the replicas about to start will ask for
+        key = self.supervisor.replica_key(env, fn.name)
+        self.routes.set(self._route(env, fn.name, http, (), None, key, starting=True))
+
+    def _set_trigger(self, env: str, fn: Function) -> None:
+        """What ``fn``'s route says besides its upstreams, from now on."""
+        if not fn.http:
+            self._http.pop((env, fn.name), None)
+            return
+        policy = fn.scale_in(env)
+        self._http[(env, fn.name)] = _HttpTrigger(
+            float(fn.timeout_sec),
+            fn.same_origin,
+            policy if policy.autoscaled and fn.enabled else None,
+            fn.concurrency,
+            fn.rate_limit,
+            fn.max_body_bytes,
+            fn.runtime,
+        )
+
+    def _schedule(self, spec: ProcessSpec, fn: Function) -> None:
         triggers = [(c.schedule, c.event) for c in fn.crons] if fn.enabled else []
         schedules = [schedule for schedule, _ in triggers]
-        self.crons.set(env, fn.name, triggers, self._cron_firing(spec, schedules))
+        self.crons.set(spec.env_name, fn.name, triggers, self._cron_firing(spec, schedules))
 
     def _cron_firing(
         self, spec: ProcessSpec, schedules: list[str]
@@ -259,6 +315,12 @@ class LocalBackend(Backend):
         self.builder.close()
         self.crons.close()
         self.supervisor.close()
+
+    def hand_over(self) -> list[dict[str, Any]]:
+        """Builds, cron runs and jobs stop as in :meth:`close`; replicas serve on."""
+        self.builder.close()
+        self.crons.close()
+        return self.supervisor.hand_over()
 
 
 class _Untrusted(LocalBackend):

@@ -90,6 +90,11 @@ class Limit:
     def release(self) -> None:
         """The process has exited and was waited for: forget it (safe to call twice)."""
 
+    @property
+    def cgroup(self) -> str | None:
+        """The cgroup folder the process runs in, for a restart in place to adopt."""
+        return None
+
 
 class MemoryGuard(ABC):
     """Hands out limits; one per reconciler process."""
@@ -103,6 +108,20 @@ class MemoryGuard(ABC):
     @abstractmethod
     def limit(self, memory_mb: int | None, name: str = "", max_tasks: int | None = None) -> Limit:
         """The limit for one process; ``name`` (``env/function``) is for log lines."""
+
+    def adopt(
+        self,
+        pid: int,
+        memory_mb: int | None,
+        name: str = "",
+        max_tasks: int | None = None,
+        cgroup: str | None = None,
+    ) -> Limit:
+        """The limit of ``pid``, started under one before this process re-executed itself
+        (``cgroup``: the folder it runs in, if it was put in one)."""
+        limit = self.limit(memory_mb, name, max_tasks) if cgroup is None else Limit()
+        limit.started(pid)
+        return limit
 
     def close(self) -> None:  # noqa: B027 - most guards hold nothing
         pass
@@ -303,6 +322,10 @@ class _Cgroup(Limit):
         self.reason()  # read before the cgroup (and its counters) are gone
         _remove_cgroup(self.path)
 
+    @property
+    def cgroup(self) -> str | None:
+        return str(self.path)
+
 
 def _events(path: Path, controller: str = "memory") -> dict[str, int]:
     try:
@@ -362,6 +385,8 @@ class CgroupMemory(MemoryGuard):
         """Find this process's cgroup v2 folder, delegate ``gitops-sless/`` below it, and
         check a process can be put in a child with a memory limit; or raise why not."""
         folder = _own_cgroup(mountinfo, own)
+        if folder.name == SERVE_LEAF:  # moved there by this process before a restart in place
+            folder = folder.parent
         controllers = _read(folder / "cgroup.controllers").split()
         if "memory" not in controllers:
             raise CgroupUnavailable(f"no memory controller in {folder} (cgroup v1 may hold it)")
@@ -380,12 +405,30 @@ class CgroupMemory(MemoryGuard):
         guard._try(shell)
         return guard
 
+    def adopt(
+        self,
+        pid: int,
+        memory_mb: int | None,
+        name: str = "",
+        max_tasks: int | None = None,
+        cgroup: str | None = None,
+    ) -> Limit:
+        if cgroup is not None and Path(cgroup).is_dir():
+            return _Cgroup(Path(cgroup), memory_mb, max_tasks)
+        # in no cgroup of its own: the watchdog limited it, and goes on doing so
+        return self._fallback.adopt(pid, memory_mb, name, max_tasks)
+
     def limit(self, memory_mb: int | None, name: str = "", max_tasks: int | None = None) -> Limit:
         if not memory_mb and not max_tasks:
             return Limit()
         path = self.base / f"{os.getpid()}-{next(self._seq)}"
         try:
-            path.mkdir()
+            while True:  # the same pid after a restart in place: its cgroups are adopted
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    path = self.base / f"{os.getpid()}-{next(self._seq)}"
             if memory_mb:
                 _write(path / "memory.max", str(memory_mb << 20))
             for file, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import signal
+from collections.abc import Collection
 from pathlib import Path
 
 __all__ = ["ProcessGroups"]
@@ -41,11 +42,14 @@ class ProcessGroups:
     def remove(self, pid: int) -> None:
         (self.folder / str(pid)).unlink(missing_ok=True)
 
-    def stop_orphans(self) -> int:
-        """Kill every recorded group; returns how many were still there."""
+    def stop_orphans(self, keep: Collection[int] = ()) -> int:
+        """Kill every recorded group but ``keep`` (adopted: see ``adoption``); returns how
+        many were still there."""
         stopped = 0
         for entry in self.folder.iterdir():
             pid = int(entry.name) if entry.name.isdigit() else 0
+            if pid in keep:
+                continue
             try:
                 started = json.loads(entry.read_text()).get("started")
             except (ValueError, AttributeError):

@@ -28,7 +28,6 @@ one-shot runs of the runner (``oneshot``).
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import logging
 import os
@@ -37,17 +36,18 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import backoff, failure, logs
+from .. import failure, logs
 from ..plan.backend import ApplyFailed
-from . import memory, oneshot
+from . import adoption, memory, oneshot
 from .orphans import ProcessGroups
 from .readiness import ReadyLine, StartFailed, record_start, tail
+from .recovery import Recovery
 from .replica_logs import LogPump
-from .sandbox import Sandbox
+from .sandbox import Sandbox, signal_group
 from .units import (
     Child,
     ProcessSpec,
@@ -66,10 +66,9 @@ log = logging.getLogger(__name__)
 HEALTH_TIMEOUT_SEC = 20.0
 STOP_GRACE_SEC = 5.0
 DRAIN_SEC = 1.0
-WATCH_SEC = 0.1
 
 
-class Supervisor:
+class Supervisor(Recovery):
     """Keeps the wanted number of healthy replicas of every function running."""
 
     def __init__(
@@ -80,15 +79,15 @@ class Supervisor:
         on_replica_event: ReplicaEvent | None = None,
         memory_guard: memory.MemoryGuard | None = None,
         sandbox: Sandbox | None = None,
+        adopt: Sequence[Mapping[str, Any]] = (),
     ) -> None:
+        """``adopt``: what :meth:`hand_over` returned in this process before it re-executed
+        itself; those replicas serve on, and are no orphans."""
         self.host = host
         self.sandbox = sandbox or Sandbox()
         self.logs = state_dir / "logs"
         self.output = LogPump()
         self.pids = ProcessGroups(state_dir / "pids" / "servers")
-        orphans = self.pids.stop_orphans()
-        if orphans:
-            log.warning("stopped %d runtime processes left by an earlier run", orphans)
         self.memory = memory_guard or memory.detect()
         self.memory.on_kill = self._withdraw
         self._on_upstreams = on_upstreams
@@ -102,6 +101,10 @@ class Supervisor:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._closed = threading.Event()
+        kept = self._adopt(adopt)  # before any orphan is stopped: these are not orphans
+        orphans = self.pids.stop_orphans(keep=kept)
+        if orphans:
+            log.warning("stopped %d runtime processes left by an earlier run", orphans)
         self._monitor = threading.Thread(target=self._watch, name="sless-supervisor", daemon=True)
         self._monitor.start()
 
@@ -230,6 +233,62 @@ class Supervisor:
         self.memory.close()
         self.output.close()
 
+    def hand_over(self) -> list[dict[str, Any]]:
+        """Like :meth:`close`, but every replica of a deployed function runs on, to be
+        adopted by this process's next image (see ``adoption``): its records."""
+        with self._lock:
+            self._closing = True
+            self._changed.wait_for(lambda: self._spawning == 0, timeout=30)
+            units, self._units = self._units, {}
+            keys = dict(self._keys)
+        self._closed.set()
+        self.output.hand_over()  # nothing reads the pipes from here on; they stay open
+        records = [adoption.unit_record(u, keys[k]) for k, u in units.items() if k in keys]
+        kept = {r["pid"] for record in records for r in record["replicas"]}
+        with self._lock:
+            others = [c for c in self._children.values() if c.pid not in kept]
+        self._stop(others)  # jobs, cron runs, replicas draining after a switch
+        self.memory.close()
+        return records
+
+    def adopt_spec(self, spec: ProcessSpec, spec_hash: str) -> bool:
+        """An adopted function is still wanted as ``spec``: its replicas serve it, and are
+        restarted from it from now on. False: nothing adopted runs ``spec_hash``."""
+        key = (spec.env_name, spec.function)
+        with self._lock:
+            unit = self._units.get(key)
+            if unit is None or unit.spec_hash != spec_hash or self._closing:
+                return False
+            unit.spec, unit.adopted = spec, False
+            for replica in unit.replicas:
+                replica.child.spec = spec
+            self._publish(key)
+        self._grow(key, unit)
+        return True
+
+    def _adopt(self, records: Sequence[Mapping[str, Any]]) -> set[int]:
+        """Units rebuilt from :meth:`hand_over`'s records; the pids kept."""
+        kept: set[int] = set()
+        for record in records:
+            unit = adoption.restore(record, self.memory, self.sandbox, self.output)
+            if unit is None:
+                continue
+            key = (unit.spec.env_name, unit.spec.function)
+            self._units[key] = unit
+            self._keys[key] = record["key"]
+            for replica in unit.replicas:
+                self._children[replica.child.pid] = replica.child
+                kept.add(replica.child.pid)
+            self._publish(key)
+            logs.event(
+                log,
+                "replica.adopted",
+                f"{len(unit.replicas)} replica(s) serve on across the restart",
+                env=key[0],
+                function=key[1],
+            )
+        return kept
+
     # --- processes ----------------------------------------------------------------------
 
     def _shutting_down(self, spec: ProcessSpec) -> ApplyFailed:
@@ -301,9 +360,9 @@ class Supervisor:
             try:
                 child.process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(child.pid, signal.SIGKILL)
+                signal_group(child.pid, signal.SIGKILL)
                 child.process.wait()
-            _signal_group(child.pid, signal.SIGKILL)  # whatever it left behind in its group
+            signal_group(child.pid, signal.SIGKILL)  # whatever it left behind in its group
             reason = self.reap(child)
             logs.event(
                 log,
@@ -454,147 +513,3 @@ class Supervisor:
             return False
         finally:
             conn.close()
-
-    # --- crash recovery ----------------------------------------------------------------------
-
-    def _watch(self) -> None:
-        while not self._closed.wait(WATCH_SEC):
-            with self._lock:
-                # a unit with no replica wanted and none running has nothing to watch
-                items = [(k, u) for k, u in self._units.items() if u.wanted or u.replicas]
-            for key, unit in items:
-                self._check(key, unit)
-
-    def _check(self, key: tuple[str, str], unit: Unit) -> None:
-        dead = [r for r in unit.replicas if r.process.poll() is not None]
-        now = time.monotonic()
-        if dead:
-            reasons = [self.reap(r.child) for r in dead]
-            with self._lock:
-                if self._units.get(key) is not unit or self._closing:
-                    return
-                unit.replicas = [r for r in unit.replicas if r not in dead]
-                unit.last_exit = reasons[-1]
-                unit.degraded = True
-                wait = self._back_off(unit, now)
-                self._publish(key)
-            for replica, reason in zip(dead, reasons, strict=True):
-                message = f"replica on port {replica.port}: {reason}; restarting in {wait:.1f}s"
-                self.output.note_after(
-                    replica.output,
-                    f"replica pid {replica.child.pid} on port {replica.port} ended: {reason}; "
-                    f"restarting in {wait:.1f}s",
-                )
-                self._exited(key, "replica.exited", message, reason, wait)
-        with self._lock:
-            if self._units.get(key) is not unit or self._closing:
-                return
-            if (
-                unit.failures
-                and len(unit.replicas) >= unit.wanted
-                and all(now - r.started > backoff.RESET_AFTER_SEC for r in unit.replicas)
-            ):
-                unit.failures = 0
-        self._grow(key, unit)
-
-    def _grow(self, key: tuple[str, str], unit: Unit) -> None:
-        """Start the replicas ``unit`` lacks, each in its own thread (a slow start never
-        delays another, nor noticing another function's crash), unless a backoff holds."""
-        with self._lock:
-            missing = unit.wanted - len(unit.replicas) - unit.starting
-            if (
-                missing <= 0
-                or time.monotonic() < unit.restart_at
-                or self._closing
-                or self._units.get(key) is not unit
-            ):
-                return
-            unit.starting += missing
-        for _ in range(missing):
-            threading.Thread(
-                target=self._restart_one, args=(key, unit), name="sless-restart", daemon=True
-            ).start()
-
-    def _back_off(self, unit: Unit, now: float) -> float:
-        """One more failure: the next restart waits longer. Call with the lock held."""
-        unit.failures += 1
-        unit.restarts += 1
-        self.version += 1
-        wait = backoff.delay(unit.failures)
-        unit.restart_at = now + wait
-        return wait
-
-    def _exited(
-        self, key: tuple[str, str], event: str, message: str, reason: str | None, wait: float
-    ) -> None:
-        """Log a replica that ended (or never became healthy) and tell the status store."""
-        logs.event(
-            log,
-            event,
-            message,
-            level=logging.WARNING,
-            env=key[0],
-            function=key[1],
-            reason=reason,
-            backoffSec=wait,
-        )
-        if reason:
-            self._notify(key, "exited", reason)
-
-    def _restart_one(self, key: tuple[str, str], unit: Unit) -> None:
-        try:
-            self._restart(key, unit)
-        finally:
-            with self._lock:
-                unit.starting -= 1
-
-    def _restart(self, key: tuple[str, str], unit: Unit) -> None:
-        try:
-            replica = self._start_healthy(unit.spec)
-        except ApplyFailed as exc:
-            reason = exc.reason if isinstance(exc, StartFailed) else None
-            with self._lock:
-                if self._units.get(key) is not unit or self._closing:
-                    return
-                wait = self._back_off(unit, time.monotonic())
-                unit.start_failed = str(exc)
-                if reason:
-                    unit.last_exit = reason
-                self._publish(key)
-            event = "replica.exited" if reason else "replica.unhealthy"
-            message = f"restart failed (next try in {wait:.1f}s): {exc}"
-            self._exited(key, event, message, reason, wait)
-            return
-        with self._lock:
-            current = (
-                self._units.get(key) is unit
-                and not self._closing
-                and len(unit.replicas) < unit.wanted  # not scaled down meanwhile
-            )
-            recovered = False
-            if current:
-                unit.start_failed = None
-                unit.replicas.append(replica)
-                recovered = unit.degraded and len(unit.replicas) >= unit.wanted
-                if recovered:
-                    unit.degraded = False
-                self._publish(key)
-        if not current:
-            self._stop([replica.child])
-            return
-        if unit.restarts:  # a scale-up's start says so in _start_healthy's own event
-            logs.event(
-                log,
-                "replica.restarted",
-                f"replica on port {replica.port} is healthy again",
-                env=key[0],
-                function=key[1],
-            )
-        if recovered:
-            self._notify(key, "recovered", None)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    # the process may have exited since it was last looked at
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)

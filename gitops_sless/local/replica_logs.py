@@ -92,6 +92,7 @@ class LogPump:
         self._new: list[Stream] = []
         self._streams: set[Stream] = set()
         self._closing_at: float | None = None
+        self._handing_over = False
         self._thread = threading.Thread(target=self._run, name="sless-replica-logs", daemon=True)
         self._thread.start()
 
@@ -117,6 +118,14 @@ class LogPump:
                 return
         self.note(stream.path, line)
 
+    def hand_over(self) -> None:
+        """Stop reading, and leave every pipe open: this process re-executes itself, and
+        its next image reads them on (a line not ended yet is written as it stands)."""
+        with self._lock:
+            self._handing_over = True
+        self._wake()
+        self._thread.join(5)
+
     def close(self, timeout: float = NOTE_WAIT_SEC) -> None:
         """Read every pipe to its end (for at most ``timeout``), then stop. Safe twice."""
         with self._lock:
@@ -139,13 +148,18 @@ class LogPump:
                 log.exception("reading replica output failed")
                 time.sleep(0.1)
         for stream in list(self._streams):
-            self._end(stream)
+            if self._handing_over:
+                self._flush(stream)
+            else:
+                self._end(stream)
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
     def _done(self) -> bool:
         with self._lock:
+            if self._handing_over:
+                return True
             closing = self._closing_at
             idle = not self._streams and not self._new
         return closing is not None and (idle or time.monotonic() >= closing)

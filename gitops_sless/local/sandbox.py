@@ -79,6 +79,7 @@ __all__ = [
     "SandboxUnavailable",
     "probe",
     "resolve",
+    "signal_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,11 @@ class Uids:
                 if uid not in self._used:
                     self._used.add(uid)
                     return uid
+
+    def claim(self, uid: int) -> None:
+        """``uid`` is in use already (an adopted replica's): never hand it out."""
+        with self._lock:
+            self._used.add(uid)
 
     def give_back(self, uid: int) -> None:
         with self._lock:
@@ -253,11 +259,11 @@ class Sandbox:
         exits, and bwrap with it.
         """
         if not self.enabled:
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
             return
         inside = [p for p in group_members(pid) if p != pid]
         if not inside:  # nothing started in it yet: nothing to drain
-            _signal_group(pid, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
         for member in inside:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(member, signal.SIGTERM)
@@ -429,7 +435,8 @@ def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
     return members
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """``sig`` to the process group ``pid`` leads; it may have ended since it was looked at."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
 

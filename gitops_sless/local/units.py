@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from ..manifests.runtimes import Runtime
 from . import memory
@@ -18,6 +19,7 @@ from .replica_logs import Stream
 from .sandbox import Command, Sandbox
 
 __all__ = [
+    "AdoptedProcess",
     "Child",
     "ProcessSpec",
     "Replica",
@@ -95,11 +97,41 @@ class UnitStatus:
     failing: bool = False  # the last replica ended or failed to start, and none came back
 
 
+class AdoptedProcess:
+    """A replica started before this process re-executed itself: still its child, waited
+    for by pid (the ``subprocess.Popen`` calls the supervisor makes, and no more)."""
+
+    def __init__(self, pid: int, stdout: IO[bytes] | None) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # waited for elsewhere: its status is lost
+                    pid, status = self.pid, -1
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status) if status >= 0 else -9
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0)
+            time.sleep(0.01)
+        return code
+
+
 @dataclass(eq=False)
 class Child:
     """A started process, tracked until it has been waited for."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | AdoptedProcess
     limit: memory.Limit
     spec: ProcessSpec
     sandbox: Sandbox
@@ -133,7 +165,7 @@ class Replica:
     withdrawn: bool = False  # being killed: out of the route before it dies
 
     @property
-    def process(self) -> subprocess.Popen[bytes]:
+    def process(self) -> subprocess.Popen[bytes] | AdoptedProcess:
         return self.child.process
 
 
@@ -152,3 +184,6 @@ class Unit:
     # why the last start failed, until a replica starts: with restart_at, what a call that
     # waits for a replica is told (the activator answers 502 with it while the backoff holds)
     start_failed: str | None = None
+    # taken over across a restart in place, its spec still without its environment: no
+    # replica is started from it until the restore hands the full spec over
+    adopted: bool = False

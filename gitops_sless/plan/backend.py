@@ -248,6 +248,22 @@ class Backend(ABC):
         ``revision`` is the commit being deployed, for a backend that records it.
         """
 
+    def adopt(self, deployment: Deployment) -> None:  # noqa: B027 - optional hook
+        """``deployment`` still runs as the last process left it (:meth:`deployed` says
+        so at start-up): serve it as if applied, starting nothing. By default, nothing
+        to take over (what runs in a cluster serves on by itself)."""
+
+    def restoring(self, deployment: Deployment) -> None:  # noqa: B027 - optional hook
+        """``deployment`` is about to be started again as it last served (start-up, after
+        a stop): its calls wait for it from now on, rather than being refused. By default
+        nothing (what runs in a cluster serves on by itself)."""
+
+    def hand_over(self) -> object:
+        """Stop as :meth:`close` does, but leave running what the next image of this
+        process adopts (a restart in place); what it needs to, or None."""
+        self.close()
+        return None
+
     @abstractmethod
     def remove(self, env: str, name: str) -> None: ...
 

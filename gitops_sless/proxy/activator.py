@@ -8,7 +8,9 @@ Three things can stop a call before it reaches a replica:
   rate and the burst), so together they admit what the manifest says.
 - no replica, for a function that scales to zero (its route has a ``scale``
   policy and no upstream): the call is held while :attr:`wake` starts one, then
-  goes on; still waiting when the function's timeout passes: ``504``. A start
+  goes on; still waiting when the function's timeout passes: ``504``. The same
+  for a function whose last good version the reconciler starts again after a
+  stop (its route says ``starting``), but nothing is woken: it starts anyway. A start
   that failed answers ``502`` naming why, at once while the crash-loop backoff
   holds (a call never makes the backend retry in a tight loop).
 - ``concurrency``: every replica takes at most that many calls at once; more
@@ -144,7 +146,7 @@ class Activator:
                 if current is None:
                     raise Refused(503, "function not ready: removed while the call waited")
                 if not current.upstreams:
-                    if current.scale is None:
+                    if current.scale is None and not current.starting:
                         raise Refused(503, "function not ready: no healthy upstream")
                     if current.failed and time.monotonic() < current.retry_at:
                         raise Refused(502, f"function failed to start: {current.failed}")

@@ -157,7 +157,7 @@ class ProxyApp:
             return call, None, target
         routes = self.routes
         route = routes.get(env, name)
-        if route is None or not (route.upstreams or route.scale):
+        if route is None or not (route.upstreams or route.scale or route.starting):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None
             return call, route, target
@@ -277,7 +277,7 @@ class ProxyApp:
         raw = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
         call, route, target = self.begin(raw, scope.get("query_string", b""), scope["method"])
         try:
-            if route is None or not (route.upstreams or route.scale):
+            if route is None or not (route.upstreams or route.scale or route.starting):
                 call.request_id = request_id_of(scope["headers"])
                 await self._error(call, send, *self.not_serving(call, route))
                 return

@@ -642,7 +642,7 @@ class FastCall:
         proxy = self.proxy
         self.call, route, target = proxy.begin(raw_path, query, method.decode("ascii"))
         call = self.call
-        if route is None or not (route.upstreams or route.scale):
+        if route is None or not (route.upstreams or route.scale or route.starting):
             call.request_id = request_id_of(proto.headers)
             self.fail(*proxy.not_serving(call, route))
             return

@@ -49,6 +49,7 @@ from ..web import listeners
 from ..web.api import create_api
 from . import queue
 from .config import ServeConfig
+from .restart import Restart, take_handoff
 
 __all__ = ["Server", "local_sandbox", "resolve_repository", "share_sign_outs"]
 
@@ -85,7 +86,10 @@ class Server:
         self.store = Store(config.state_dir / "status.db")
         self.routes = RouteTable()
         self.invocations = InvocationBuffer(self.store)
-        self.backend = self._backend()
+        self.restart = Restart()
+        adopted = take_handoff()  # replicas that serve on across a restart in place
+        self.backend = self._backend(adopted or ())
+        self._handoff: object = None
         self.mirror = mirror_mod.Mirror(
             self.url,
             config.branch,
@@ -111,6 +115,8 @@ class Server:
             after_pass=self._after_pass,
             work=self.work,
         )
+        if adopted:  # their routes before the first call: the restore adopts them
+            self.reconciler.restore.run()
         self.previews = self._previews() if config.previews else None
         # every environment runs on the one backend; only the leader writes decisions
         leading = self.elector.is_leader if self.elector else None
@@ -160,7 +166,7 @@ class Server:
         self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
 
-    def _backend(self) -> Backend:
+    def _backend(self, adopted: Any) -> Backend:
         config = self.config
         self.elector: Any = None
         self.followers: Any = None  # kube.mirror.FunctionMirror: what a non-leader serves
@@ -194,11 +200,12 @@ class Server:
             max_builds=config.max_builds,
             build_timeout_sec=config.build_timeout,
             on_cron=self.invocations.record_cron,
-            # the reconciler is made below; replicas exist only once it has run a pass
+            # the reconciler is made below; replicas exist once it has run a pass (or adopted)
             on_replica_event=self._replica_event,
             preview_secrets=SecretsDir(config.preview_secrets_dir, previews=True),
             sandbox=self.sandbox,
             error_details=config.error_details,
+            adopt=adopted,
         )
 
     def _previews(self) -> Previews:
@@ -344,34 +351,40 @@ class Server:
         self.reconciler.request_sync("startup")
 
     def run(self) -> None:
-        """Serve until SIGINT/SIGTERM, then stop every process this server started."""
+        """Serve until SIGINT/SIGTERM, then stop every process this server started; on
+        SIGUSR2, re-execute in place (``restart``) with the sockets and replicas."""
         self.start_background()
+        try:
+            self._serve()
+        finally:
+            self.close()
+        if self.restart.requested.is_set():
+            self.restart.exec(self._handoff)
+
+    def _serve(self) -> None:
         # log_config=None: uvicorn's own lines go through logs.configure's handler (json too)
         if self.fn_app is None:
             config = proxy_mod.config(
                 self.app, self.config.host, self.config.port, proxy=self.proxy, log_config=None
             )
-            only = uvicorn.Server(config)
+            only = listeners.Listener(config)
             self._announce_when_listening(only)
-            try:
-                only.run()
-            finally:
-                self.close()
+            self.restart.on_signal(lambda: setattr(only, "should_exit", True))
+            only.run(sockets=self.restart.sockets([config]))
             return
         fn_host, fn_port = self.config.fn_listen or ("", 0)
         # /fn/ never reaches the main listener's fast path: it has none
-        main = uvicorn.Server(
+        main = listeners.Listener(
             proxy_mod.config(self.app, self.config.host, self.config.port, log_config=None)
         )
         beside = listeners.Beside(
             proxy_mod.config(self.fn_app, fn_host, fn_port, proxy=self.proxy, log_config=None)
         )
         self._announce_when_listening(main, beside)
-        try:
-            with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
-                runner.run(_both(main, beside))
-        finally:
-            self.close()
+        self.restart.on_signal(lambda: setattr(main, "should_exit", True))
+        sockets = self.restart.sockets([main.config, beside.config])
+        with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+            runner.run(_both(main, beside, sockets))
 
     async def _shutdown(self) -> None:
         await self.proxy.aclose()
@@ -439,7 +452,8 @@ class Server:
         }
 
     def close(self) -> None:
-        """Stop the loop and every process this server started (safe to call twice)."""
+        """Stop the loop and every process this server started (safe to call twice); in a
+        restart in place, the replicas serve on."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -456,7 +470,10 @@ class Server:
             self.elector.stop()  # hands the lease over at once
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        self.backend.close()
+        if self.restart.requested.is_set():
+            self._handoff = self.backend.hand_over()  # what the next image adopts
+        else:
+            self.backend.close()
         self.mirror.close()
         self.invocations.flush()
         self.store.close()
@@ -522,11 +539,11 @@ class Server:
         return lines
 
 
-async def _both(main: uvicorn.Server, beside: uvicorn.Server) -> None:
+async def _both(main: uvicorn.Server, beside: uvicorn.Server, sockets: list[Any]) -> None:
     """Serve on both listeners until the main one stops (a signal), then stop the other."""
-    task = asyncio.ensure_future(beside.serve())
+    task = asyncio.ensure_future(beside.serve(sockets=sockets[1:]))
     try:
-        await main.serve()
+        await main.serve(sockets=sockets[:1])
     finally:
         beside.should_exit = True
         await task

@@ -157,6 +157,9 @@ class Route:
     # ``retry_at``, monotonic): a call that would wait for a start answers 502 with it
     failed: str | None = None
     retry_at: float = 0.0
+    # its last good version is being started again (the reconciler's start-up, after a
+    # stop): a call waits for it, as for a scale from zero, rather than a 503
+    starting: bool = False
     # what the function's calls cost now: the same object across every route the function
     # has while it is deployed (RouteTable.set carries it over)
     load: Load = field(default_factory=Load, compare=False, repr=False)

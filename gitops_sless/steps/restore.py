@@ -1,5 +1,6 @@
 """At start-up, before anything is fetched: start what served when the last reconciler
-stopped, exactly as it was (an unreachable remote then changes nothing)."""
+stopped, exactly as it was (an unreachable remote then changes nothing), its calls held
+meanwhile; or, after a restart in place, take over the replicas that still serve it."""
 
 from __future__ import annotations
 
@@ -33,13 +34,24 @@ class Restore:
                 ctx.warn("function.unrestored", row["name"], f"unreadable record: {exc}")
                 continue
             if running.get(deployment.name) == deployment.spec_hash:
-                continue  # still running (a cluster keeps what it runs)
+                # still running: a cluster keeps what it runs, and a restart in place
+                # hands its replicas over
+                self._adopt(deployment)
+                continue
             if not ctx.backend.is_built(deployment.function):
                 why = f"its build {deployment.function.build_tag} is gone; it is built again"
                 ctx.warn("function.unrestored", deployment.name, why)
                 continue
             todo.append((deployment, row["revision"]))
+        for deployment, _ in todo:
+            ctx.backend.restoring(deployment)  # its calls wait for the start
         ctx.run_all(lambda item: self._start(*item), todo)
+
+    def _adopt(self, deployment: Deployment) -> None:
+        try:
+            self.ctx.backend.adopt(deployment)
+        except SlessError as exc:
+            self.ctx.warn("function.unrestored", deployment.name, str(exc))
 
     def _start(self, deployment: Deployment, revision: str | None) -> None:
         ctx = self.ctx

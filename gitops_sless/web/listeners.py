@@ -4,6 +4,7 @@ pages get an origin apart."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -13,7 +14,15 @@ import uvicorn
 
 from ..invocations.submit import wants_async
 
-__all__ = ["ASGIApp", "Beside", "dispatch", "functions_only", "json_answer", "without_functions"]
+__all__ = [
+    "ASGIApp",
+    "Beside",
+    "Listener",
+    "dispatch",
+    "functions_only",
+    "json_answer",
+    "without_functions",
+]
 
 ASGIApp = Callable[
     [MutableMapping[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]],
@@ -99,7 +108,27 @@ def functions_only(proxy: ASGIApp, submit: ASGIApp | None = None) -> ASGIApp:
     return app
 
 
-class Beside(uvicorn.Server):
+ACCEPTED_GRACE_SEC = 0.1
+
+
+class Listener(uvicorn.Server):
+    """uvicorn's server, with a stop that loses no call accepted before it.
+
+    uvicorn stops accepting and, in the same step, closes every connection with
+    no request under way, including one accepted a moment ago whose request is
+    still on its way (on a restart under load, that caller's connection was
+    reset). Here a short grace lets such requests arrive first; they are then
+    under way, and answered before the stop completes.
+    """
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        for server in getattr(self, "servers", []):
+            server.close()
+        await asyncio.sleep(ACCEPTED_GRACE_SEC)
+        await super().shutdown(sockets=sockets)
+
+
+class Beside(Listener):
     """A second listener in the main one's loop: the main one handles the signals."""
 
     @contextlib.contextmanager

@@ -1,0 +1,216 @@
+"""Restarting ``serve`` costs callers nothing (SIGUSR2: a restart in place), and a stopped
+server holds calls while it starts each function's last good version again.
+
+End to end with a real ``gitops-sless serve``, real runtimes in bubblewrap and callers
+that each open a connection of their own, as many clients do.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from . import gitserver
+from .conftest import processes_under, runtimes_under
+from .gitserver import GitDaemon, WorkRepo, init_bare
+from .sless_server import SlessServer
+
+git_root = gitserver.git_root
+git_daemon = gitserver.git_daemon
+
+# a token made when the module loads: the same token is the same process
+PY_HANDLER = (
+    "import time, uuid\n"
+    "TOKEN = uuid.uuid4().hex\n"
+    "time.sleep({delay})\n"
+    "def main(event, context):\n"
+    "    print('called with', event['_query'].get('mark'), flush=True)\n"
+    "    return {{'token': TOKEN, 'version': {version!r}}}\n"
+)
+JS_HANDLER = (
+    "const TOKEN = require('crypto').randomUUID();\n"
+    "module.exports.main = async () => ({ token: TOKEN });\n"
+)
+
+
+def _python(name: str, version: str = "v1", delay: float = 0) -> dict[str, str]:
+    return {
+        f"{name}/handler.py": PY_HANDLER.format(delay=delay, version=version),
+        f"{name}/sless.yaml": (
+            "functions:\n"
+            f"  - name: {name}\n"
+            "    runtime: python3.11\n"
+            "    entrypoint: handler.main\n"
+            "    replicas: 2\n"
+            "    triggers: [{type: http}]\n"
+        ),
+    }
+
+
+def _node(name: str) -> dict[str, str]:
+    return {
+        f"{name}/handler.js": JS_HANDLER,
+        f"{name}/sless.yaml": (
+            "functions:\n"
+            f"  - name: {name}\n"
+            "    runtime: nodejs20\n"
+            "    entrypoint: handler.main\n"
+            "    triggers: [{type: http}]\n"
+        ),
+    }
+
+
+class Repo:
+    def __init__(self, tmp_path: Path, daemon: GitDaemon, git_root: Path) -> None:
+        init_bare(git_root / "functions.git")
+        self.url = daemon.url("functions.git")
+        self.work = WorkRepo(tmp_path / "work")
+        self.state = tmp_path / "state"
+        self.servers: list[SlessServer] = []
+
+    def push(self, files: dict[str, str]) -> None:
+        self.work.commit("change", files)
+        self.work.push(self.url)
+
+    def server(self) -> SlessServer:
+        server = SlessServer(self.url, self.state)
+        self.servers.append(server)
+        return server
+
+
+@pytest.fixture
+def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[Repo]:
+    r = Repo(tmp_path, git_daemon, git_root)
+    yield r
+    for server in r.servers:
+        server.stop()
+    for pid in processes_under(r.state):  # never leave a failed test's processes running
+        os.kill(pid, signal.SIGKILL)
+
+
+def _call(port: int, name: str, mark: str = "") -> tuple[int | str, dict]:
+    """One call on a connection of its own: (status, body), or ("refused" ...) and why."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", f"/fn/prod/{name}/?mark={mark}", headers={"Connection": "close"})
+        response = conn.getresponse()
+        body = response.read()
+        return response.status, json.loads(body) if response.status == 200 else {"body": body}
+    except OSError as exc:
+        return "failed", {"error": repr(exc)}
+    finally:
+        conn.close()
+
+
+class Load:
+    """Callers that call each function over and over until stopped."""
+
+    def __init__(self, port: int, names: list[str]) -> None:
+        self.results: list[tuple[str, float, int | str, dict]] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(port, name), daemon=True) for name in names
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, port: int, name: str) -> None:
+        while not self._stop.is_set():
+            status, body = _call(port, name)
+            self.results.append((name, time.monotonic(), status, body))
+
+    def stop(self) -> list[tuple[str, float, int | str, dict]]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(90)
+        return self.results
+
+
+def _restart(server: SlessServer) -> None:
+    """SIGUSR2, then wait for the new image's first pass."""
+    assert server.process is not None
+    server.process.send_signal(signal.SIGUSR2)
+
+    def first_pass() -> bool:
+        _, restarting, after = server.output().partition("server.restarting")
+        return bool(restarting) and "sync.finished" in after
+
+    server.wait(first_pass, "the new image's first pass")
+
+
+def test_a_restart_in_place_under_load_answers_every_call_from_the_same_replicas(repo):
+    repo.push({**_python("py"), **_node("js")})
+    server = repo.server().start()
+    artifacts = repo.state / "artifacts"
+    server.wait(lambda: len(runtimes_under(artifacts)) == 3, "three replicas")
+    replicas = sorted(runtimes_under(artifacts))
+    tokens = {
+        name: {_call(server.port, name)[1]["token"] for _ in range(8)} for name in ("py", "js")
+    }
+    assert len(tokens["py"]) == 2 and len(tokens["js"]) == 1
+    pid = server.process.pid if server.process else 0
+
+    load = Load(server.port, ["py", "js", "py"])
+    server.wait(lambda: len(load.results) > 50, "calls under way")
+    _restart(server)
+    count = len(load.results)
+    server.wait(lambda: len(load.results) > count + 50, "calls after the restart")
+    results = load.stop()
+
+    failed = [(name, status, body) for name, _, status, body in results if status != 200]
+    assert failed == [], f"{len(failed)} of {len(results)} calls not answered 200: {failed[:5]}"
+    assert server.process is not None and server.process.poll() is None
+    assert server.process.pid == pid  # in place: a service manager sees one process
+    for name in ("py", "js"):  # the same processes answered before, during and after
+        assert {body["token"] for n, _, _, body in results if n == name} == tokens[name]
+    assert sorted(runtimes_under(artifacts)) == replicas
+    output = server.output()
+    assert output.count("replica.adopted") == 2
+
+    # their output is still read into the function's log
+    assert _call(server.port, "py", mark="after-the-restart")[0] == 200
+    logs = "/api/v1/environments/prod/functions/py/logs"
+    server.wait(lambda: "called with after-the-restart" in server.client.get(logs).text, "the log")
+    assert server.function("py")["phase"] == "Ready"
+
+    server.stop()  # a stop still stops every replica, adopted or not
+    assert processes_under(repo.state) == []
+
+
+def test_a_version_pushed_before_the_restart_replaces_the_adopted_replicas(repo):
+    repo.push(_python("py"))
+    server = repo.server().start()
+    artifacts = repo.state / "artifacts"
+    server.wait(lambda: len(runtimes_under(artifacts)) == 2, "two replicas")
+    old = set(runtimes_under(artifacts))
+    repo.push(_python("py", version="v2"))  # not fetched yet: the poll interval is an hour
+    _restart(server)
+    server.wait(lambda: _call(server.port, "py")[1].get("version") == "v2", "the new version")
+    server.wait(lambda: not old & set(runtimes_under(artifacts)), "the old replicas to stop")
+    assert len(runtimes_under(artifacts)) == 2
+    server.stop()
+    assert processes_under(repo.state) == []
+
+
+def test_a_stopped_server_holds_calls_while_it_starts_the_last_good_version(repo):
+    repo.push(_python("slow", delay=3))  # three seconds to import: a start the call sees
+    first = repo.server().start()
+    assert _call(first.port, "slow")[0] == 200
+    first.stop()
+    assert processes_under(repo.state) == []
+
+    # returns once /healthz answers: the restore is still importing the handler then
+    second = repo.server().start(wait_for_sync=False)
+    status, body = _call(second.port, "slow")
+    # it waited for the start instead of a 503 ("not ready": no replica yet)
+    assert status == 200, body
+    assert body["version"] == "v1"
+    assert "function.restored" in second.output()
