@@ -52,10 +52,12 @@ class SlessServer:
         token: str | None = TOKEN,
         read_token: str | None = None,
         args: list[str] | None = None,
+        port: int | None = None,
     ) -> None:
         """``read_token``: default READ_TOKEN when the server has an API token, else none;
         "" for none. With no token at all, the server generates its API token in
-        ``state_dir/api-token``: :meth:`api_token` reads it, and the client sends it."""
+        ``state_dir/api-token``: :meth:`api_token` reads it, and the client sends it.
+        ``port``: where it listens (default: a free one)."""
         self.repo = repo
         self.state_dir = state_dir
         self.secrets_dir = secrets_dir
@@ -65,7 +67,7 @@ class SlessServer:
         self.token = token
         self.read_token = (READ_TOKEN if token else None) if read_token is None else read_token
         self.extra_args = list(args or [])
-        self.port = free_port()
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = state_dir.parent / f"serve-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None

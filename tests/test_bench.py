@@ -44,6 +44,12 @@ REPORTS = {
         "nats: serve (kill -9): lost",
         "nats: nats-server (kill -9): lost",
     ],
+    "restart.py": [
+        "## A restart under steady load",
+        "| in place (SIGUSR2) |",
+        "| stop and start |",
+        "## Targets",
+    ],
     "kube_wake.py": [
         "## Held call forwarded after the ready watch event (2 rounds)",
         "forwarded - ready watch event",

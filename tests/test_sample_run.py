@@ -86,6 +86,19 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
         assert added.status_code == 201, added.text
         listed = httpx.get(f"{base}/notes-js/list", timeout=30).json()
         assert "from a test" in [note["title"] for note in listed["notes"]]
+
+        # SIGUSR2 to scripts/run restarts serve in place: the database and the notes stay
+        run.send_signal(signal.SIGUSR2)
+        _wait(
+            "a second banner",
+            lambda: log.read_text(errors="replace").count(BANNER_END) == 2,
+            120,
+            log,
+        )
+        assert "replica.adopted" in log.read_text(errors="replace")
+        listed = httpx.get(f"{base}/notes-js/list", timeout=30).json()
+        assert "from a test" in [note["title"] for note in listed["notes"]]
+        assert run.poll() is None and _postgres_running(state)
     finally:
         run.send_signal(signal.SIGTERM)  # what a service manager sends: scripts/run only
         code = run.wait(timeout=60)
