@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from gitops_sless.local.units import ProcessSpec
+from gitops_sless.manifests import runtimes
+
 from .kubeapi.fixtures import fake_kube  # noqa: F401 - the test Kubernetes API server
 from .oci_registry import oci_registry  # noqa: F401 - a real image registry, per test
 from .s3server import s3_server  # noqa: F401 - a session fixture, started on first use
@@ -92,3 +95,28 @@ def write_repo(tmp_path: Path) -> WriteRepo:
         return write_files(tmp_path / "repo" if root is None else root, files)
 
     return write
+
+
+def python_spec(
+    folder: Path,
+    source: str,
+    *,
+    name: str | None = None,
+    entrypoint: str = "handler.main",
+    memory_mb: int | None = None,
+    env_vars: Mapping[str, str] | None = None,
+) -> ProcessSpec:
+    """A python3.11 function of ``prod`` in ``folder`` (made, with ``source`` as its
+    handler.py), as the local backend's supervisor runs it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "handler.py").write_text(source)
+    return ProcessSpec(
+        env_name="prod",
+        function=name or folder.name,
+        runtime=runtimes.get("python3.11"),
+        entrypoint=entrypoint,
+        artifact=folder,
+        timeout_sec=30,
+        env_vars=dict(env_vars or {}),
+        memory_mb=memory_mb,
+    )

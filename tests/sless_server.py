@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from .gitserver import free_port
+from .gitserver import GitDaemon, WorkRepo, free_port, init_bare
 
 TOKEN = "test-api-token"
 READ_TOKEN = "test-read-token"
@@ -194,3 +194,33 @@ class SlessServer:
                 return value
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
+
+
+class ServedRepo:
+    """A bare repository served by a git daemon, a work tree to push from, and the
+    ``serve`` processes started on it (one state folder); closing stops them all and
+    kills whatever a failed test left running below the state folder."""
+
+    def __init__(self, tmp_path: Path, daemon: GitDaemon, git_root: Path) -> None:
+        init_bare(git_root / "functions.git")
+        self.url = daemon.url("functions.git")
+        self.work = WorkRepo(tmp_path / "work")
+        self.state = tmp_path / "state"
+        self.servers: list[SlessServer] = []
+
+    def push(self, files: dict[str, str | None]) -> None:
+        self.work.commit("change", files)
+        self.work.push(self.url)
+
+    def server(self) -> SlessServer:
+        server = SlessServer(self.url, self.state)
+        self.servers.append(server)
+        return server
+
+    def close(self) -> None:
+        from .conftest import processes_under
+
+        for server in self.servers:
+            server.stop()
+        for pid in processes_under(self.state):
+            os.kill(pid, signal.SIGKILL)

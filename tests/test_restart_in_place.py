@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import threading
 import time
@@ -20,8 +19,8 @@ import pytest
 
 from . import gitserver
 from .conftest import processes_under, runtimes_under
-from .gitserver import GitDaemon, WorkRepo, init_bare
-from .sless_server import SlessServer
+from .gitserver import GitDaemon
+from .sless_server import ServedRepo, SlessServer
 
 git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
@@ -68,32 +67,11 @@ def _node(name: str) -> dict[str, str]:
     }
 
 
-class Repo:
-    def __init__(self, tmp_path: Path, daemon: GitDaemon, git_root: Path) -> None:
-        init_bare(git_root / "functions.git")
-        self.url = daemon.url("functions.git")
-        self.work = WorkRepo(tmp_path / "work")
-        self.state = tmp_path / "state"
-        self.servers: list[SlessServer] = []
-
-    def push(self, files: dict[str, str]) -> None:
-        self.work.commit("change", files)
-        self.work.push(self.url)
-
-    def server(self) -> SlessServer:
-        server = SlessServer(self.url, self.state)
-        self.servers.append(server)
-        return server
-
-
 @pytest.fixture
-def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[Repo]:
-    r = Repo(tmp_path, git_daemon, git_root)
-    yield r
-    for server in r.servers:
-        server.stop()
-    for pid in processes_under(r.state):  # never leave a failed test's processes running
-        os.kill(pid, signal.SIGKILL)
+def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[ServedRepo]:
+    served = ServedRepo(tmp_path, git_daemon, git_root)
+    yield served
+    served.close()
 
 
 def _call(port: int, name: str, mark: str = "") -> tuple[int | str, dict]:

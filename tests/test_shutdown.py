@@ -19,14 +19,12 @@ from pathlib import Path
 import pytest
 
 from gitops_sless.local.processes import Supervisor
-from gitops_sless.local.units import ProcessSpec
-from gitops_sless.manifests import runtimes
 from gitops_sless.plan.backend import ApplyFailed, JobFailed
 
 from . import gitserver
-from .conftest import processes_under, runtimes_under
-from .gitserver import GitDaemon, WorkRepo, init_bare
-from .sless_server import SlessServer
+from .conftest import processes_under, python_spec, runtimes_under
+from .gitserver import GitDaemon
+from .sless_server import ServedRepo, SlessServer
 
 git_root = gitserver.git_root
 git_daemon = gitserver.git_daemon
@@ -46,32 +44,11 @@ def _function(name: str, replicas: int = 2) -> dict[str, str]:
     }
 
 
-class Repo:
-    def __init__(self, tmp_path: Path, daemon: GitDaemon, git_root: Path) -> None:
-        init_bare(git_root / "functions.git")
-        self.url = daemon.url("functions.git")
-        self.work = WorkRepo(tmp_path / "work")
-        self.state = tmp_path / "state"
-        self.servers: list[SlessServer] = []
-
-    def push(self, files: dict[str, str]) -> None:
-        self.work.commit("change", files)
-        self.work.push(self.url)
-
-    def server(self) -> SlessServer:
-        server = SlessServer(self.url, self.state)
-        self.servers.append(server)
-        return server
-
-
 @pytest.fixture
-def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[Repo]:
-    r = Repo(tmp_path, git_daemon, git_root)
-    yield r
-    for server in r.servers:
-        server.stop()
-    for pid in processes_under(r.state):  # never leave a failed test's processes running
-        os.kill(pid, signal.SIGKILL)
+def repo(tmp_path: Path, git_daemon: GitDaemon, git_root: Path) -> Iterator[ServedRepo]:
+    served = ServedRepo(tmp_path, git_daemon, git_root)
+    yield served
+    served.close()
 
 
 def _sigterm_and_wait(server: SlessServer) -> None:
@@ -142,17 +119,7 @@ SLOW_IMPORT = "import time\ntime.sleep(0.4)\n" + HANDLER
 
 
 def _spec(folder: Path, name: str, source: str = HANDLER, entrypoint: str = "handler.main"):
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "handler.py").write_text(source)
-    return ProcessSpec(
-        env_name="prod",
-        function=name,
-        runtime=runtimes.get("python3.11"),
-        entrypoint=entrypoint,
-        artifact=folder,
-        timeout_sec=30,
-        env_vars={},
-    )
+    return python_spec(folder, source, name=name, entrypoint=entrypoint)
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.1, 0.3, 0.6, 1.0])

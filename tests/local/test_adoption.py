@@ -19,9 +19,8 @@ import pytest
 
 from gitops_sless.local.processes import Supervisor
 from gitops_sless.local.units import ProcessSpec
-from gitops_sless.manifests import runtimes
 
-from ..conftest import runtimes_under
+from ..conftest import python_spec, runtimes_under
 
 # a token made at import: the same token is the same process
 HANDLER = (
@@ -33,19 +32,8 @@ HANDLER = (
 )
 
 
-def _spec(artifacts: Path, name: str = "who", env_vars: dict[str, str] | None = None):
-    folder = artifacts / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "handler.py").write_text(HANDLER)
-    return ProcessSpec(
-        env_name="prod",
-        function=name,
-        runtime=runtimes.get("python3.11"),
-        entrypoint="handler.main",
-        artifact=folder,
-        timeout_sec=30,
-        env_vars=env_vars or {},
-    )
+def _spec(artifacts: Path, env_vars: dict[str, str] | None = None) -> ProcessSpec:
+    return python_spec(artifacts / "who", HANDLER, env_vars=env_vars)
 
 
 class Routes:

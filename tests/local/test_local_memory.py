@@ -24,10 +24,10 @@ import pytest
 from gitops_sless.local import memory
 from gitops_sless.local.processes import Supervisor
 from gitops_sless.local.units import ProcessSpec
-from gitops_sless.manifests import runtimes
 from gitops_sless.plan.backend import JobFailed
 
 from .. import gitserver
+from ..conftest import python_spec
 from ..gitserver import GitDaemon, WorkRepo, init_bare
 from ..sless_server import SlessServer
 
@@ -56,19 +56,7 @@ def main(event, context=None):
 
 
 def _spec(tmp_path: Path, name: str, source: str, memory_mb: int | None = 128) -> ProcessSpec:
-    folder = tmp_path / "artifacts" / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "handler.py").write_text(source)
-    return ProcessSpec(
-        env_name="prod",
-        function=name,
-        runtime=runtimes.get("python3.11"),
-        entrypoint="handler.main",
-        artifact=folder,
-        timeout_sec=30,
-        env_vars={},
-        memory_mb=memory_mb,
-    )
+    return python_spec(tmp_path / "artifacts" / name, source, memory_mb=memory_mb)
 
 
 class Recorder:
