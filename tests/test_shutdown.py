@@ -89,6 +89,18 @@ def test_sigterm_during_the_first_pass_of_a_restart_leaves_no_process(repo):
         assert last.call(name).json() == {"name": name}
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_asked_for_by_a_signal_exits_zero(repo, sig):
+    """As the exit-code table says: uvicorn would end the process by the signal (143, 130)."""
+    repo.push(_function("alpha", replicas=1))
+    server = repo.server().start()
+    assert server.process is not None
+    server.process.send_signal(sig)
+    assert server.process.wait(30) == 0, server.output()[-2000:]
+    assert "server.stopped" in server.output()
+    assert processes_under(repo.state) == []
+
+
 def test_sigterm_while_a_job_runs_stops_the_job(repo, tmp_path):
     repo.push(
         {

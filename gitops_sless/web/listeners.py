@@ -112,7 +112,8 @@ ACCEPTED_GRACE_SEC = 0.1
 
 
 class Listener(uvicorn.Server):
-    """uvicorn's server, with a stop that loses no call accepted before it.
+    """uvicorn's server, with a stop that loses no call accepted before it, and ends the
+    process with 0 rather than by the signal that asked for it.
 
     uvicorn stops accepting and, in the same step, closes every connection with
     no request under way, including one accepted a moment ago whose request is
@@ -120,6 +121,17 @@ class Listener(uvicorn.Server):
     reset). Here a short grace lets such requests arrive first; they are then
     under way, and answered before the stop completes.
     """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        # uvicorn raises the SIGINT or SIGTERM it stopped on again once it is done, so the
+        # process would end by the signal (130 or 143), not by the documented 0 of a stop
+        # that was asked for and went cleanly
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
 
     async def shutdown(self, sockets: Any = None) -> None:
         for server in getattr(self, "servers", []):
