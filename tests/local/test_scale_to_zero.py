@@ -144,7 +144,9 @@ def test_a_replica_that_cannot_start_on_a_wake_answers_502_with_its_cause(setup)
     assert reply.status_code == 502
     error = reply.json()["error"]
     assert error.startswith("function failed to start:") and "the vault is sealed" in error
-    # within the backoff a call is answered at once, and starts nothing
+    # within the backoff a call is answered at once, and starts nothing (the failed
+    # start's own line may land just after the 502 it caused: wait for it first)
+    server.wait(lambda: "ended before it was healthy" in server.output(), "the start's line")
     log = server.output()
     again = server.call("fragile", "/")
     assert again.status_code == 502 and "the vault is sealed" in again.json()["error"]
