@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -192,3 +194,19 @@ def test_a_stopped_server_holds_calls_while_it_starts_the_last_good_version(repo
     assert status == 200, body
     assert body["version"] == "v1"
     assert "function.restored" in second.output()
+
+
+def test_a_restart_asked_for_while_serve_starts_never_ends_it(repo):
+    repo.push(_python("py"))
+    server = repo.server()
+    env = {**os.environ}
+    env.pop("SLESS_API_TOKEN", None)
+    with server.log.open("ab") as out:
+        server.process = subprocess.Popen(
+            server.command(), stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    # its first line is written once the command line is read, before the server exists
+    server.wait(lambda: "sandbox.bubblewrap" in server.output(), "serve to begin")
+    server.process.send_signal(signal.SIGUSR2)  # SIGUSR2's default action ends a process
+    server.wait(lambda: _call(server.port, "py")[0] == 200, "py to answer")
+    assert server.process.poll() is None, server.output()

@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -432,6 +433,9 @@ def _generated_token(config: Any) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # SIGUSR2 restarts serve in place; until the server takes it (serve.restart), one that
+    # comes while the stack loads is ignored rather than ending the process
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     from ..serve import ServeConfig, Server  # the server stack loads only for this command
     from ..web.access import open_reads_refusal
 

@@ -67,6 +67,12 @@ class Restart:
         self.requested = threading.Event()
         self._held: list[int] = []  # a second descriptor of each socket: uvicorn closes its own
         self._inherited = [int(fd) for fd in os.environ.pop(LISTEN_ENV, "").split(",") if fd]
+        self._stop: Callable[[], None] | None = None
+        # from now on, before anything starts: a request that comes early is kept, and
+        # acted on once the servers run (SIGUSR2's default would end the process); only the
+        # main thread may (a server made in a test's thread restarts by no signal)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(SIGNAL, self._signalled)
 
     @property
     def restarted(self) -> bool:
@@ -87,14 +93,16 @@ class Restart:
         return sockets
 
     def on_signal(self, stop: Callable[[], None]) -> None:
-        """SIGUSR2 from now on asks for a restart: ``stop`` makes the servers stop (in
-        the main thread, where signals are handled)."""
-
-        def requested(signum: int, frame: object) -> None:
-            self.requested.set()
+        """A restart asked for (SIGUSR2, now or before) stops the servers with ``stop``
+        (called in the main thread, where signals are handled)."""
+        self._stop = stop
+        if self.requested.is_set():
             stop()
 
-        signal.signal(SIGNAL, requested)
+    def _signalled(self, signum: int, frame: object) -> None:
+        self.requested.set()
+        if self._stop is not None:
+            self._stop()
 
     def exec(self, handoff: object) -> NoReturn:
         """Become a new image of this command line with the same sockets and ``handoff``."""
@@ -108,7 +116,12 @@ class Restart:
         logs.event(log, "server.restarting", "restarting in place: the sockets stay open")
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        os.execve(sys.executable, argv, env)
+        try:
+            os.execve(sys.executable, argv, env)
+        except OSError as exc:
+            # nothing runs any more: the next start stops the replicas left and starts them
+            logs.event(log, "server.restart_failed", f"cannot re-execute {sys.executable}: {exc}")
+            raise SystemExit(1) from None
 
 
 def _memory_file(data: bytes) -> int:
