@@ -583,6 +583,9 @@ def test_a_replica_that_cannot_start_answers_the_waiting_call_502_naming_why(
     server = serve(kube, s3_server, repo, tmp_path / "state")
     try:
         deployed(kube, server, "auto", 0, "zero")
+        # and the server has seen it (its view follows the watch): a route it still thinks
+        # ready would send the call on, to a Service without endpoints (503)
+        server.wait(lambda: server.function("auto")["phase"] == "Idle", "Idle", 30)
         kube.crash_loop(PROD, "auto", reason="Error", exit_code=3)
         reply = server.call("auto", "/hello")
         assert reply.status_code == 502, reply.text
