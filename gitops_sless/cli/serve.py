@@ -13,7 +13,8 @@ import ipaddress
 import math
 import os
 import signal
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -433,9 +434,27 @@ def _generated_token(config: Any) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # SIGUSR2 restarts serve in place; until the server takes it (serve.restart), one that
-    # comes while the stack loads is ignored rather than ending the process
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    with _restart_signal_held():
+        return _start(args)
+
+
+@contextlib.contextmanager
+def _restart_signal_held() -> Iterator[None]:
+    """SIGUSR2 restarts serve in place; until the server takes it (serve.restart), one
+    that comes while the stack loads is ignored rather than ending the process. Given
+    back as it was afterwards: an ignored signal is inherited by every process started
+    later (a shell cannot even trap it), and ``main`` may run in a longer-lived process."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def _start(args: argparse.Namespace) -> int:
     from ..serve import ServeConfig, Server  # the server stack loads only for this command
     from ..web.access import open_reads_refusal
 

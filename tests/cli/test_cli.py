@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -399,6 +400,15 @@ def test_serve_flags_reach_the_server_and_secrets_are_hidden_before_logging(
     # logging was set up once, after the token was registered: no line can show it
     assert serve_main.configured == [("json", "debug", "***")]
     assert logs.redact("clone with git-password-value") == "clone with ***"
+
+
+@pytest.mark.parametrize("extra", [(), ("--listen", "not-an-address")])
+def test_serve_leaves_sigusr2_as_it_found_it(serve_main, extra):
+    """An ignored SIGUSR2 would be inherited by every process this one starts later, and a
+    shell cannot even trap it (scripts/run's restart stopped working after such a run)."""
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    serve_main(*extra)  # a server that ran and stopped, or a refused start
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
 
 
 def test_serve_flag_defaults(serve_main):
