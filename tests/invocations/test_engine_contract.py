@@ -133,6 +133,15 @@ async def status_of(engine: Engine, invocation_id: str) -> str | None:
     return None if found is None else found.status
 
 
+async def until_stored(engine: Engine, ids: list[str], status: str) -> None:
+    """Wait until the engine has stored ``status`` for each of ``ids``: a run's outcome is
+    saved after the worker hands it back (``finished`` counts before that)."""
+    deadline = time.monotonic() + WAIT_SEC
+    while (statuses := [await status_of(engine, i) for i in ids]) != [status] * len(ids):
+        assert time.monotonic() < deadline, f"waited {WAIT_SEC} s for {status}: {statuses}"
+        await asyncio.sleep(0.01)
+
+
 # -- storing and reading
 
 
@@ -210,6 +219,7 @@ async def test_each_invocation_runs_once_and_its_outcome_is_stored(engine: Engin
     worker = FakeWorker(limit=4)
     async with consuming(engine, worker):
         await wait_for(lambda: worker.finished == len(made), "every run")
+        await until_stored(engine, [inv.id for inv in made], SUCCEEDED)
         await asyncio.sleep(0.05)  # room for a wrong second delivery to show
     assert sorted(inv.id for inv in worker.runs) == sorted(inv.id for inv in made)
     for invocation in made:
@@ -252,6 +262,7 @@ async def test_a_retry_runs_again_only_once_it_is_due(engine: Engine) -> None:
     async with consuming(engine, worker):
         await engine.submit(invocation)
         await wait_for(lambda: worker.finished == 2, "the retry")
+        await until_stored(engine, [invocation.id], SUCCEEDED)
     first, second = worker.started[invocation.id]
     assert second >= retry_at[invocation.id] > first
     stored = await engine.get(invocation.id)
@@ -279,6 +290,7 @@ async def test_a_redrive_queues_a_dead_or_failed_invocation_for_a_new_round(
     worker = FakeWorker()
     async with consuming(engine, worker):
         await wait_for(lambda: worker.finished == 2, "the redriven runs")
+        await until_stored(engine, [dead.id, failed.id], SUCCEEDED)
     assert {inv.id for inv in worker.runs} == {dead.id, failed.id}
     stored = await engine.get(dead.id)
     assert stored is not None and stored.status == SUCCEEDED

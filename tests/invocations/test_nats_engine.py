@@ -35,7 +35,14 @@ from gitops_sless.invocations.natsevents import event_id
 
 from ..natsserver import NatsServer, nats_server  # noqa: F401 - the fixture
 from ..paths import ROOT
-from .test_engine_contract import FakeWorker, consuming, make, status_of, wait_for
+from .test_engine_contract import (
+    FakeWorker,
+    consuming,
+    make,
+    status_of,
+    until_stored,
+    wait_for,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -152,6 +159,7 @@ async def test_a_replica_killed_mid_run_leaves_its_invocation_to_another(engines
     worker = ShortWorker()
     async with consuming(second, worker):
         await wait_for(lambda: worker.finished == 1, "the run after AckWait")  # type: ignore[arg-type]
+        await until_stored(second, [invocation.id], SUCCEEDED)
     stored = await second.get(invocation.id)
     assert stored is not None and stored.status == SUCCEEDED
     cut, done = stored.attempts
@@ -175,6 +183,7 @@ async def test_a_stopped_replica_hands_its_runs_over_at_once(engines):
     worker = FakeWorker()
     async with consuming(second, worker):
         await wait_for(lambda: worker.finished == 1, "the run elsewhere")
+        await until_stored(second, [invocation.id], SUCCEEDED)
     stored = await second.get(invocation.id)
     assert stored is not None and stored.status == SUCCEEDED
     assert [a.counted for a in stored.attempts] == [False, True]

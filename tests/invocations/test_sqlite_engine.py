@@ -25,7 +25,7 @@ from gitops_sless.invocations.engine import EngineUnavailable, Save
 from gitops_sless.invocations.model import QUEUED, SUCCEEDED, Invocation, new_id
 from gitops_sless.invocations.sqlite import INTERRUPTED, SqliteEngine
 
-from .test_engine_contract import FakeWorker, consuming, make, wait_for
+from .test_engine_contract import FakeWorker, consuming, make, until_stored, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -144,6 +144,7 @@ async def test_an_attempt_cut_by_a_kill_runs_again_on_the_next_start(tmp_path: P
         worker = FakeWorker()
         async with consuming(engine, worker):
             await wait_for(lambda: worker.finished == 1, "the run after the restart")
+            await until_stored(engine, [invocation.id], SUCCEEDED)
         done = await engine.get(invocation.id)
         assert done is not None and done.status == SUCCEEDED
         assert [(a.number, a.counted) for a in done.attempts] == [(1, False), (2, True)]
