@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from gitops_sless.serve import restart
 
 from . import gitserver
 from .conftest import processes_under, runtimes_under
@@ -210,3 +213,93 @@ def test_a_restart_asked_for_while_serve_starts_never_ends_it(repo):
     server.process.send_signal(signal.SIGUSR2)  # SIGUSR2's default action ends a process
     server.wait(lambda: _call(server.port, "py")[0] == 200, "py to answer")
     assert server.process.poll() is None, server.output()
+
+
+def test_restarts_asked_for_one_after_another_never_end_serve(repo):
+    repo.push(_python("py"))
+    server = repo.server().start()
+    assert server.process is not None
+    server.process.send_signal(signal.SIGUSR2)
+    # the next one while the new image loads: SIGUSR2's default action ends a process
+    server.wait(lambda: "server.restarting" in server.output(), "the restart")
+    server.process.send_signal(signal.SIGUSR2)
+    server.wait(lambda: _call(server.port, "py")[0] == 200, "py to answer")
+    assert server.process.poll() is None, server.output()[-3000:]
+    server.stop()
+    assert processes_under(repo.state) == []
+
+
+PROBE = (
+    "import os, socket\n"
+    "def main(event, context):\n"
+    "    port = int(event['_query']['port'])\n"
+    "    found = []\n"
+    "    for fd in os.listdir('/proc/self/fd'):\n"
+    "        try:\n"
+    "            target = os.readlink(f'/proc/self/fd/{fd}')\n"
+    "        except OSError:\n"
+    "            continue\n"
+    "        if 'memfd' in target:\n"
+    "            found.append(target)\n"
+    "        elif target.startswith('socket:'):\n"
+    "            s = socket.socket(fileno=os.dup(int(fd)))\n"
+    "            try:\n"
+    "                if s.getsockname()[1:2] == (port,):\n"
+    "                    found.append(f'the server socket on {port}')\n"
+    "            except OSError:\n"
+    "                pass\n"
+    "            finally:\n"
+    "                s.close()\n"
+    "    return {'found': found, 'looked': len(os.listdir('/proc/self/fd'))}\n"
+)
+
+
+def test_a_function_finds_neither_the_servers_sockets_nor_the_hand_over(repo):
+    """What a function would look for to take the server's port over or to read the replica
+    keys handed over: every descriptor it holds, before and after a restart in place."""
+    repo.push(
+        {
+            "probe/handler.py": PROBE,
+            "probe/sless.yaml": (
+                "functions:\n  - name: probe\n    runtime: python3.11\n"
+                "    entrypoint: handler.main\n    triggers: [{type: http}]\n"
+            ),
+        }
+    )
+    server = repo.server().start()
+    for _ in range(2):
+        status, body = _call(server.port, "probe", mark=f"x&port={server.port}")
+        assert status == 200 and body["looked"] > 0, body
+        assert body["found"] == [], body
+        _restart(server)
+
+
+def test_an_unreadable_hand_over_is_said_and_adopts_nothing(monkeypatch, caplog):
+    fd = os.memfd_create("sless-handoff", 0)
+    os.write(fd, b"{not json")
+    os.lseek(fd, 0, os.SEEK_SET)
+    monkeypatch.setenv(restart.HANDOFF_ENV, str(fd))
+    with caplog.at_level(logging.WARNING, logger=restart.log.name):
+        assert restart.take_handoff() is None
+    assert "the state handed over by the previous image is unreadable" in caplog.text
+    assert restart.HANDOFF_ENV not in os.environ  # never read twice
+
+
+def test_a_restart_that_cannot_execute_says_why_and_exits_one(monkeypatch, caplog):
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        server = restart.Restart()
+
+        def refused(*args: object) -> None:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(restart.os, "execve", refused)
+        with (
+            caplog.at_level(logging.ERROR, logger=restart.log.name),
+            pytest.raises(SystemExit) as exited,
+        ):
+            server.exec(None)
+        assert exited.value.code == 1
+        assert "cannot re-execute" in caplog.text and "Permission denied" in caplog.text
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

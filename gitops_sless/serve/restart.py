@@ -116,11 +116,19 @@ class Restart:
         logs.event(log, "server.restarting", "restarting in place: the sockets stay open")
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        # an ignored signal stays ignored across exec (a handler would not): another
+        # SIGUSR2 while the next image loads is dropped, rather than ending the process
+        signal.signal(SIGNAL, signal.SIG_IGN)
         try:
             os.execve(sys.executable, argv, env)
         except OSError as exc:
             # nothing runs any more: the next start stops the replicas left and starts them
-            logs.event(log, "server.restart_failed", f"cannot re-execute {sys.executable}: {exc}")
+            logs.event(
+                log,
+                "server.restart_failed",
+                f"cannot re-execute {sys.executable}: {exc}",
+                level=logging.ERROR,
+            )
             raise SystemExit(1) from None
 
 

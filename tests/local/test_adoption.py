@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import signal
 import time
@@ -130,10 +131,13 @@ def test_an_adopted_replica_that_ends_is_restarted_only_once_its_spec_is_known(
     assert len(set(routes.call("who"))) == 2
 
 
-def test_a_record_this_image_cannot_use_leaves_no_process_behind(tmp_path, handed_over):
+def test_a_record_this_image_cannot_use_leaves_no_process_behind(tmp_path, handed_over, caplog):
     routes, _, _, _, records, supervisors = handed_over
     records[0]["spec"]["runtime"] = "cobol85"  # a runtime the next version dropped
-    second = Supervisor(tmp_path / "state", routes, adopt=records)
+    with caplog.at_level(logging.WARNING, logger="gitops_sless.local.adoption"):
+        second = Supervisor(tmp_path / "state", routes, adopt=records)
+    assert "a replica record from before the restart is unusable" in caplog.text
+    assert "cobol85" in caplog.text
     supervisors.append(second)
     assert second.deployed("prod") == {}
     # stopped as any orphan: the restore then starts the function again
