@@ -280,13 +280,14 @@ class Supervisor(Recovery):
                 self._children[replica.child.pid] = replica.child
                 kept.add(replica.child.pid)
             self._publish(key)
-            logs.event(
-                log,
-                "replica.adopted",
-                f"{len(unit.replicas)} replica(s) serve on across the restart",
-                env=key[0],
-                function=key[1],
-            )
+            if unit.replicas:  # a job-only or idle function has none to speak of
+                logs.event(
+                    log,
+                    "replica.adopted",
+                    f"{len(unit.replicas)} replica(s) serve on across the restart",
+                    env=key[0],
+                    function=key[1],
+                )
         return kept
 
     # --- processes ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os
 import sys
 import textwrap
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,7 @@ class Server:
         self._closed = threading.Event()
         self.scheduler = BackgroundScheduler()
 
-    def _backend(self, adopted: Any) -> Backend:
+    def _backend(self, adopted: Sequence[Mapping[str, Any]]) -> Backend:
         config = self.config
         self.elector: Any = None
         self.followers: Any = None  # kube.mirror.FunctionMirror: what a non-leader serves
