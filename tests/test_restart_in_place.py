@@ -303,3 +303,52 @@ def test_a_restart_that_cannot_execute_says_why_and_exits_one(monkeypatch, caplo
         assert "cannot re-execute" in caplog.text and "Permission denied" in caplog.text
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def _scaled(name: str) -> dict[str, str]:
+    """A python function that scales to zero after a second without calls, with a
+    concurrency limit of 1 and a body limit of 64 bytes (what its route enforces)."""
+    return {
+        f"{name}/handler.py": PY_HANDLER.format(delay=0, version="v1"),
+        f"{name}/sless.yaml": (
+            "functions:\n"
+            f"  - name: {name}\n"
+            "    runtime: python3.11\n"
+            "    entrypoint: handler.main\n"
+            "    scale: {min: 0, max: 2, idle: 1s}\n"
+            "    maxBodyBytes: 64\n"
+            "    triggers: [{type: http}]\n"
+        ),
+    }
+
+
+def _post(port: int, name: str, body: bytes) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", f"/fn/prod/{name}/", body=body, headers={"Connection": "close"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("how", ["in place", "stop and start"])
+def test_a_restart_keeps_the_policies_of_a_function_it_serves_again(repo, how):
+    # what serves is written down when it starts; a restart serves it from that record,
+    # and the record must carry every policy of the function, not only its code
+    repo.push(_scaled("lazy"))
+    server = repo.server().start()
+    status, body = _call(server.port, "lazy")
+    assert status == 200, body
+    server.wait(lambda: server.function("lazy")["phase"] == "Idle", "lazy to go idle")
+    if how == "in place":
+        _restart(server)
+    else:
+        server.stop()
+        server = repo.server().start()
+    server.wait(lambda: server.function("lazy")["phase"] == "Idle", "lazy idle again")
+    # woken by a call, as before the restart (a fixed count of 0 would answer 503)
+    status, body = _call(server.port, "lazy")
+    assert status == 200, body
+    assert _post(server.port, "lazy", b"x" * 65) == 413  # its own body limit still holds
+    server.wait(lambda: server.function("lazy")["phase"] == "Idle", "lazy to go idle again")
+    server.stop()

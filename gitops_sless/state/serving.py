@@ -6,9 +6,15 @@ has not run: the last good version keeps serving, across restarts too. Only a
 valid manifest that changes the function, or the deletion of its folder,
 replaces or removes it.
 
-A record keeps the function as deployed (every manifest field after defaults),
-its env with job results filled in and secrets kept as references (resolved
-again at each start, never stored), and the spec hash it was deployed with.
+A record keeps the function as deployed (every manifest field after defaults:
+its code and every policy, so what a restart serves scales, limits and retries
+as before), its env with job results filled in and secrets kept as references
+(resolved again at each start, never stored), and the spec hash it was deployed
+with.
+
+Records of format 1 left out the policies (scale, limits, async): one is read
+with its spec hash marked, so the first pass deploys the function again as the
+repository says.
 """
 
 from __future__ import annotations
@@ -16,12 +22,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..manifests.model import CronTrigger, Function, Job, env_as_written, read_env
+from ..manifests.model import (
+    DEFAULT_ASYNC,
+    AsyncPolicy,
+    CronTrigger,
+    Function,
+    Job,
+    RateLimit,
+    Scale,
+    Warm,
+    env_as_written,
+    read_env,
+)
 from ..plan.backend import Deployment
 
 __all__ = ["from_record", "to_record"]
 
-FORMAT = 1
+FORMAT = 2
+_READ = (1, 2)
+STALE = ":format-1"  # appended to a format-1 record's spec hash: never what the plan wants
 
 
 def to_record(deployment: Deployment) -> dict[str, Any]:
@@ -50,13 +69,82 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "jobs": [{"name": j.name, "runId": j.run_id, "event": dict(j.event)} for j in fn.jobs],
             "sourceId": fn.source_id,
             "buildTag": fn.build_tag,
+            "scale": _scale(fn.scale),
+            "previewScale": _scale(fn.preview_scale),
+            "replicasNamed": fn.replicas_named,
+            "concurrency": fn.concurrency,
+            "rateLimit": None if fn.rate_limit is None else _rate(fn.rate_limit),
+            "maxBodyBytes": fn.max_body_bytes,
+            "async": _async(fn.async_policy),
+            "subjects": list(fn.subjects),
         },
+    }
+
+
+def _scale(scale: Scale | None) -> dict[str, Any] | None:
+    if scale is None:
+        return None
+    warm = [{"cron": w.cron, "forSec": w.for_sec, "min": w.min} for w in scale.warm]
+    return {
+        "min": scale.min,
+        "max": scale.max,
+        "target": scale.target,
+        "idleSec": scale.idle_sec,
+        "warm": warm,
+    }
+
+
+def _read_scale(raw: Mapping[str, Any] | None) -> Scale | None:
+    if raw is None:
+        return None
+    warm = tuple(Warm(w["cron"], w["forSec"], w["min"]) for w in raw["warm"])
+    return Scale(raw["min"], raw["max"], raw["target"], raw["idleSec"], warm)
+
+
+def _rate(rate: RateLimit) -> dict[str, Any]:
+    return {"rps": rate.rps, "burst": rate.burst}
+
+
+def _async(policy: AsyncPolicy) -> dict[str, Any]:
+    return {
+        "retries": policy.retries,
+        "backoffSec": policy.backoff_sec,
+        "maxBackoffSec": policy.max_backoff_sec,
+        "maxAgeSec": policy.max_age_sec,
+        "concurrency": policy.concurrency,
+    }
+
+
+def _read_async(raw: Mapping[str, Any]) -> AsyncPolicy:
+    return AsyncPolicy(
+        raw["retries"],
+        raw["backoffSec"],
+        raw["maxBackoffSec"],
+        raw["maxAgeSec"],
+        raw["concurrency"],
+    )
+
+
+def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
+    """The Function fields a format-2 record adds (a format-1 record: their defaults)."""
+    if "scale" not in fn:
+        return {}
+    rate = fn["rateLimit"]
+    return {
+        "scale": _read_scale(fn["scale"]),
+        "preview_scale": _read_scale(fn["previewScale"]),
+        "replicas_named": fn["replicasNamed"],
+        "concurrency": fn["concurrency"],
+        "rate_limit": None if rate is None else RateLimit(rate["rps"], rate["burst"]),
+        "max_body_bytes": fn["maxBodyBytes"],
+        "async_policy": _read_async(fn["async"]) if fn["async"] else DEFAULT_ASYNC,
+        "subjects": tuple(fn["subjects"]),
     }
 
 
 def from_record(record: Mapping[str, Any]) -> Deployment:
     """The deployment ``to_record`` wrote; KeyError or ValueError if it is not one."""
-    if record.get("format") != FORMAT:
+    if record.get("format") not in _READ:
         raise ValueError(f"unknown serving record format {record.get('format')!r}")
     fn = record["function"]
     function = Function(
@@ -78,5 +166,7 @@ def from_record(record: Mapping[str, Any]) -> Deployment:
         jobs=tuple(Job(j["name"], j["runId"], j["event"], fn["name"]) for j in fn["jobs"]),
         source_id=fn["sourceId"],
         build_tag=fn["buildTag"],
+        **_policies(fn),
     )
-    return Deployment(record["env"], function, read_env(record["envVars"]), record["specHash"])
+    spec_hash = record["specHash"] + ("" if record["format"] == FORMAT else STALE)
+    return Deployment(record["env"], function, read_env(record["envVars"]), spec_hash)
