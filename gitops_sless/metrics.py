@@ -203,6 +203,11 @@ class Registry:
             "sless_async_oldest_queued_seconds",
             "Age of the oldest queued asynchronous invocation, by environment and function.",
         )
+        self.revision_switches = Counter(
+            "sless_revision_switches_total",
+            "Rollbacks and unpins asked for, by environment, function, action (rollback, "
+            "unpin: by hand; unpinned: by a commit that changed the function) and who.",
+        )
         self.last_success = Gauge(
             "sless_last_successful_sync_timestamp_seconds",
             "When the last pass that fetched and converged finished (Unix time), by environment.",
@@ -233,6 +238,7 @@ class Registry:
                 self.async_dead,
                 self.async_invocations,
                 self.async_oldest,
+                self.revision_switches,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 

@@ -35,9 +35,22 @@ from .plan.backend import Backend
 from .plan.planner import Plan
 from .source.snapshot import Snapshot
 from .state.inflight import InFlight
+from .state.revisions import DEFAULT_KEEP
 from .state.routes import RouteTable
 from .state.store import Store
-from .steps import Apply, Build, Context, Decide, Jobs, Load, PassState, Prune, Report, Restore
+from .steps import (
+    Apply,
+    Build,
+    Context,
+    Decide,
+    Jobs,
+    Load,
+    PassState,
+    Prune,
+    Report,
+    Restore,
+    Revisions,
+)
 from .steps.context import short
 
 __all__ = ["PassResult", "Reconciler", "Source"]
@@ -84,6 +97,7 @@ class Reconciler:
         follow_up: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
         work: InFlight | None = None,
+        keep_revisions: int = DEFAULT_KEEP,
     ) -> None:
         """``leading()``: whether this replica may run passes (it holds the lease).
 
@@ -91,6 +105,7 @@ class Reconciler:
         default :meth:`request_sync`, for a reconciler that runs :meth:`run_forever`.
         ``clock()``: the time deploy backoffs are counted in. ``work``: the builds and
         jobs under way, shared by the reconcilers of one server (by default its own).
+        ``keep_revisions``: how many revisions of each function stay runnable.
         """
         self.source = source
         self.backend = backend
@@ -116,12 +131,13 @@ class Reconciler:
             stopping=self._stopping,
         )
         ctx = self.context
+        self.revisions = Revisions(ctx, keep_revisions)
         self.restore = Restore(ctx)
         self.load = Load(ctx)
         self.jobs = Jobs(ctx)
-        self.decide = Decide(ctx, self.jobs, allow_empty)
+        self.decide = Decide(ctx, self.jobs, allow_empty, self.revisions)
         self.build = Build(ctx)
-        self.apply = Apply(ctx)
+        self.apply = Apply(ctx, self.revisions)
         self.prune = Prune(ctx)
         self.report = Report(ctx, public_url, routes, lambda: self.request_sync("settle"))
         ctx.work.subscribe(self._work_done)
@@ -208,6 +224,13 @@ class Reconciler:
             finally:
                 self.context.built.clear()  # it may have removed artifacts
 
+    def restore_serving(self) -> None:
+        """Once, at start-up: what served when the last reconciler stopped runs again (or
+        is adopted), with the revisions kept beside it."""
+        if not self.restore.done:
+            self.restore.run()
+            self.revisions.restored()
+
     def busy(self) -> bool:
         """Builds or job runs this environment waits for are under way."""
         return self._under_way()
@@ -255,8 +278,7 @@ class Reconciler:
         level = logging.DEBUG if current.trigger in QUIET_TRIGGERS else logging.INFO
         logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
-            if not self.restore.done:  # before the fetch: an unreachable remote changes nothing
-                self.restore.run()
+            self.restore_serving()  # before the fetch: an unreachable remote changes nothing
             fetched = self.source.fetch()
             snapshot = self.source.snapshot(getattr(fetched, "commit", None))
             current.revision = snapshot.revision
@@ -312,10 +334,6 @@ class Reconciler:
             trigger=current.trigger,
             result=result,
         )
-
-    def _failed(self, current: PassState, error: str) -> PassResult:
-        self._finish(current, "Failed", error)
-        return PassResult(current.revision, None, error, "Failed")
 
     def _failed(self, current: PassState, error: str) -> PassResult:
         self._finish(current, "Failed", error)

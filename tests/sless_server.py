@@ -212,8 +212,8 @@ class ServedRepo:
         self.work.commit("change", files)
         self.work.push(self.url)
 
-    def server(self) -> SlessServer:
-        server = SlessServer(self.url, self.state)
+    def server(self, args: list[str] | None = None) -> SlessServer:
+        server = SlessServer(self.url, self.state, args=args)
         self.servers.append(server)
         return server
 

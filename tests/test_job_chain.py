@@ -55,7 +55,7 @@ def chain(version: str, run_id: int, fail: bool = False) -> dict[str, str]:
 
 
 def replacements(output: str, name: str) -> int:
-    return output.count(f"{name} replaced (")
+    return output.count(f"{name} replaced: r")
 
 
 def test_new_code_and_a_new_run_replace_the_dependent_once(setup):

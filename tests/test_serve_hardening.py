@@ -310,7 +310,9 @@ def test_a_replica_over_its_memory_limit_is_killed_reported_and_restarted(setup)
 
 def test_garbage_collection_keeps_what_runs_and_reports_what_it_reclaimed(setup):
     setup.push(http_function("churn", "v0"))
-    server = setup.serve(args=["--gc-interval", "0.5", "--keep-builds", "0"])
+    server = setup.serve(
+        args=["--gc-interval", "0.5", "--keep-builds", "0", "--keep-revisions", "1"]
+    )
     for version in (1, 2, 3):
         setup.push(http_function("churn", f"v{version}"))
         server.sync()

@@ -3,7 +3,8 @@
 ``validate``, ``render`` and ``import`` work on files on disk (local.py); ``serve``
 follows a repository (serve.py); ``status``, ``diff``, ``logs``, ``invoke`` and
 ``sync`` talk to a running server (remote.py), and so does ``invocations
-list|show|redrive``, for its asynchronous invocations (invocations.py);
+list|show|redrive``, for its asynchronous invocations (invocations.py), and
+``revisions``, ``rollback`` and ``unpin``, for a function's revisions (revisions.py);
 ``completion`` prints shell scripts (completion.py). What they share: common.py
 (exit codes, usage errors, arguments) and output.py (colours, tables).
 
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 import gitops_sless
 
 from ..errors import SlessError
-from . import completion, invocations, local, remote, serve
+from . import completion, invocations, local, remote, revisions, serve
 from .client import ClientError
 from .common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
 from .serve import TRUST_LEVELS as _TRUST_LEVELS  # noqa: F401 - tests hold it to trust's
@@ -49,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_parser(commands)
     remote.add_parsers(commands)
     invocations.add_parsers(commands)
+    revisions.add_parsers(commands)
     local.add_import_parser(commands)
     completion.add_parser(commands, root)
     return root

@@ -36,6 +36,7 @@ __all__ = [
     "described",
     "exit_epilog",
     "positive",
+    "target",
 ]
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -92,6 +93,22 @@ EXIT_CODES: dict[str, dict[int, str]] = {
         1: "the pass failed, or did not finish within --wait",
         2: f"bad arguments, or {_SERVER}",
     },
+    "revisions": {
+        0: "listed",
+        1: "no such function, or none of its revisions is kept",
+        2: f"bad arguments, or {_SERVER}",
+    },
+    "rollback": {
+        0: "all of its traffic goes to the revision asked for, and it is pinned there",
+        1: "no such function or revision, or a switch refused (nothing earlier to go back "
+        "to, the revision serves already, a preview)",
+        2: f"bad arguments, or {_SERVER}",
+    },
+    "unpin": {
+        0: "it follows git again (a pass is asked for)",
+        1: "no such function, or it is not pinned",
+        2: f"bad arguments, or {_SERVER}",
+    },
     "invocations": {
         0: "listed or shown, none failed or dead; queued again (with --dead: however many "
         "were dead)",
@@ -122,6 +139,17 @@ def check_env(flag: str, env: str) -> str:
     if not ENV_NAME.fullmatch(env):
         raise UsageError(f"{flag} {env!r}: must be a DNS-1123 label of at most 40 characters")
     return env
+
+
+def target(value: str, client: Client) -> tuple[str, str]:
+    """``ENV/NAME``, or ``NAME`` in the environment the server follows."""
+    env, sep, name = value.rpartition("/")
+    if not sep:
+        env = client.get("/api/v1/status")["environment"]
+    for what, label in (("environment", env), ("function", name)):
+        if not ENV_NAME.fullmatch(label):
+            raise UsageError(f"{value!r}: {what} {label!r} is not a DNS-1123 label; use ENV/NAME")
+    return env, name
 
 
 def positive(name: str, value: float) -> float:

@@ -21,7 +21,6 @@ from ..manifests import load as manifest
 from ..source.snapshot import open_source
 from .client import Client, NotFound, segment
 from .common import (
-    ENV_NAME,
     EXIT_NOT_OK,
     EXIT_OK,
     UsageError,
@@ -32,6 +31,7 @@ from .common import (
     described,
     exit_epilog,
     positive,
+    target,
 )
 from .output import PHASE_STYLE, Paint, colour, progress, short, styled, table, write
 
@@ -136,17 +136,6 @@ def _verb(
     parser: argparse.ArgumentParser = commands.add_parser(name, help=text, epilog=exit_epilog(name))
     parser.set_defaults(run=run)
     return parser
-
-
-def _target(value: str, client: Client) -> tuple[str, str]:
-    """``ENV/NAME``, or ``NAME`` in the environment the server follows."""
-    env, sep, name = value.rpartition("/")
-    if not sep:
-        env = client.get("/api/v1/status")["environment"]
-    for what, label in (("environment", env), ("function", name)):
-        if not ENV_NAME.fullmatch(label):
-            raise UsageError(f"{value!r}: {what} {label!r} is not a DNS-1123 label; use ENV/NAME")
-    return env, name
 
 
 def _message(fn: dict[str, Any]) -> str:
@@ -437,7 +426,7 @@ def _print_job(client: Client, env: str, name: str, job: str, follow: bool) -> i
 
 def _logs(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        env, name = _target(args.function, client)
+        env, name = target(args.function, client)
         try:
             if args.job:
                 return _print_job(client, env, name, args.job, args.follow)
@@ -518,7 +507,7 @@ def _invoke(args: argparse.Namespace) -> int:
         raise UsageError(f"-X {args.method!r}: not an HTTP method")
     sub = args.path if args.path.startswith("/") else "/" + args.path
     with connect(args) as client:
-        env, name = _target(args.function, client)
+        env, name = target(args.function, client)
         started = time.monotonic()
         response = client.invoke(
             method,

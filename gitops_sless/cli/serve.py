@@ -169,6 +169,14 @@ def add_parser(commands: Any) -> None:
         help="builds kept per function folder beyond those an environment uses (default: 3)",
     )
     serve.add_argument(
+        "--keep-revisions",
+        type=int,
+        default=5,
+        metavar="N",
+        help="revisions of each function kept runnable, the one serving included: each "
+        "has its own URL (/fn/ENV/NAME@rN/) and a rollback can switch to it (default: 5)",
+    )
+    serve.add_argument(
         "--gc-interval",
         type=float,
         default=3600.0,
@@ -272,6 +280,12 @@ def _seconds(name: str, value: float) -> float:
 def _not_negative(name: str, value: int) -> int:
     if value < 0:
         raise UsageError(f"{name} {value}: must be 0 or more")
+    return value
+
+
+def _at_least_one(name: str, value: int) -> int:
+    if value < 1:
+        raise UsageError(f"{name} {value}: must be 1 or more (the revision serving is kept)")
     return value
 
 
@@ -492,6 +506,7 @@ def _start(args: argparse.Namespace) -> int:
         log_format=_choice("SLESS_LOG_FORMAT", args.log_format, logs.FORMATS),
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
+        keep_revisions=_at_least_one("--keep-revisions", args.keep_revisions),
         gc_interval=positive("--gc-interval", args.gc_interval),
         gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
         trusted_proxies=_networks("--trusted-proxies", args.trusted_proxies),

@@ -206,6 +206,8 @@ class FunctionWriter:
             "revision": record.get("revision"),
             "url": record.get("url"),
             "lastExit": record.get("last_exit"),
+            "servingRevision": record.get("serving_revision"),
+            "pinned": record.get("pinned"),
         }
         status.update({k: v for k, v in optional.items() if v})
         jobs = [

@@ -143,6 +143,8 @@ class FunctionMirror:
                 manifest=(obj.get("spec") or {}).get("manifest"),
                 restarts=int(status.get("restarts") or 0),
                 last_exit=status.get("lastExit"),
+                serving_revision=status.get("servingRevision"),
+                pinned=status.get("pinned"),
             )
         for run in status.get("jobs") or []:
             self.store.set_job_run(

@@ -49,6 +49,7 @@ def spec_record(spec: ProcessSpec) -> dict[str, Any]:
         "timeout_sec": spec.timeout_sec,
         "memory_mb": spec.memory_mb,
         "max_processes": spec.max_processes,
+        "revision": spec.revision,
     }
 
 
@@ -65,6 +66,7 @@ def spec_from_record(record: Mapping[str, Any]) -> ProcessSpec:
         env_vars={},
         memory_mb=record["memory_mb"],
         max_processes=record["max_processes"],
+        revision=record.get("revision", ""),  # from a release before revisions: ""
     )
 
 

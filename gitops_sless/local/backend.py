@@ -5,6 +5,7 @@ One command on a laptop serves a functions repository: no cluster, no images.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from ..plan.backend import (
     EnvValue,
     Health,
     JobFailed,
+    KeptRevision,
     SecretUnavailable,
 )
 from ..source.snapshot import Snapshot
@@ -169,7 +171,8 @@ class LocalBackend(Backend):
         return {path.name for path in self.supervisor.artifacts_in_use()}
 
     def deployed(self, env: str) -> dict[str, str]:
-        return self.supervisor.deployed(env)
+        # a kept revision's replicas (name@revision) are not a function of their own
+        return {n: h for n, h in self.supervisor.deployed(env).items() if "@" not in n}
 
     def health(self, env: str) -> dict[str, Health]:
         version = self.supervisor.version
@@ -180,6 +183,7 @@ class LocalBackend(Backend):
                 {
                     n: _health(u, self._http.get((env, n)))
                     for n, u in self.supervisor.status(env).items()
+                    if "@" not in n
                 },
             )
             self._health[env] = cached
@@ -208,19 +212,8 @@ class LocalBackend(Backend):
     def apply(self, deployment: Deployment, revision: str | None = None) -> None:
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
-        policy = fn.scale_in(env)
-        autoscaled = policy if policy.autoscaled else None
         self._set_trigger(env, fn)
-        if not (fn.enabled and fn.http):
-            replicas = 0
-        elif autoscaled is None:
-            replicas = policy.min
-        else:
-            # a new version starts as many as run now, and one at least (Knative's initial
-            # scale): the deploy shows that it starts; idle, it goes to zero
-            running = self.supervisor.status(env).get(fn.name)
-            now = running.wanted if running else 0
-            replicas = min(max(now, policy.min, 1), policy.max)
+        replicas = self._initial_replicas(env, fn)
         try:
             self.supervisor.apply(spec, deployment.spec_hash, replicas)
         except ApplyFailed:
@@ -230,6 +223,86 @@ class LocalBackend(Backend):
                 self._upstreams_changed(env, fn.name, (), None, key)
             raise
         self._schedule(spec, fn)
+
+    def _initial_replicas(self, env: str, fn: Function) -> int:
+        policy = fn.scale_in(env)
+        if not (fn.enabled and fn.http):
+            return 0
+        if not policy.autoscaled:
+            return policy.min
+        # a new version starts as many as run now, and one at least (Knative's initial
+        # scale): the deploy shows that it starts; idle, it goes to zero
+        running = self.supervisor.status(env).get(fn.name)
+        now = running.wanted if running else 0
+        return min(max(now, policy.min, 1), policy.max)
+
+    # --- revisions ----------------------------------------------------------------------
+
+    def keep_revisions(
+        self, env: str, name: str, serving: KeptRevision, others: list[KeptRevision]
+    ) -> None:
+        wanted: dict[str, KeptRevision] = {}
+        for kept in others:
+            fn = kept.deployment.function
+            if fn.http and fn.enabled:  # only what has an http trigger has a URL
+                wanted[f"{name}@{kept.id}"] = kept
+        for unit in self.supervisor.deployed(env):
+            if unit.startswith(name + "@") and unit not in wanted:
+                self._drop_unit(env, unit)
+        running = self.supervisor.deployed(env)
+        aliases = {serving.label: name, serving.id: name}
+        for unit, kept in wanted.items():
+            deployment = kept.deployment
+            try:
+                spec = self._process_spec(env, deployment.function, deployment.env_vars)
+            except SecretUnavailable as exc:  # it cannot start now: no URL until it can
+                log.info("%s/%s %s is not runnable now: %s", env, name, kept.label, exc)
+                self._drop_unit(env, unit)
+                continue
+            spec = dataclasses.replace(spec, revision=kept.id)
+            self._http[(env, unit)] = self._kept_trigger(env, deployment.function)
+            same = running.get(unit) == deployment.spec_hash
+            if not (same and self.supervisor.adopt_spec(spec, deployment.spec_hash)):
+                self.supervisor.apply(spec, deployment.spec_hash, 0)  # started on a call
+            aliases[kept.label] = aliases[kept.id] = unit
+        self.routes.set_revisions(env, name, aliases)
+
+    def _drop_unit(self, env: str, unit: str) -> None:
+        self._http.pop((env, unit), None)
+        self.routes.remove(env, unit)
+        self.supervisor.remove(env, unit)
+
+    def _kept_trigger(self, env: str, fn: Function) -> _HttpTrigger:
+        """A kept revision's route: scaled to zero, one replica started by a call, stopped
+        after the function's idle time (a fixed count's: the default, 300 s)."""
+        idle = Scale(0, 1, idle_sec=fn.scale_in(env).idle_sec)
+        return _HttpTrigger(
+            float(fn.timeout_sec),
+            fn.same_origin,
+            idle,
+            fn.concurrency,
+            fn.rate_limit,
+            fn.max_body_bytes,
+            fn.runtime,
+        )
+
+    def switch(self, env: str, target: KeptRevision, retired: KeptRevision | None) -> None:
+        deployment = target.deployment
+        fn, name = deployment.function, deployment.name
+        unit = f"{name}@{target.id}"
+        if retired is not None and fn.http and fn.enabled:
+            spec = self._process_spec(env, fn, deployment.env_vars)
+            retired_unit = f"{name}@{retired.id}"
+            self._http[(env, retired_unit)] = self._kept_trigger(env, retired.deployment.function)
+            self._set_trigger(env, fn)
+            if self.supervisor.swap(env, name, unit, spec, deployment.spec_hash, retired.id):
+                self._http.pop((env, unit), None)
+                self.routes.remove(env, unit)
+                self.supervisor.scale(env, name, self._initial_replicas(env, fn))
+                self._schedule(spec, fn)
+                return
+            self._http.pop((env, retired_unit), None)
+        self.apply(deployment)  # not warm: started beside what serves, then switched to
 
     def adopt(self, deployment: Deployment) -> None:
         fn, env = deployment.function, deployment.env
@@ -299,9 +372,13 @@ class LocalBackend(Backend):
 
     def remove(self, env: str, name: str) -> None:
         self._http.pop((env, name), None)
+        self.routes.set_revisions(env, name, {})
         self.routes.remove(env, name)  # the route goes first: 404 at once, never 502
         self.crons.remove(env, name)
         self.supervisor.remove(env, name)
+        for unit in self.supervisor.deployed(env):
+            if unit.startswith(name + "@"):
+                self._drop_unit(env, unit)
 
     def remove_environment(self, env: str) -> None:
         self.supervisor.remove_environment(env)  # a job a teardown interrupts ends too

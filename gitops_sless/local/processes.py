@@ -28,6 +28,7 @@ one-shot runs of the runner (``oneshot``).
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import logging
 import os
@@ -140,7 +141,7 @@ class Supervisor(Recovery):
 
     def apply(self, spec: ProcessSpec, spec_hash: str, replicas: int) -> None:
         """Run ``replicas`` healthy servers of ``spec``; the old ones stop after the switch."""
-        key = (spec.env_name, spec.function)
+        key = (spec.env_name, spec.unit)
         old = None
         fresh: list[Replica] = []
         try:
@@ -181,6 +182,39 @@ class Supervisor(Recovery):
             self._stop_later([r.child for r in extra], grace)
         self._grow(key, unit)
         self._notify(key, "scaled", None)  # Idle and back: the status store looks again
+
+    def swap(
+        self, env: str, name: str, kept: str, spec: ProcessSpec, spec_hash: str, retired: str
+    ) -> bool:
+        """The ready replicas of unit ``kept`` (a kept revision's) serve ``name`` from now
+        on, as ``spec``, at once; ``name``'s own go on as the unit of revision ``retired``
+        (their calls under way are answered: nothing stops). Both keep their replica keys.
+        False, changing nothing, when ``kept`` has no ready replica to take over."""
+        with self._lock:
+            unit = self._units.get((env, kept))
+            if self._closing or unit is None or not any(not r.withdrawn for r in unit.replicas):
+                return False
+            before = self._units.pop((env, name), None)
+            before_key = self._keys.pop((env, name), None)
+            del self._units[(env, kept)]
+            self._keys[(env, name)] = self._keys.pop((env, kept))
+            unit.spec, unit.spec_hash, unit.adopted = spec, spec_hash, False
+            unit.wanted = max(unit.wanted, 1)
+            for replica in unit.replicas:
+                replica.child.spec = spec
+            self._units[(env, name)] = unit
+            self._publish((env, name))
+            if before is not None:
+                old_spec = dataclasses.replace(before.spec, revision=retired)
+                before.spec = old_spec
+                for replica in before.replicas:
+                    replica.child.spec = old_spec
+                self._units[(env, old_spec.unit)] = before
+                if before_key is not None:
+                    self._keys[(env, old_spec.unit)] = before_key
+                self._publish((env, old_spec.unit))
+        self._grow((env, name), unit)
+        return True
 
     def start_failure(self, env: str, name: str) -> tuple[str, float] | None:
         """(why, until when: monotonic) while a failed start's backoff holds, else None."""
@@ -254,7 +288,7 @@ class Supervisor(Recovery):
     def adopt_spec(self, spec: ProcessSpec, spec_hash: str) -> bool:
         """An adopted function is still wanted as ``spec``: its replicas serve it, and are
         restarted from it from now on. False: nothing adopted runs ``spec_hash``."""
-        key = (spec.env_name, spec.function)
+        key = (spec.env_name, spec.unit)
         with self._lock:
             unit = self._units.get(key)
             if unit is None or unit.spec_hash != spec_hash or self._closing:
@@ -273,7 +307,7 @@ class Supervisor(Recovery):
             unit = adoption.restore(record, self.memory, self.sandbox, self.output)
             if unit is None:
                 continue
-            key = (unit.spec.env_name, unit.spec.function)
+            key = (unit.spec.env_name, unit.spec.unit)
             self._units[key] = unit
             self._keys[key] = record["key"]
             for replica in unit.replicas:
@@ -446,7 +480,7 @@ class Supervisor(Recovery):
                     {
                         "PORT": str(port),
                         "SLESS_HOST": self.host,
-                        "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.function),
+                        "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.unit),
                         "SLESS_READY_FD": str(write_fd),
                     }
                 ),

@@ -53,6 +53,15 @@ class ProcessSpec:
     env_vars: Mapping[str, str]
     memory_mb: int | None = None  # killed above this (OOMKilled); None: no limit
     max_processes: int | None = None  # tasks (processes and threads) in its sandbox
+    # "": the replicas that take the function's traffic; else a kept revision's id, whose
+    # replicas serve only its own URL (name@revision) and run apart (see ``unit``)
+    revision: str = ""
+
+    @property
+    def unit(self) -> str:
+        """What the supervisor and the routes know these replicas as: the function's name,
+        or ``name@revision`` for a kept revision's."""
+        return f"{self.function}@{self.revision}" if self.revision else self.function
 
     def environ(self, extra: Mapping[str, str]) -> dict[str, str]:
         base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}

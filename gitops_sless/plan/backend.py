@@ -26,6 +26,7 @@ __all__ = [
     "Health",
     "JobFailed",
     "JobRecord",
+    "KeptRevision",
     "SecretUnavailable",
     "deployment_for",
 ]
@@ -118,6 +119,15 @@ class Deployment:
     @property
     def name(self) -> str:
         return self.function.name
+
+
+@dataclass(frozen=True)
+class KeptRevision:
+    """A revision of a function that stays runnable (see ``state.revisions``)."""
+
+    label: str  # r3
+    id: str  # from its spec hash
+    deployment: Deployment
 
 
 def _replicas(scale: Scale) -> dict[str, Any]:
@@ -257,6 +267,20 @@ class Backend(ABC):
         """``deployment`` is about to be started again as it last served (start-up, after
         a stop): its calls wait for it from now on, rather than being refused. By default
         nothing (what runs in a cluster serves on by itself)."""
+
+    def keep_revisions(  # noqa: B027 - optional hook
+        self, env: str, name: str, serving: KeptRevision, others: list[KeptRevision]
+    ) -> None:
+        """``name`` serves ``serving`` (applied), and ``others`` stay runnable beside it,
+        each reached by its own URL (``/fn/{env}/{name}@{label or id}/``) and started on
+        its first call; revisions kept before and not in ``others`` go. By default,
+        nothing (a backend without revision URLs)."""
+
+    def switch(self, env: str, target: KeptRevision, retired: KeptRevision | None) -> None:
+        """All of the function's traffic to ``target``, a kept revision, at once (a
+        rollback); ``retired`` is the revision that served until now, kept from here on.
+        By default ``target`` is applied as a deploy is (started, then switched to)."""
+        self.apply(target.deployment)
 
     def hand_over(self) -> object:
         """Stop as :meth:`close` does, but leave running what the next image of this

@@ -157,6 +157,10 @@ class ProxyApp:
             return call, None, target
         routes = self.routes
         route = routes.get(env, name)
+        if route is None and "@" in name:  # a revision's own URL: name@rN or name@id
+            route = routes.revision(env, name)
+            if route is not None:
+                call.name = name = route.name  # counted as the route that serves it
         if route is None or not (route.upstreams or route.scale or route.starting):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None
@@ -206,6 +210,10 @@ class ProxyApp:
         """The status and error for a call with no route or no ready upstream."""
         declared = call.declared
         if route is None and declared is None:
+            function, at, ref = call.name.partition("@")
+            kept = self.routes.revision_refs(call.env, function) if at else None
+            if kept is not None:
+                return 404, f"revision {ref} of {function} not kept; kept: {', '.join(kept)}"
             return 404, "function not found"
         if route is None and declared is not None and not declared.http:
             return 404, "function has no http trigger"

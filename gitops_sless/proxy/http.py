@@ -120,6 +120,8 @@ LIMITS_ENV = {
 
 PREFIX = b"/fn/"
 _NAME = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
+# a function's name, or one of its revisions: name@r3, name@<revision id>
+_FUNCTION = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?(?:@[a-z0-9]{1,32})?")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
 LABEL_MAX = 64  # how much of an unknown env or name is kept in a record
 _getrandbits = random.Random().getrandbits  # its own: the global one stays the caller's
@@ -287,16 +289,16 @@ _NAMES_MAX = 4096
 
 def _names_of(key: bytes) -> tuple[str, str, bool]:
     env_raw, sep, name_raw = key.partition(b"/")
-    env, env_ok = _segment(env_raw)
-    name, name_ok = _segment(name_raw)
+    env, env_ok = _segment(env_raw, _NAME)
+    name, name_ok = _segment(name_raw, _FUNCTION)
     return env, name, bool(sep) and env_ok and name_ok
 
 
-def _segment(raw: bytes) -> tuple[str, bool]:
+def _segment(raw: bytes, pattern: re.Pattern[str]) -> tuple[str, bool]:
     if not raw:
         return "", False
     text = (unquote_to_bytes(raw) if b"%" in raw else raw).decode("utf-8", "replace")
-    if _NAME.fullmatch(text):
+    if pattern.fullmatch(text):
         return text, True
     return text[:LABEL_MAX], False
 

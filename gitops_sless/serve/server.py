@@ -114,9 +114,10 @@ class Server:
             workers=16 if config.backend == "kubernetes" else 4,
             after_pass=self._after_pass,
             work=self.work,
+            keep_revisions=config.keep_revisions,
         )
         if adopted:  # their routes before the first call: the restore adopts them
-            self.reconciler.restore.run()
+            self.reconciler.restore_serving()
         self.previews = self._previews() if config.previews else None
         # every environment runs on the one backend; only the leader writes decisions
         leading = self.elector.is_leader if self.elector else None
@@ -152,6 +153,8 @@ class Server:
             forward_webhook=self._forward_webhook if self.elector else None,
             scaling=self.scaler.report,
             invocations=self.async_calls,
+            routes=self.routes,
+            fn_url=config.fn_url,
         )
         if self.elector is not None:
             share_sign_outs(api.state.access, self.elector.members)

@@ -16,7 +16,7 @@ import itertools
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ssl import SSLContext
 
@@ -193,6 +193,8 @@ class RouteTable:
     def __init__(self) -> None:
         self._routes: dict[tuple[str, str], Route] = {}
         self._declared: dict[str, dict[str, Declared]] = {}
+        # (env, function) -> {"r3" or a revision id: the name of the route serving it}
+        self._revisions: dict[tuple[str, str], dict[str, str]] = {}
         self._closed: frozenset[str] = frozenset()  # environments being torn down
         self._write = threading.Lock()
         self._watchers: list[Callable[[str, str], None]] = []
@@ -231,6 +233,7 @@ class RouteTable:
             self._declared = {e: d for e, d in self._declared.items() if e != env}
             gone = [key for key in self._routes if key[0] == env]
             self._routes = {key: r for key, r in self._routes.items() if key[0] != env}
+            self._revisions = {k: v for k, v in self._revisions.items() if k[0] != env}
         for key in gone:
             self._changed(*key)
 
@@ -277,6 +280,32 @@ class RouteTable:
             self._routes = routes
         if gone is not None:
             self._changed(env, name)
+
+    def set_revisions(self, env: str, name: str, aliases: Mapping[str, str]) -> None:
+        """How ``/fn/{env}/{name}@{ref}/`` finds its route from now on: ``aliases`` maps
+        each ref (``rN``, a revision id) to the name of the route serving that revision
+        (``name`` itself for the one that takes the traffic); empty: no revision URLs."""
+        with self._write:
+            if env in self._closed:
+                return
+            revisions = {k: v for k, v in self._revisions.items() if k != (env, name)}
+            if aliases:
+                revisions[(env, name)] = dict(aliases)
+            self._revisions = revisions
+
+    def revision(self, env: str, name: str) -> Route | None:
+        """The route of ``name@ref`` (a revision's URL), if that revision is kept."""
+        function, _, ref = name.partition("@")
+        target = self._revisions.get((env, function), {}).get(ref)
+        return None if target is None else self._routes.get((env, target))
+
+    def revision_refs(self, env: str, name: str) -> list[str] | None:
+        """The ``rN`` of every kept revision of ``name``, newest first; None: it has none."""
+        aliases = self._revisions.get((env, name))
+        if not aliases:
+            return None
+        numbers = [int(ref[1:]) for ref in aliases if ref[:1] == "r" and ref[1:].isdigit()]
+        return [f"r{n}" for n in sorted(numbers, reverse=True)]
 
     def names(self, env: str) -> list[str]:
         return sorted(name for e, name in self._routes if e == env)

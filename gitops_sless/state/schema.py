@@ -45,6 +45,33 @@ CREATE TABLE IF NOT EXISTS serving (
     deployed REAL NOT NULL,
     PRIMARY KEY (env, name)
 );
+-- every distinct version of a function deployed in an environment (see state/revisions.py):
+-- numbered per function (r1, r2, ...), with the deployment to start it again
+CREATE TABLE IF NOT EXISTS revisions (
+    env TEXT NOT NULL,
+    name TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    spec_hash TEXT NOT NULL,
+    deployment TEXT NOT NULL,
+    commit_sha TEXT,
+    build_tag TEXT NOT NULL,
+    image TEXT,
+    created REAL NOT NULL,
+    deployed REAL NOT NULL,
+    PRIMARY KEY (env, name, number)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS revisions_by_hash ON revisions (env, name, spec_hash);
+-- a function held at an earlier revision on purpose (a rollback) until a commit changes it
+-- (its desired spec hash is no longer ``desired``) or someone unpins it
+CREATE TABLE IF NOT EXISTS pins (
+    env TEXT NOT NULL,
+    name TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    desired TEXT,
+    by TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (env, name)
+);
 CREATE TABLE IF NOT EXISTS jobs (
     env TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -141,6 +168,9 @@ _ADDED_COLUMNS = (
     ("previews", "approved_by", "TEXT"),
     ("previews", "approval_request", "TEXT"),
     ("builds", "image", "TEXT"),  # what a build made, named immutably (image@sha256:...)
+    # the revision serving (r3), and the one a rollback pins it at (state/revisions.py)
+    ("functions", "serving_revision", "TEXT"),
+    ("functions", "pinned", "TEXT"),
 )
 
 # the columns of a build row before trust scopes (all of them, _ADDED_COLUMNS included)

@@ -1,7 +1,9 @@
 """The steps of a reconcile pass, one object each, as Flux's controllers compose
 sub-reconcilers: ``restore`` (at start-up, what served), ``load`` (the manifests),
 ``decide`` (observe and plan), ``build`` and ``jobs`` (long work, in the background),
-``apply``, ``prune`` and ``report`` (phases, the pass's result, the proxy's table).
+``apply``, ``prune`` and ``report`` (phases, the pass's result, the proxy's table);
+``revisions`` records each deploy as a revision, keeps the newest runnable and
+switches to one by hand (a rollback, which pins the function).
 
 They share one :class:`~.context.Context`: what the reconciler of one environment
 knows between passes. The coordinator (``reconciler``) calls them in order; each can
@@ -20,6 +22,7 @@ from .load import Load
 from .prune import Prune
 from .report import Report
 from .restore import Restore
+from .revisions import NoSuchRevision, Revisions, RollbackRefused
 
 __all__ = [
     "Apply",
@@ -28,8 +31,11 @@ __all__ = [
     "Decide",
     "Jobs",
     "Load",
+    "NoSuchRevision",
     "PassState",
     "Prune",
     "Report",
     "Restore",
+    "Revisions",
+    "RollbackRefused",
 ]

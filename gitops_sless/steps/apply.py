@@ -13,13 +13,15 @@ from ..plan.planner import Plan
 from ..state import serving
 from ..state.phases import Outcome
 from .context import Context, PassState, log, short
+from .revisions import Revisions
 
 __all__ = ["Apply"]
 
 
 class Apply:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, revisions: Revisions | None = None) -> None:
         self.ctx = ctx
+        self.revisions = revisions or Revisions(ctx)
 
     def run(self, planned: Plan, revision: str, current: PassState) -> None:
         ctx = self.ctx
@@ -53,6 +55,7 @@ class Apply:
         ctx.outcomes.pop(fn.name, None)
         ctx.store.set_serving(ctx.env, fn.name, serving.to_record(deployment), revision)
         ctx.serving.add(fn.name)
+        number = self.revisions.deployed(deployment, revision).label
         ctx.records.update(
             fn.name,
             build_tag=fn.build_tag,
@@ -64,7 +67,8 @@ class Apply:
         )
         what = "replaced" if replacing else "deployed"
         state = "" if fn.enabled else ", disabled"
-        logs.event(log, f"function.{what}", f"{fn.name} {what} ({fn.build_tag}{state})", **where)
+        said = f"{fn.name} {what}: {number} ({fn.build_tag}{state})"
+        logs.event(log, f"function.{what}", said, revisionNumber=number, **where)
         return True
 
     def _back_off(self, deployment: Deployment, message: str, where: dict[str, Any]) -> None:

@@ -11,14 +11,23 @@ from ..plan.diff import FINISHED, job_errors, job_results
 from ..plan.planner import Held, Observed, Plan, plan
 from .context import Context, short
 from .jobs import Jobs
+from .revisions import Revisions
 
 __all__ = ["Decide"]
 
 
 class Decide:
-    def __init__(self, ctx: Context, jobs: Jobs, allow_empty: bool = False) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        jobs: Jobs,
+        allow_empty: bool = False,
+        revisions: Revisions | None = None,
+    ) -> None:
         self.ctx = ctx
         self.jobs = jobs
+        # a pinned function's deploy is held (see Revisions)
+        self.revisions = revisions or Revisions(ctx)
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
         self._steady: tuple[tuple[Any, ...], Plan] | None = None  # the last idle plan
@@ -36,6 +45,7 @@ class Decide:
         planned = plan(
             desired, ctx.env, self._observe(desired, under_way, runs), self._deployment_for
         )
+        self.revisions.hold_pinned(planned)
         idle = planned.is_empty and not planned.failed and not planned.building
         self._steady = (key, planned) if key is not None and idle else None
         emptying = planned.prunes and not desired.functions and not desired.invalid_names
@@ -67,6 +77,7 @@ class Decide:
             len(ctx.serving),
             tuple(sorted(ctx.outcomes.items())),
             tuple((r["name"], r["run_id"], r["phase"], r["error"]) for r in runs),
+            self.revisions.pin_key(),
         )
 
     def _deployment_for(self, env: str, fn: Function, results: Mapping[str, str]) -> Deployment:

@@ -39,6 +39,7 @@ from ..previews import pulls
 from ..previews.prlinks import pull_request_link
 from ..reconciler import Reconciler
 from ..source import webhooks
+from ..state.routes import RouteTable
 from ..state.store import MAX_SYNCS, Store
 from . import diffs, replies
 from .access import Access, ReadGate
@@ -61,6 +62,7 @@ from .models import (
     SyncAccepted,
     WebhookReply,
 )
+from .revisions import router as revisions_router
 
 __all__ = ["DOCS_ASSETS", "MAX_WEBHOOK_BYTES", "create_api"]
 
@@ -134,6 +136,8 @@ def create_api(
     | None = None,
     scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
     invocations: Invocations | None = None,
+    routes: RouteTable | None = None,
+    fn_url: str = "",
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -146,7 +150,8 @@ def create_api(
     leads, whose (status, reply) it returns; None when this replica must act on it itself.
     ``scaling(env, name)``: an autoscaled function's replicas and cold starts (Scaling).
     ``invocations``: asynchronous invocations, started and stopped with the app (its
-    workers run on the loop that serves it).
+    workers run on the loop that serves it). ``routes``: the proxy's table (how warm each
+    kept revision is); ``fn_url``: where functions are called (revisions' own URLs).
     """
 
     def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -550,6 +555,9 @@ def create_api(
 
     if invocations is not None:
         app.include_router(invocations_router(invocations, authorize))
+    app.include_router(
+        revisions_router(reconciler, store, routes or RouteTable(), authorize, fn_url)
+    )
     app.include_router(
         dashboard_router(
             reconciler, store, repo, branch, poll_interval, access, forge, scaling, invocations

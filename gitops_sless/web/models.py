@@ -148,6 +148,14 @@ class Function(ApiModel):
     scaling: Scaling | None = Field(
         default=None, description="replicas and cold starts of an autoscaled function"
     )
+    serving_revision: str | None = Field(
+        default=None, description="the revision taking its traffic (r1, r2, ...)"
+    )
+    pinned: str | None = Field(
+        default=None,
+        description="the revision a rollback holds it at, differing from git on purpose "
+        "until a commit changes it or an unpin; null: it follows git",
+    )
 
     @classmethod
     def fields_from_row(cls, row: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +171,8 @@ class Function(ApiModel):
             "restarts": row.get("restarts") or 0,
             "last_exit": row.get("last_exit"),
             "next_retry": rfc3339(row["next_retry"]) if row.get("next_retry") else None,
+            "serving_revision": row.get("serving_revision"),
+            "pinned": row.get("pinned"),
         }
 
     @classmethod

@@ -21,6 +21,7 @@ from gitops_sless.state.store import (
     LOG_TAIL_CHARS,
     Store,
 )
+from gitops_sless.steps import NoSuchRevision
 from gitops_sless.web import models as api_models
 from gitops_sless.web.api import create_api
 from gitops_sless.web.diffs import DiffRequest
@@ -39,6 +40,7 @@ class RecordingReconciler:
     passes = 0
 
     def __init__(self, finishes: bool = False) -> None:
+        self._revisions = RecordingRevisions()
         self.requests: list[str] = []
         self.waits: list[float] = []
         self.finishes = finishes
@@ -55,6 +57,30 @@ class RecordingReconciler:
 
     def declared(self) -> dict[str, Any]:
         return self.declared_state
+
+    def exclusively(self, task: Any) -> Any:
+        return task()
+
+    @property
+    def revisions(self) -> RecordingRevisions:
+        return self._revisions
+
+
+class RecordingRevisions:
+    """Stands in for the reconciler's revisions: records rollbacks and unpins; r1 of fn0 is
+    the only revision one can roll back to, and fn0 the only function pinned."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, ...]] = []
+
+    def rollback(self, name: str, to: str | None, by: str) -> None:
+        self.asked.append(("rollback", name, str(to), by))
+        if name != "fn0" or to not in (None, "r1"):
+            raise NoSuchRevision(f"no revision {to} of {name}")
+
+    def unpin(self, name: str, by: str) -> bool:
+        self.asked.append(("unpin", name, by))
+        return name == "fn0"
 
 
 class Client:
@@ -214,6 +240,8 @@ def test_function_list_names_fields_in_camel_case(api):
         "lastExit": None,
         "nextRetry": None,
         "scaling": None,  # not autoscaled
+        "servingRevision": None,  # never deployed here
+        "pinned": None,
     }
     assert RFC3339.fullmatch(updated)
 

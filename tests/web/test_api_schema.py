@@ -8,6 +8,8 @@ invocations and syncs, so the answers carry real data, not empty lists.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import schemathesis
 from hypothesis import given, settings
@@ -15,9 +17,12 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS as ALL_CHECKS
 
+from gitops_sless.plan.backend import deployment_for
+from gitops_sless.state import serving
 from gitops_sless.state.store import FUNCTION_PHASES, Store
 from gitops_sless.web.api import create_api
 
+from ..state.test_serving import EVERYTHING as FUNCTION
 from .test_api import RecordingReconciler
 
 TOKEN = "schema-token"
@@ -46,6 +51,13 @@ def fill(store: Store) -> None:
     for _ in range(3):
         store.repeat_sync("prod", "poll", 1764583200.0, "Succeeded", "def", None)
     store.begin_sync("prod", "api")  # still running
+    for version in ("1", "2"):
+        function = replace(FUNCTION, build_tag=f"tag-{version}")
+        deployment = deployment_for("prod", function, {"seed": "{}"})
+        record = serving.to_record(deployment)
+        store.add_revision("prod", "fn0", deployment.spec_hash, record, "abc" + version)
+        store.set_serving("prod", "fn0", record, "abc" + version)
+    store.pin("prod", "fn0", 2, None, "api")
 
 
 OPERATIONS = [
@@ -64,6 +76,9 @@ OPERATIONS = [
     ("POST", "/api/v1/environments/{env}/diff"),
     ("GET", "/api/v1/environments/{env}/functions/{name}/logs"),
     ("GET", "/api/v1/builds/{tag}/log"),
+    ("GET", "/api/v1/environments/{env}/functions/{name}/revisions"),
+    ("POST", "/api/v1/environments/{env}/functions/{name}/rollback"),
+    ("POST", "/api/v1/environments/{env}/functions/{name}/unpin"),
 ]
 # path parameters that name what the store holds, so answers are not all empty or 404
 KNOWN = {"env": "prod", "name": "fn0", "forge": "github", "tag": "python3.11-0"}
