@@ -11,6 +11,9 @@ at the same runtime server:
 
     fast     proxy.config() as shipped: uvloop, httptools, /fn/ served from
              uvicorn's protocol callbacks (gitops_sless/proxy/fast.py)
+    split    the same, with the route in a rollout: 10 % of its calls to a canary
+             route (issue 29), whose upstream is the same runtime server, so that
+             only the proxy's cost of the split differs from ``fast``
     asgi     uvloop + httptools, ProxyApp called as a plain ASGI app
     asyncio  the fast path on the standard asyncio loop (no uvloop)
     h11      ProxyApp as ASGI on asyncio + h11: neither uvloop nor httptools
@@ -26,7 +29,7 @@ proxy, and a table: requests/s, p50, p99, CPU per request of the proxy
 process, the ratio to nginx and the p50 added over direct. Every process is
 stopped at the end. Needs nginx and wrk: ``bench/setup`` installs them.
 
-``--smoke`` runs that path in seconds (proxies fast and asgi, 4 connections, 1 s each, no
+``--smoke`` runs that path in seconds (proxies fast, split and asgi, 4 connections, 1 s each, no
 warm-up), for tests/test_bench.py: its figures mean nothing.
 
 ``--instructions N`` measures something else, and needs valgrind instead: the
@@ -58,7 +61,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
-VARIANTS = ("fast", "asgi", "asyncio", "h11", "httpx")
+VARIANTS = ("fast", "split", "asgi", "asyncio", "h11", "httpx")
 # the runtime answers only calls that carry its replica key, as every local replica does:
 # the current proxy adds it itself (Route.proof) and drops the client's; for the other
 # targets (direct, nginx, a base checkout from before the key) the client sends it
@@ -137,6 +140,13 @@ def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
         route = Route("prod", "hello", 30.0, upstreams, proof=f"{REPLICA_HEADER}\r\n".encode())
     else:
         route = Route("prod", "hello", 30.0, upstreams)  # a checkout from before replica keys
+    if variant == "split":
+        from gitops_sless.state.routes import Canary
+
+        routes.set(Route("prod", "hello@canary", 30.0, upstreams, proof=route.proof))
+        route = Route(
+            "prod", "hello", 30.0, upstreams, proof=route.proof, canary=Canary("hello@canary", 10)
+        )
     routes.set(route)
     if variant == "httpx":
         app = _httpx_app(upstream)
@@ -148,6 +158,7 @@ def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
         proxy = ProxyApp(routes, records.append)
         overrides = {
             "fast": {},
+            "split": {},
             "asgi": {"http": "httptools"},
             "asyncio": {"loop": "asyncio"},
             "h11": {"loop": "asyncio", "http": "h11"},
@@ -577,7 +588,7 @@ def main() -> None:
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.duration, args.connections, args.rounds, args.proxies = 1, "4", 1, "fast,asgi"
+        args.duration, args.connections, args.rounds, args.proxies = 1, "4", 1, "fast,split,asgi"
     if args.serve:
         serve(args.serve, args.port, args.upstream, args.root)
         return

@@ -50,6 +50,7 @@ from .steps import (
     Report,
     Restore,
     Revisions,
+    Rollouts,
 )
 from .steps.context import short
 
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 
 FOLLOW_UP = "follow-up"  # a build or job finished, or a replica came or went: look again
 # passes nobody asked for in person: logged at debug level unless they change something
-QUIET_TRIGGERS = ("poll", "settle", "preview", FOLLOW_UP)
+QUIET_TRIGGERS = ("poll", "settle", "preview", "rollout", FOLLOW_UP)
 PATIENCE_SEC = 5.0  # how long a pass waits for the work it started, when nothing else waits
 
 
@@ -132,12 +133,13 @@ class Reconciler:
         )
         ctx = self.context
         self.revisions = Revisions(ctx, keep_revisions)
+        self.rollouts = Rollouts(ctx, self.revisions, lambda: self.request_sync("rollout"))
         self.restore = Restore(ctx)
         self.load = Load(ctx)
         self.jobs = Jobs(ctx)
-        self.decide = Decide(ctx, self.jobs, allow_empty, self.revisions)
+        self.decide = Decide(ctx, self.jobs, allow_empty, self.revisions, self.rollouts)
         self.build = Build(ctx)
-        self.apply = Apply(ctx, self.revisions)
+        self.apply = Apply(ctx, self.revisions, self.rollouts)
         self.prune = Prune(ctx)
         self.report = Report(ctx, public_url, routes, lambda: self.request_sync("settle"))
         ctx.work.subscribe(self._work_done)
@@ -211,6 +213,7 @@ class Reconciler:
     def stop(self) -> None:
         self._stopping.set()
         self.report.stop()
+        self.rollouts.stop()
         self.context.pool.shutdown(wait=False, cancel_futures=True)
         self.context.work.unsubscribe(self._work_done)
         if self._owns_work:
@@ -230,6 +233,7 @@ class Reconciler:
         if not self.restore.done:
             self.restore.run()
             self.revisions.restored()
+            self.rollouts.restored()
 
     def busy(self) -> bool:
         """Builds or job runs this environment waits for are under way."""
@@ -353,6 +357,7 @@ class Reconciler:
                 current.started_work += started
                 self.report.started(desired, planned, current)
             self.apply.run(planned, snapshot.revision, current)
+            self.rollouts.advance()
             self.prune.run(planned, current)
             left = deadline - time.monotonic()
             if not work.wait_any(current.mine, since, left, self._interrupted):

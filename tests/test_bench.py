@@ -26,7 +26,12 @@ REPORTS = {
         "replica start, spawn to first /health 200",
         "loadavg after",
     ],
-    "proxy.py": ["| target | conns | req/s |", "| /fn/ fast | 4 |", "| /fn/ asgi | 4 |"],
+    "proxy.py": [
+        "| target | conns | req/s |",
+        "| /fn/ fast | 4 |",
+        "| /fn/ split | 4 |",
+        "| /fn/ asgi | 4 |",
+    ],
     "preview.py": ["## PR webhook to preview answering", "target p50 <= 3 s"],
     "kube_sync.py": ["## Kubernetes backend, 3 functions", "(b) no-change sync", "## Targets"],
     "coldstart.py": [
@@ -48,6 +53,14 @@ REPORTS = {
         "## A restart under steady load",
         "| in place (SIGUSR2) |",
         "| stop and start |",
+        "## Targets",
+    ],
+    "revisions.py": [
+        "## Rollback, 1 rounds (local backend, python3.11)",
+        "| a warm revision |",
+        "| a revision at zero |",
+        "## The split's cost (wrk -t2 -c16, 1 rounds of each)",
+        "## The share",
         "## Targets",
     ],
     "kube_wake.py": [

@@ -294,12 +294,15 @@ def test_the_crd_schema_has_the_functions_fields():
     assert set(status) == {
         *("phase", "message", "buildTag", "image", "revision", "url", "updated", "restarts"),
         *("lastExit", "observedGeneration", "jobs", "conditions"),
+        *("servingRevision", "pinned"),
     }
     assert status["phase"]["enum"] == [
         "Pending",
         "Building",
         "Ready",
         "Idle",
+        "Progressing",
+        "RolledBack",
         "Failed",
         "Invalid",
         "Disabled",

@@ -22,6 +22,7 @@ PHASE_STYLE = {
     "Building": "yellow",
     "Running": "yellow",
     "Failed": "red",
+    "RolledBack": "red",
     "Invalid": "red",
     "Degraded": "red",
     "Progressing": "yellow",

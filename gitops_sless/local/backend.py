@@ -5,11 +5,9 @@ One command on a laptop serves a functions repository: no cluster, no images.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from .. import logs
 from ..errordetail import DEFAULT as DEFAULT_ERROR_DETAILS
 from ..errordetail import ErrorDetails
 from ..manifests import runtimes
-from ..manifests.model import Function, Job, RateLimit, Scale, SecretRef, is_preview
+from ..manifests.model import Function, Job, SecretRef, is_preview
 from ..plan.backend import (
     ApplyFailed,
     Backend,
@@ -26,16 +24,17 @@ from ..plan.backend import (
     EnvValue,
     Health,
     JobFailed,
-    KeptRevision,
     SecretUnavailable,
 )
 from ..source.snapshot import Snapshot
-from ..state.routes import Route, RouteTable
+from ..state.routes import Canary, Route, RouteTable
 from . import builder as local_builder
 from .processes import Supervisor
+from .revisions import RevisionUnits
 from .sandbox import Sandbox
 from .scheduler import CronScheduler
 from .secrets import SecretsDir
+from .triggers import HttpTrigger, trigger
 from .units import ProcessSpec, ReplicaEvent, UnitStatus
 
 __all__ = ["CronRun", "LocalBackend"]
@@ -43,7 +42,9 @@ __all__ = ["CronRun", "LocalBackend"]
 log = logging.getLogger(__name__)
 
 
-class LocalBackend(Backend):
+class LocalBackend(RevisionUnits, Backend):
+    rollouts = True
+
     def __init__(
         self,
         state_dir: Path,
@@ -78,7 +79,7 @@ class LocalBackend(Backend):
             sandbox=sandbox,
         )
         # what the route of each http function says besides its upstreams
-        self._http: dict[tuple[str, str], _HttpTrigger] = {}
+        self._http: dict[tuple[str, str], HttpTrigger] = {}
         self._on_cron = on_cron
         self.supervisor = Supervisor(
             state_dir,
@@ -88,6 +89,7 @@ class LocalBackend(Backend):
             adopt=adopt,
         )
         self.crons = CronScheduler()
+        self._canaries: dict[tuple[str, str], Canary] = {}  # rollouts under way
         self._health: dict[str, tuple[int, dict[str, Health]]] = {}
 
     # --- building ---------------------------------------------------------------------
@@ -141,7 +143,7 @@ class LocalBackend(Backend):
         self,
         env: str,
         name: str,
-        http: _HttpTrigger,
+        http: HttpTrigger,
         upstreams: tuple[tuple[str, int], ...],
         last_exit: str | None,
         replica_key: str,
@@ -164,6 +166,7 @@ class LocalBackend(Backend):
             failed=failed[0] if failed else None,
             retry_at=failed[1] if failed else 0.0,
             starting=starting,
+            canary=self._canaries.get((env, name)),
         )
 
     def tags_in_use(self) -> set[str]:
@@ -236,74 +239,6 @@ class LocalBackend(Backend):
         now = running.wanted if running else 0
         return min(max(now, policy.min, 1), policy.max)
 
-    # --- revisions ----------------------------------------------------------------------
-
-    def keep_revisions(
-        self, env: str, name: str, serving: KeptRevision, others: list[KeptRevision]
-    ) -> None:
-        wanted: dict[str, KeptRevision] = {}
-        for kept in others:
-            fn = kept.deployment.function
-            if fn.http and fn.enabled:  # only what has an http trigger has a URL
-                wanted[f"{name}@{kept.id}"] = kept
-        for unit in self.supervisor.deployed(env):
-            if unit.startswith(name + "@") and unit not in wanted:
-                self._drop_unit(env, unit)
-        running = self.supervisor.deployed(env)
-        aliases = {serving.label: name, serving.id: name}
-        for unit, kept in wanted.items():
-            deployment = kept.deployment
-            try:
-                spec = self._process_spec(env, deployment.function, deployment.env_vars)
-            except SecretUnavailable as exc:  # it cannot start now: no URL until it can
-                log.info("%s/%s %s is not runnable now: %s", env, name, kept.label, exc)
-                self._drop_unit(env, unit)
-                continue
-            spec = dataclasses.replace(spec, revision=kept.id)
-            self._http[(env, unit)] = self._kept_trigger(env, deployment.function)
-            same = running.get(unit) == deployment.spec_hash
-            if not (same and self.supervisor.adopt_spec(spec, deployment.spec_hash)):
-                self.supervisor.apply(spec, deployment.spec_hash, 0)  # started on a call
-            aliases[kept.label] = aliases[kept.id] = unit
-        self.routes.set_revisions(env, name, aliases)
-
-    def _drop_unit(self, env: str, unit: str) -> None:
-        self._http.pop((env, unit), None)
-        self.routes.remove(env, unit)
-        self.supervisor.remove(env, unit)
-
-    def _kept_trigger(self, env: str, fn: Function) -> _HttpTrigger:
-        """A kept revision's route: scaled to zero, one replica started by a call, stopped
-        after the function's idle time (a fixed count's: the default, 300 s)."""
-        idle = Scale(0, 1, idle_sec=fn.scale_in(env).idle_sec)
-        return _HttpTrigger(
-            float(fn.timeout_sec),
-            fn.same_origin,
-            idle,
-            fn.concurrency,
-            fn.rate_limit,
-            fn.max_body_bytes,
-            fn.runtime,
-        )
-
-    def switch(self, env: str, target: KeptRevision, retired: KeptRevision | None) -> None:
-        deployment = target.deployment
-        fn, name = deployment.function, deployment.name
-        unit = f"{name}@{target.id}"
-        if retired is not None and fn.http and fn.enabled:
-            spec = self._process_spec(env, fn, deployment.env_vars)
-            retired_unit = f"{name}@{retired.id}"
-            self._http[(env, retired_unit)] = self._kept_trigger(env, retired.deployment.function)
-            self._set_trigger(env, fn)
-            if self.supervisor.swap(env, name, unit, spec, deployment.spec_hash, retired.id):
-                self._http.pop((env, unit), None)
-                self.routes.remove(env, unit)
-                self.supervisor.scale(env, name, self._initial_replicas(env, fn))
-                self._schedule(spec, fn)
-                return
-            self._http.pop((env, retired_unit), None)
-        self.apply(deployment)  # not warm: started beside what serves, then switched to
-
     def adopt(self, deployment: Deployment) -> None:
         fn, env = deployment.function, deployment.env
         spec = self._process_spec(env, fn, deployment.env_vars)
@@ -330,14 +265,8 @@ class LocalBackend(Backend):
             self._http.pop((env, fn.name), None)
             return
         policy = fn.scale_in(env)
-        self._http[(env, fn.name)] = _HttpTrigger(
-            float(fn.timeout_sec),
-            fn.same_origin,
-            policy if policy.autoscaled and fn.enabled else None,
-            fn.concurrency,
-            fn.rate_limit,
-            fn.max_body_bytes,
-            fn.runtime,
+        self._http[(env, fn.name)] = trigger(
+            fn, policy if policy.autoscaled and fn.enabled else None
         )
 
     def _schedule(self, spec: ProcessSpec, fn: Function) -> None:
@@ -372,6 +301,7 @@ class LocalBackend(Backend):
 
     def remove(self, env: str, name: str) -> None:
         self._http.pop((env, name), None)
+        self._canaries.pop((env, name), None)
         self.routes.set_revisions(env, name, {})
         self.routes.remove(env, name)  # the route goes first: 404 at once, never 502
         self.crons.remove(env, name)
@@ -431,20 +361,7 @@ def _log_cron(spec: ProcessSpec, schedule: str, elapsed_ms: float, failed: str |
     )
 
 
-@dataclass(frozen=True)
-class _HttpTrigger:
-    """What the route of an http function says besides where its replicas listen."""
-
-    timeout_sec: float
-    same_origin: bool
-    scale: Scale | None  # autoscaled: no replica means idle, and a call wakes one
-    concurrency: int
-    rate_limit: RateLimit | None
-    max_body_bytes: int | None
-    runtime: str
-
-
-def _health(unit: UnitStatus, http: _HttpTrigger | None) -> Health:
+def _health(unit: UnitStatus, http: HttpTrigger | None) -> Health:
     """A function whose replicas keep ending with none healthy is Failed (CrashLoopBackOff),
     as on Kubernetes; an autoscaled one at zero replicas is Idle."""
     # no countdown in the message: it would change the record on every pass

@@ -216,6 +216,13 @@ class Supervisor(Recovery):
         self._grow((env, name), unit)
         return True
 
+    def publish(self, env: str, name: str) -> None:
+        """Tell the routes where ``name``'s replicas are again (what else its route says
+        changed: a rollout's share)."""
+        with self._lock:
+            if (env, name) in self._units:
+                self._publish((env, name))
+
     def start_failure(self, env: str, name: str) -> tuple[str, float] | None:
         """(why, until when: monotonic) while a failed start's backoff holds, else None."""
         with self._lock:

@@ -1,5 +1,5 @@
 """A valid manifest's blocks as typed values, with the schema's defaults filled in:
-``scale``, ``rateLimit`` and ``async``."""
+``scale``, ``rateLimit``, ``async`` and ``rollout``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from . import durations
-from .model import AsyncPolicy, RateLimit, Scale, Warm
+from .model import AsyncPolicy, RateLimit, Rollout, Scale, Warm
 
-__all__ = ["async_policy", "rate_limit", "scale"]
+__all__ = ["async_policy", "rate_limit", "rollout", "scale"]
 
 
 def scale(block: dict[str, Any] | None) -> Scale | None:
@@ -34,4 +34,15 @@ def async_policy(block: dict[str, Any]) -> AsyncPolicy:
         max_backoff_sec=float(durations.parse(block["maxBackoff"])),
         max_age_sec=float(durations.parse(block["maxAge"])),
         concurrency=block["concurrency"],
+    )
+
+
+def rollout(block: dict[str, Any] | None) -> Rollout | None:
+    if block is None:
+        return None
+    return Rollout(
+        steps=tuple(block["steps"]),
+        interval_sec=float(durations.parse(block["interval"])),
+        min_requests=block["minRequests"],
+        max_error_rate=float(block["maxErrorRate"]),
     )

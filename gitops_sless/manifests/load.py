@@ -199,6 +199,19 @@ class _Manifest:
                 if name in policy and self._valid(*at, "async", name):
                     bounds = _bounds("async", name)
                     self._check_duration((*at, "async", name), policy[name], bounds)
+        rollout = fn.get("rollout")
+        if isinstance(rollout, dict):
+            if "interval" in rollout and self._valid(*at, "rollout", "interval"):
+                bounds = _bounds("rollout", "interval")
+                self._check_duration((*at, "rollout", "interval"), rollout["interval"], bounds)
+            steps = rollout.get("steps")
+            if isinstance(steps, list) and self._valid(*at, "rollout", "steps"):
+                for j in range(1, len(steps)):
+                    if steps[j] <= steps[j - 1]:
+                        self.problem(
+                            (*at, "rollout", "steps", j),
+                            f"{steps[j]} after {steps[j - 1]}: the steps must increase",
+                        )
 
     def _check_scale(self, at: yamldoc.Path, block: dict[str, Any]) -> None:
         """One scale block, every part of it the schema let through."""
@@ -352,6 +365,7 @@ def _function(
         max_body_bytes=fn.get("maxBodyBytes"),
         async_policy=blocks.async_policy(fn["async"]),
         subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
+        rollout=blocks.rollout(fn.get("rollout")),
     )
 
 

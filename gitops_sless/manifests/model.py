@@ -118,6 +118,17 @@ DEFAULT_ASYNC = AsyncPolicy()  # async: {} (the schema's defaults)
 
 
 @dataclass(frozen=True)
+class Rollout:
+    """A function's ``rollout`` block: a change takes the calls step by step, judged by the
+    new revision's own answers (the schema's defaults)."""
+
+    steps: tuple[int, ...] = (10, 50)  # percent of the calls, increasing; then 100
+    interval_sec: float = 30.0  # the least time at each step
+    min_requests: int = 20  # calls a step needs before its verdict
+    max_error_rate: float = 0.05  # 5xx and timeouts of the new revision's calls in a step
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     run_id: int
@@ -159,6 +170,9 @@ class Function:
     max_body_bytes: int | None = None  # None: the proxy's own limit
     async_policy: AsyncPolicy = DEFAULT_ASYNC
     subjects: tuple[str, ...] = ()  # the queue triggers' subjects
+    # how a change reaches its callers (None: all at once); not part of a revision: it
+    # says how the next one is delivered, so it is left out of the spec hash
+    rollout: Rollout | None = None
 
     def scale_in(self, environment: str) -> Scale:
         """The replicas policy of this function in ``environment``."""

@@ -81,7 +81,9 @@ def _unknown_fields(error: jsonschema.ValidationError, path: Path) -> Iterator[S
     for key in error.instance:
         if key in known or any(p.search(key) for p in patterns):
             continue
-        close = difflib.get_close_matches(key, known, n=1)
+        # 0.65, not 0.6: a hint must be likely (at 0.6, "colour" was taken for "rollout";
+        # "retry" for "retries" is 0.67)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.65)
         hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(known)}"
         yield (*path, key), f"unknown field{hint}"
 

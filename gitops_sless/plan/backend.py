@@ -186,6 +186,7 @@ class Backend(ABC):
     """
 
     publishes = False  # True: :meth:`report` keeps a view of the status (after every pass)
+    rollouts = False  # True: :meth:`canary` runs a new revision beside what serves
     # "": builds shared by every environment of this scope; another value (a backend for
     # untrusted code): its builds are its own, and never satisfy a trusted environment
     build_scope = ""
@@ -281,6 +282,16 @@ class Backend(ABC):
         rollback); ``retired`` is the revision that served until now, kept from here on.
         By default ``target`` is applied as a deploy is (started, then switched to)."""
         self.apply(target.deployment)
+
+    def canary(self, env: str, name: str, candidate: KeptRevision | None, percent: int) -> None:
+        """A rollout: ``candidate`` runs beside what serves ``name`` (started, and healthy,
+        before this returns: ApplyFailed if it cannot be) and takes ``percent`` of its
+        calls from now on; None: no candidate any more (its replicas stop)."""
+        raise NotImplementedError(f"{type(self).__name__} has no rollouts")
+
+    def canary_failure(self, env: str, name: str) -> str | None:
+        """Why a rollout's candidate cannot serve (its replicas keep ending), or None."""
+        return None
 
     def hand_over(self) -> object:
         """Stop as :meth:`close` does, but leave running what the next image of this

@@ -60,6 +60,8 @@ class Plan:
     building: dict[str, str] = field(default_factory=dict)  # function -> the tag under way
     retry_at: dict[str, float] = field(default_factory=dict)  # function -> its next deploy try
     refused: str | None = None  # why the prunes were held back (they would empty the env)
+    # function -> the spec hash of a deploy held back on purpose (a pin, a rollout's)
+    held: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

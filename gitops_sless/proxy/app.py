@@ -157,10 +157,16 @@ class ProxyApp:
             return call, None, target
         routes = self.routes
         route = routes.get(env, name)
-        if route is None and "@" in name:  # a revision's own URL: name@rN or name@id
-            route = routes.revision(env, name)
-            if route is not None:
-                call.name = name = route.name  # counted as the route that serves it
+        if route is None:
+            if "@" in name:  # a revision's own URL: name@rN or name@id
+                route = routes.revision(env, name)
+                if route is not None:
+                    call.name = route.name  # counted as the route that serves it
+        elif route.canary is not None and route.canary.takes():  # a rollout's share
+            canary = routes.get(env, route.canary.name)
+            if canary is not None and (canary.upstreams or canary.scale):
+                route = canary
+                call.name = route.name  # counted as the new revision's: the verdict
         if route is None or not (route.upstreams or route.scale or route.starting):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None

@@ -26,7 +26,9 @@ class Outcome:
     """What the last deploy attempt of a spec said, while it is not running."""
 
     spec_hash: str
-    phase: str  # Pending: waits for something outside git (a secret); Failed: it did not start
+    # Pending: waits for something outside git (a secret); Failed: it did not start;
+    # Progressing: a rollout of it is under way; RolledBack: its rollout failed
+    phase: str
     message: str
     attempts: int = 0
     retry_at: float | None = None
@@ -164,7 +166,8 @@ def summarize(
     failed_jobs: Mapping[str, str],
 ) -> Summary:
     # names only: each function and job says why in its own record
-    failed = sorted(n for n, r in records.items() if r["phase"] == "Failed")
+    # a rollout that rolled back is a failure of the commit, as a failed deploy is
+    failed = sorted(n for n, r in records.items() if r["phase"] in ("Failed", "RolledBack"))
     failed += [f"job {n}" for n in sorted(failed_jobs)]
     invalid = [_first_line(str(e)) for e in desired.invalid.values()]
     if failed:
@@ -173,7 +176,9 @@ def summarize(
         )
     if invalid:
         return Summary("Invalid", "; ".join(invalid))
-    busy = sorted(n for n, r in records.items() if r["phase"] in ("Building", "Pending"))
+    busy = sorted(
+        n for n, r in records.items() if r["phase"] in ("Building", "Pending", "Progressing")
+    )
     if busy:
         waiting = [_busy(n, records[n]) for n in busy[:5]]
         more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""

@@ -23,7 +23,7 @@ from ssl import SSLContext
 from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy, RateLimit, Scale
 from .load import Load
 
-__all__ = ["Address", "Declared", "Gateway", "Route", "RouteTable"]
+__all__ = ["Address", "Canary", "Declared", "Gateway", "Route", "RouteTable"]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,21 @@ _OWN_HEADERS = frozenset(("host", "content-length", "transfer-encoding", "connec
 
 
 @dataclass(frozen=True)
+class Canary:
+    """A new revision that takes ``percent`` of a function's calls during a rollout: the
+    route named ``name`` (``function@revision``). Every ``100`` calls, exactly ``percent``
+    go to it, spread evenly (``turn`` counts them, across the function's routes)."""
+
+    name: str
+    percent: int
+    turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
+
+    def takes(self) -> bool:
+        """Whether the next call goes to the canary."""
+        return next(self.turn) * self.percent % 100 < self.percent
+
+
+@dataclass(frozen=True)
 class Route:
     """One function of one environment. No upstreams means known but not ready (503).
 
@@ -160,6 +175,8 @@ class Route:
     # its last good version is being started again (the reconciler's start-up, after a
     # stop): a call waits for it, as for a scale from zero, rather than a 503
     starting: bool = False
+    # a rollout under way: the new revision that takes a share of the calls (None: none)
+    canary: Canary | None = None
     # what the function's calls cost now: the same object across every route the function
     # has while it is deployed (RouteTable.set carries it over)
     load: Load = field(default_factory=Load, compare=False, repr=False)

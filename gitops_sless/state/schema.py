@@ -72,6 +72,20 @@ CREATE TABLE IF NOT EXISTS pins (
     at REAL NOT NULL,
     PRIMARY KEY (env, name)
 );
+-- the latest rollout of each function (steps/rollouts.py): the candidate's and the stable
+-- revision's spec hashes, the step it is at and since when, and how it went
+CREATE TABLE IF NOT EXISTS rollouts (
+    env TEXT NOT NULL,
+    name TEXT NOT NULL,
+    candidate TEXT NOT NULL,
+    stable TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    step INTEGER NOT NULL DEFAULT 0,
+    step_started REAL,
+    message TEXT,
+    updated REAL NOT NULL,
+    PRIMARY KEY (env, name)
+);
 CREATE TABLE IF NOT EXISTS jobs (
     env TEXT NOT NULL,
     name TEXT NOT NULL,

@@ -29,6 +29,7 @@ from ..manifests.model import (
     Function,
     Job,
     RateLimit,
+    Rollout,
     Scale,
     Warm,
     env_as_written,
@@ -77,8 +78,24 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "maxBodyBytes": fn.max_body_bytes,
             "async": _async(fn.async_policy),
             "subjects": list(fn.subjects),
+            "rollout": None if fn.rollout is None else _rollout(fn.rollout),
         },
     }
+
+
+def _rollout(rollout: Rollout) -> dict[str, Any]:
+    return {
+        "steps": list(rollout.steps),
+        "intervalSec": rollout.interval_sec,
+        "minRequests": rollout.min_requests,
+        "maxErrorRate": rollout.max_error_rate,
+    }
+
+
+def _read_rollout(raw: Mapping[str, Any] | None) -> Rollout | None:
+    if raw is None:
+        return None
+    return Rollout(tuple(raw["steps"]), raw["intervalSec"], raw["minRequests"], raw["maxErrorRate"])
 
 
 def _scale(scale: Scale | None) -> dict[str, Any] | None:
@@ -139,6 +156,7 @@ def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
         "max_body_bytes": fn["maxBodyBytes"],
         "async_policy": _read_async(fn["async"]) if fn["async"] else DEFAULT_ASYNC,
         "subjects": tuple(fn["subjects"]),
+        "rollout": _read_rollout(fn.get("rollout")),
     }
 
 

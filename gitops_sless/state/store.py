@@ -17,10 +17,21 @@ from pathlib import Path
 from typing import Any
 
 from . import schema
+from .revisionrows import RevisionRows
 
 __all__ = ["FUNCTION_PHASES", "JOB_PHASES", "Store"]
 
-FUNCTION_PHASES = ("Pending", "Building", "Ready", "Idle", "Failed", "Invalid", "Disabled")
+FUNCTION_PHASES = (
+    "Pending",
+    "Building",
+    "Ready",
+    "Idle",
+    "Progressing",
+    "RolledBack",
+    "Failed",
+    "Invalid",
+    "Disabled",
+)
 JOB_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Skipped")
 BUILD_PHASES = ("Building", "Succeeded", "Failed")
 MAX_INVOCATIONS_PER_FUNCTION = 500  # per function: a flood on one never evicts another's
@@ -52,7 +63,16 @@ _FUNCTION_FIELDS = (
 )
 # host parameters per query: SQLite before 3.32 allows at most 999
 _PARAMS_PER_QUERY = 900
-_ENVIRONMENT_TABLES = ("functions", "serving", "jobs", "syncs", "invocations", "revisions", "pins")
+_ENVIRONMENT_TABLES = (
+    "functions",
+    "serving",
+    "jobs",
+    "syncs",
+    "invocations",
+    "revisions",
+    "pins",
+    "rollouts",
+)
 _JOB_FIELDS = ("function", "phase", "result", "error", "started", "finished", "attempts")
 
 
@@ -63,7 +83,7 @@ def _row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     return row
 
 
-class Store:
+class Store(RevisionRows):
     """One SQLite database; safe to share between threads (one connection, one lock)."""
 
     def __init__(self, path: Path) -> None:
@@ -216,7 +236,7 @@ class Store:
     def delete_function(self, env: str, name: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM functions WHERE env = ? AND name = ?", (env, name))
-            for table in ("serving", "invocations", "revisions", "pins"):
+            for table in ("serving", "invocations", "revisions", "pins", "rollouts"):
                 db.execute(f"DELETE FROM {table} WHERE env = ? AND name = ?", (env, name))
 
     # --- what serves ------------------------------------------------------------------
@@ -241,92 +261,6 @@ class Store:
         with self._tx() as db:
             for table in _ENVIRONMENT_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE env = ?", (env,))
-
-    # --- revisions ----------------------------------------------------------------------
-
-    def add_revision(
-        self,
-        env: str,
-        name: str,
-        spec_hash: str,
-        deployment: dict[str, Any],
-        commit: str | None,
-        image: str | None = None,
-    ) -> dict[str, Any]:
-        """The revision of ``name`` that ``spec_hash`` is: numbered next if it is new,
-        else the one it was (deployed again: its ``deployed`` time moves)."""
-        now = time.time()
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT * FROM revisions WHERE env = ? AND name = ? AND spec_hash = ?",
-                (env, name, spec_hash),
-            ).fetchone()
-            if row is not None:
-                db.execute(
-                    "UPDATE revisions SET deployed = ? WHERE env = ? AND name = ? AND number = ?",
-                    (now, env, name, row["number"]),
-                )
-                return {**row, "deployed": now}
-            last = db.execute(
-                "SELECT MAX(number) AS n FROM revisions WHERE env = ? AND name = ?", (env, name)
-            ).fetchone()
-            number = (last["n"] or 0) + 1
-            fields = {
-                "env": env,
-                "name": name,
-                "number": number,
-                "spec_hash": spec_hash,
-                "deployment": json.dumps(deployment, sort_keys=True),
-                "commit_sha": commit,
-                "build_tag": deployment["function"]["buildTag"],
-                "image": image,
-                "created": now,
-                "deployed": now,
-            }
-            marks = ", ".join("?" * len(fields))
-            db.execute(
-                f"INSERT INTO revisions ({', '.join(fields)}) VALUES ({marks})",
-                tuple(fields.values()),
-            )
-            return fields
-
-    def revisions(self, env: str, name: str | None = None) -> list[dict[str, Any]]:
-        """The revisions of ``name`` (None: of every function of ``env``), newest first."""
-        if name is None:
-            return self._all(
-                "SELECT * FROM revisions WHERE env = ? ORDER BY name, number DESC", env
-            )
-        return self._all(
-            "SELECT * FROM revisions WHERE env = ? AND name = ? ORDER BY number DESC", env, name
-        )
-
-    def drop_revisions(self, env: str, name: str, numbers: Iterable[int]) -> None:
-        with self._tx() as db:
-            db.executemany(
-                "DELETE FROM revisions WHERE env = ? AND name = ? AND number = ?",
-                [(env, name, n) for n in numbers],
-            )
-
-    def pin(self, env: str, name: str, number: int, desired: str | None, by: str) -> None:
-        """Hold ``name`` at revision ``number`` while its desired spec hash is ``desired``."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO pins (env, name, number, desired, by, at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (env, name, number, desired, by, time.time()),
-            )
-
-    def unpin(self, env: str, name: str) -> dict[str, Any] | None:
-        """Forget the pin of ``name``; the pin it had, if any."""
-        with self._tx() as db:
-            row = db.execute(
-                "SELECT * FROM pins WHERE env = ? AND name = ?", (env, name)
-            ).fetchone()
-            db.execute("DELETE FROM pins WHERE env = ? AND name = ?", (env, name))
-            return row
-
-    def pins(self, env: str) -> dict[str, dict[str, Any]]:
-        return {row["name"]: row for row in self._all("SELECT * FROM pins WHERE env = ?", env)}
 
     # --- previews ------------------------------------------------------------------------
 

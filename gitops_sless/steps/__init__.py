@@ -3,7 +3,8 @@ sub-reconcilers: ``restore`` (at start-up, what served), ``load`` (the manifests
 ``decide`` (observe and plan), ``build`` and ``jobs`` (long work, in the background),
 ``apply``, ``prune`` and ``report`` (phases, the pass's result, the proxy's table);
 ``revisions`` records each deploy as a revision, keeps the newest runnable and
-switches to one by hand (a rollback, which pins the function).
+switches to one by hand (a rollback, which pins the function); ``rollouts`` brings a
+change of a function with a ``rollout`` block to its callers step by step.
 
 They share one :class:`~.context.Context`: what the reconciler of one environment
 knows between passes. The coordinator (``reconciler``) calls them in order; each can
@@ -23,6 +24,7 @@ from .prune import Prune
 from .report import Report
 from .restore import Restore
 from .revisions import NoSuchRevision, Revisions, RollbackRefused
+from .rollouts import Rollouts
 
 __all__ = [
     "Apply",
@@ -38,4 +40,5 @@ __all__ = [
     "Restore",
     "Revisions",
     "RollbackRefused",
+    "Rollouts",
 ]

@@ -14,14 +14,18 @@ from ..state import serving
 from ..state.phases import Outcome
 from .context import Context, PassState, log, short
 from .revisions import Revisions
+from .rollouts import Rollouts
 
 __all__ = ["Apply"]
 
 
 class Apply:
-    def __init__(self, ctx: Context, revisions: Revisions | None = None) -> None:
+    def __init__(
+        self, ctx: Context, revisions: Revisions | None = None, rollouts: Rollouts | None = None
+    ) -> None:
         self.ctx = ctx
         self.revisions = revisions or Revisions(ctx)
+        self.rollouts = rollouts or Rollouts(ctx, self.revisions)
 
     def run(self, planned: Plan, revision: str, current: PassState) -> None:
         ctx = self.ctx
@@ -38,6 +42,8 @@ class Apply:
         ctx = self.ctx
         fn = deployment.function
         where = {"env": ctx.env, "function": fn.name, "revision": short(revision)}
+        if self.rollouts.wants(deployment):  # step by step, beside what serves
+            return self.rollouts.start(deployment, revision)
         try:
             ctx.backend.apply(deployment, revision)
         except SecretUnavailable as exc:

@@ -12,6 +12,7 @@ from ..plan.planner import Held, Observed, Plan, plan
 from .context import Context, short
 from .jobs import Jobs
 from .revisions import Revisions
+from .rollouts import Rollouts
 
 __all__ = ["Decide"]
 
@@ -23,11 +24,13 @@ class Decide:
         jobs: Jobs,
         allow_empty: bool = False,
         revisions: Revisions | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.ctx = ctx
         self.jobs = jobs
-        # a pinned function's deploy is held (see Revisions)
+        # a pinned function's deploy is held (see Revisions), and one a rollout took on
         self.revisions = revisions or Revisions(ctx)
+        self.rollouts = rollouts or Rollouts(ctx, self.revisions)
         # Argo CD's allowEmpty: without it, a pass never prunes every function at once
         self.allow_empty = allow_empty
         self._steady: tuple[tuple[Any, ...], Plan] | None = None  # the last idle plan
@@ -46,6 +49,7 @@ class Decide:
             desired, ctx.env, self._observe(desired, under_way, runs), self._deployment_for
         )
         self.revisions.hold_pinned(planned)
+        self.rollouts.hold(planned)
         idle = planned.is_empty and not planned.failed and not planned.building
         self._steady = (key, planned) if key is not None and idle else None
         emptying = planned.prunes and not desired.functions and not desired.invalid_names

@@ -64,7 +64,7 @@ class Report:
             name for name in (*planned.building, *planned.waiting) if name in desired.functions
         ]
         health = ctx.backend.health(ctx.env)
-        hashes = {d.name: d.spec_hash for d in planned.applies}
+        hashes = {**planned.held, **{d.name: d.spec_hash for d in planned.applies}}
         urls = {name: self.url(desired.functions[name]) for name in names}
         fields = derive(desired, planned, ctx.outcomes, health, hashes, urls, names)
         if ctx.records.update_many(fields):
@@ -75,7 +75,7 @@ class Report:
     ) -> tuple[str, str | None]:
         """Every function's phase from what is true now, and the pass's result from them."""
         ctx = self.ctx
-        keep = set(planned.retry_at) | {d.name for d in planned.applies}
+        keep = set(planned.retry_at) | set(planned.held) | {d.name for d in planned.applies}
         ctx.outcomes = {n: o for n, o in ctx.outcomes.items() if n in keep}
         self._write_phases(desired, planned, current)
         records = ctx.records.unsettled()
@@ -89,7 +89,7 @@ class Report:
         if inputs is not None and inputs == self._derived_from:
             return  # nothing it is derived from changed: neither can a phase
         health = ctx.backend.health(ctx.env)
-        hashes = {d.name: d.spec_hash for d in planned.applies}
+        hashes = {**planned.held, **{d.name: d.spec_hash for d in planned.applies}}
         # a new public address (a Gateway's) changes every URL, not only changed functions'
         seen = self._derived_for if self._url_base() == self._derived_url else {}
         self._derived_url = self._url_base()

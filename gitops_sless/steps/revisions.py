@@ -43,9 +43,8 @@ class Revisions:
 
     # --- recorded as deployed ---------------------------------------------------------------
 
-    def deployed(self, deployment: Deployment, commit: str | None) -> Revision:
-        """``deployment`` serves now: the revision it is (a new number if it is new), with
-        the kept revisions brought up to date beside it."""
+    def record(self, deployment: Deployment, commit: str | None) -> Revision:
+        """The revision ``deployment`` is (numbered next if it is new)."""
         ctx = self.ctx
         fn = deployment.function
         row = ctx.store.add_revision(
@@ -56,8 +55,17 @@ class Revisions:
             commit,
             ctx.backend.image(fn),
         )
-        self.keep_runnable(fn.name, deployment.spec_hash)
         return revisions.from_rows([row])[0]
+
+    def deployed(self, deployment: Deployment, commit: str | None) -> Revision:
+        """``deployment`` serves now: the revision it is, with the kept revisions brought
+        up to date beside it."""
+        revision = self.record(deployment, commit)
+        self.keep_runnable(deployment.name, deployment.spec_hash)
+        return revision
+
+    def by_hash(self, name: str, spec_hash: str) -> Revision | None:
+        return next((r for r in self.of(name) if r.spec_hash == spec_hash), None)
 
     def of(self, name: str) -> list[Revision]:
         """``name``'s kept revisions, newest first."""
@@ -123,6 +131,7 @@ class Revisions:
             self._show(deployment.name)
             self._said("unpinned", deployment.name, "a commit changed it", "git")
         planned.applies = [d for d in planned.applies if d not in held]
+        planned.held.update((d.name, d.spec_hash) for d in held)
 
     def pin_key(self) -> tuple[tuple[str, int, str | None], ...]:
         """What a plan depends on of the pins (a plan made before an unpin is stale)."""
@@ -156,6 +165,11 @@ class Revisions:
             raise RollbackRefused(f"{ctx.env}/{name}: {target.label} serves already")
         started = time.time()
         ctx.backend.switch(ctx.env, target.kept(), now.kept())
+        rollout = ctx.store.rollouts(ctx.env).get(name)
+        if rollout is not None and rollout["phase"] == "Progressing":  # it ends here
+            stopped = f"stopped by a rollback to {target.label} (asked by {by})"
+            ctx.store.set_rollout(ctx.env, name, phase="RolledBack", message=stopped)
+            ctx.outcomes.pop(name, None)
         deployment = target.deployment()
         ctx.store.set_serving(ctx.env, name, target.record, target.commit)
         ctx.store.pin(ctx.env, name, target.number, self._desired(name), by)

@@ -33,7 +33,19 @@ __all__ = [
     "rfc3339",
 ]
 
-FunctionPhase = Literal["Pending", "Building", "Ready", "Idle", "Failed", "Invalid", "Disabled"]
+# Progressing: a rollout under way (both revisions serve); RolledBack: the new revision
+# failed its rollout, the one before serves
+FunctionPhase = Literal[
+    "Pending",
+    "Building",
+    "Ready",
+    "Idle",
+    "Progressing",
+    "RolledBack",
+    "Failed",
+    "Invalid",
+    "Disabled",
+]
 JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
 BuildPhase = Literal["Building", "Succeeded", "Failed"]
 # Succeeded: every function serves its commit; Progressing: builds, jobs or secrets are

@@ -8,7 +8,7 @@ under ``/api/`` too.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, HTTPException, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -24,7 +24,7 @@ from ..timestamps import rfc3339
 from . import replies
 from .models import ApiModel, Timestamp
 
-__all__ = ["Pin", "RevisionList", "RevisionView", "router"]
+__all__ = ["Pin", "RevisionList", "RevisionView", "RolloutView", "router"]
 
 _bearer = HTTPBearer(auto_error=False)
 _READ = [Security(_bearer)]
@@ -41,8 +41,10 @@ class RevisionView(ApiModel):
     created: Timestamp = Field(description="when it was first deployed here")
     deployed: Timestamp = Field(description="when it last started taking the traffic")
     traffic: int = Field(description="percent of the function's calls it takes")
-    state: Literal["serving", "kept"] = Field(
-        description="serving: takes the traffic; kept: runnable, reached by its own URL"
+    state: Literal["serving", "candidate", "kept"] = Field(
+        description="serving: takes the traffic (during a rollout, the share the candidate "
+        "does not); candidate: a rollout's new revision, taking its step's share; kept: "
+        "runnable, reached by its own URL"
     )
     replicas: int = Field(description="replicas running now (a kept one starts on a call)")
     url: str = Field(description="its own URL: reaches it whatever the traffic split")
@@ -54,6 +56,17 @@ class Pin(ApiModel):
     at: Timestamp
 
 
+class RolloutView(ApiModel):
+    phase: Literal["Progressing", "Promoted", "RolledBack"]
+    candidate: str | None = Field(description="the new revision")
+    stable: str | None = Field(description="the revision that served when it began")
+    step: int = Field(description="1 for the first step; the last is 100 %")
+    steps: int
+    traffic: int = Field(description="percent of the calls the candidate takes now")
+    message: str | None = Field(description="where it is, with the counts that decide it")
+    updated: Timestamp
+
+
 class RevisionList(ApiModel):
     env: str
     function: str
@@ -62,12 +75,38 @@ class RevisionList(ApiModel):
         description="held at an earlier revision by a rollback, until a commit changes the "
         "function or an unpin"
     )
+    rollout: RolloutView | None = Field(
+        description="the latest rollout of the function (none: never rolled out)"
+    )
     revisions: list[RevisionView] = Field(description="the kept revisions, newest first")
 
 
 class RollbackRequest(ApiModel):
     to: str | None = Field(
         None, description="rN or a revision id; none: the newest kept before the one serving"
+    )
+
+
+def rollout_view(row: dict[str, Any] | None, kept: list[Revision]) -> RolloutView | None:
+    if row is None:
+        return None
+    by_hash = {r.spec_hash: r for r in kept}
+    candidate, stable = by_hash.get(row["candidate"]), by_hash.get(row["stable"])
+    policy = candidate.deployment().function.rollout if candidate is not None else None
+    steps = list(policy.steps) if policy is not None else []
+    step = min(row["step"], max(len(steps) - 1, 0))
+    share = steps[step] if steps and row["phase"] == "Progressing" else 0
+    if row["phase"] == "Promoted":
+        share = 100
+    return RolloutView(
+        phase=row["phase"],
+        candidate=candidate.label if candidate else None,
+        stable=stable.label if stable else None,
+        step=len(steps) + 1 if row["phase"] == "Promoted" else step + 1,
+        steps=len(steps) + 1,
+        traffic=share,
+        message=row["message"],
+        updated=rfc3339(row["updated"]),
     )
 
 
@@ -89,6 +128,9 @@ def router(
         current = row["deployment"].get("specHash") if row else None
         pin = store.pins(env).get(name)
         now = next((r for r in kept if r.spec_hash == current), None)
+        rollout = rollout_view(store.rollouts(env).get(name), kept)
+        share = rollout.traffic if rollout and rollout.phase == "Progressing" else 0
+        candidate = rollout.candidate if share else None
         return RevisionList(
             env=env,
             function=name,
@@ -98,12 +140,15 @@ def router(
             )
             if pin
             else None,
-            revisions=[view(r, r is now) for r in kept],
+            rollout=rollout,
+            revisions=[view(r, r is now, r.label == candidate, share) for r in kept],
         )
 
-    def view(revision: Revision, serving: bool) -> RevisionView:
+    def view(revision: Revision, serving: bool, candidate: bool, share: int) -> RevisionView:
         env, name = revision.env, revision.name
         route = routes.get(env, name) if serving else routes.revision(env, f"{name}@{revision.id}")
+        traffic = 100 - share if serving else (share if candidate else 0)
+        state = "serving" if serving else ("candidate" if candidate else "kept")
         return RevisionView(
             revision=revision.label,
             id=revision.id,
@@ -112,8 +157,8 @@ def router(
             image=revision.image,
             created=rfc3339(revision.created),
             deployed=rfc3339(revision.deployed),
-            traffic=100 if serving else 0,
-            state="serving" if serving else "kept",
+            traffic=traffic,
+            state=state,
             replicas=route.serving if route is not None else 0,
             url=f"{fn_url}/fn/{env}/{name}@{revision.label}/",
         )

@@ -99,7 +99,7 @@ RUNTIMES = '"python3.11", "nodejs20"'
 CRON_FIELDS = "a schedule has five: minute hour day-of-month month day-of-week"
 KNOWN_FUNCTION_FIELDS = (
     "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, scale, "
-    "concurrency, rateLimit, maxBodyBytes, async, enabled, env, triggers, jobs, preview"
+    "concurrency, rateLimit, maxBodyBytes, async, rollout, enabled, env, triggers, jobs, preview"
 )
 
 # Ten levels of ten aliases each: 10**10 values once expanded.
@@ -617,6 +617,27 @@ BAD_CASES = [
         "async-unknown-field",
         one("    async: {retry: 3}"),
         f"{M}:5: functions[0].async.retry: unknown field; did you mean 'retries'?",
+    ),
+    bad(
+        "rollout-steps-not-increasing",
+        one("    rollout:", "      steps: [10, 50, 50, 30]"),
+        f"{M}:6: functions[0].rollout.steps[2]: 50 after 50: the steps must increase",
+        f"{M}:6: functions[0].rollout.steps[3]: 30 after 50: the steps must increase",
+    ),
+    bad(
+        "rollout-step-of-100",
+        one("    rollout: {steps: [100]}"),
+        f"{M}:5: functions[0].rollout.steps[0]: 100 is greater than the maximum of 99",
+    ),
+    bad(
+        "rollout-interval-too-long",
+        one("    rollout: {interval: 2d}"),
+        f'{M}:5: functions[0].rollout.interval: "2d" is greater than the maximum of 1d',
+    ),
+    bad(
+        "rollout-error-rate-over-one",
+        one("    rollout: {maxErrorRate: 5}"),
+        f"{M}:5: functions[0].rollout.maxErrorRate: 5 is greater than the maximum of 1",
     ),
     bad(
         "two-http-triggers",

@@ -13,6 +13,7 @@ from gitops_sless.manifests.model import (
     Job,
     JobRef,
     RateLimit,
+    Rollout,
     Scale,
     SecretRef,
     Warm,
@@ -47,6 +48,7 @@ EVERYTHING = Function(
     max_body_bytes=1024,
     async_policy=AsyncPolicy(5, 0.5, 60.0, 600.0, 3),
     subjects=("orders.created", "orders.paid"),
+    rollout=Rollout((5, 25, 75), 12.0, 3, 0.2),
 )
 
 

@@ -44,6 +44,7 @@ _KIND = {
     "Idle": "ok",
     "Succeeded": "ok",
     "Failed": "bad",
+    "RolledBack": "bad",
     "Invalid": "warn",
     "Degraded": "bad",
     "Progressing": "busy",
