@@ -130,6 +130,9 @@ def _same(given: str, token: str | None) -> bool:
     return bool(token) and hmac.compare_digest(given.encode(), (token or "").encode())
 
 
+_WRITES = "w~"  # a session nonce's prefix: signed in with the API token ('~': never urlsafe)
+
+
 class Access:
     """The tokens of one server and the sessions of browsers signed in to it."""
 
@@ -192,7 +195,9 @@ class Access:
         """(status, reason) when the bearer ``token`` may not change anything; None when it may.
 
         401 says who are you (no token, or a wrong one), 403 you may not (no API token is
-        configured, or the token given is the read token). A session cookie never writes.
+        configured, or the token given is the read token). A session cookie never writes
+        through the API; a session signed in with the API token may post the dashboard's own
+        forms (see :meth:`form_refusal`).
         """
         if not self.api_token:
             return 403, "mutating API calls are disabled: no API token is configured"
@@ -205,13 +210,38 @@ class Access:
 
     # --- sessions ----------------------------------------------------------------------
 
-    def new_session(self) -> str:
-        payload = f"{int(self._clock()) + SESSION_SEC}.{secrets.token_urlsafe(18)}"
+    def new_session(self, write: bool = False) -> str:
+        """A signed session cookie; ``write``: signed in with the API token, so the
+        dashboard's own forms (a rollback, an unpin) may change things with it."""
+        nonce = (_WRITES if write else "") + secrets.token_urlsafe(18)
+        payload = f"{int(self._clock()) + SESSION_SEC}.{nonce}"
         return f"{payload}.{self._sign(payload)}"
 
     def session_valid(self, cookie: str | None) -> bool:
         found = self._session(cookie)
         return found is not None and found[1] not in self._signed_out
+
+    def session_writes(self, cookie: str | None) -> bool:
+        """A valid session that was signed in with the API token (the nonce says so, and
+        the signature covers it: a read session cannot make itself one)."""
+        found = self._session(cookie)
+        return self.session_valid(cookie) and found is not None and found[1].startswith(_WRITES)
+
+    def form_refusal(self, request: HTTPConnection, csrf: str | None) -> tuple[int, str] | None:
+        """(status, reason) when a dashboard form that changes something may not; None
+        when it may: from one of this server's pages, a session signed in with the API
+        token, and the session's CSRF token in the form."""
+        if not self.same_origin(request):
+            return 403, "Refused: the form was sent by another site."
+        cookie = request.cookies.get(COOKIE)
+        if not self.api_token:
+            return 403, "Refused: no API token is configured, so nothing may be changed."
+        if not self.session_writes(cookie):
+            return 403, "Refused: sign in with the API token to change anything."
+        expected = self.csrf_token(cookie)
+        if not (csrf and expected and hmac.compare_digest(csrf.encode(), expected.encode())):
+            return 403, "Refused: the form is stale; load the page again."
+        return None
 
     def end_session(self, cookie: str | None) -> None:
         found = self._session(cookie)
@@ -301,10 +331,10 @@ class Access:
         netloc = urlsplit(source).netloc if source != "null" else ""
         return bool(netloc) and netloc.lower() in {h.lower() for h in hosts if h}
 
-    def set_session(self, response: Response, request: HTTPConnection) -> None:
+    def set_session(self, response: Response, request: HTTPConnection, write: bool = False) -> None:
         response.set_cookie(
             COOKIE,
-            self.new_session(),
+            self.new_session(write),
             max_age=SESSION_SEC,
             path="/",
             secure=self.is_https(request),

@@ -560,7 +560,17 @@ def create_api(
     )
     app.include_router(
         dashboard_router(
-            reconciler, store, repo, branch, poll_interval, access, forge, scaling, invocations
+            reconciler,
+            store,
+            repo,
+            branch,
+            poll_interval,
+            access,
+            forge,
+            scaling,
+            invocations,
+            routes,
+            fn_url,
         )
     )
     return app

@@ -24,7 +24,7 @@ from ..timestamps import rfc3339
 from . import replies
 from .models import ApiModel, Timestamp
 
-__all__ = ["Pin", "RevisionList", "RevisionView", "RolloutView", "router"]
+__all__ = ["Pin", "RevisionList", "RevisionView", "RolloutView", "revision_list", "router"]
 
 _bearer = HTTPBearer(auto_error=False)
 _READ = [Security(_bearer)]
@@ -87,6 +87,63 @@ class RollbackRequest(ApiModel):
     )
 
 
+def revision_list(
+    store: Store, routes: RouteTable, env: str, name: str, fn_url: str
+) -> RevisionList | None:
+    """``name``'s kept revisions as the API shows them; None: it has none."""
+    kept = revisions_mod.from_rows(store.revisions(env, name))
+    if not kept:
+        return None
+    row = next((r for r in store.serving(env) if r["name"] == name), None)
+    current = row["deployment"].get("specHash") if row else None
+    pin = store.pins(env).get(name)
+    now = next((r for r in kept if r.spec_hash == current), None)
+    rollout = rollout_view(store.rollouts(env).get(name), kept)
+    share = rollout.traffic if rollout and rollout.phase == "Progressing" else 0
+    candidate = rollout.candidate if share else None
+    return RevisionList(
+        env=env,
+        function=name,
+        serving=now.label if now else None,
+        pinned=_pin(pin),
+        rollout=rollout,
+        revisions=[_view(routes, fn_url, r, r is now, r.label == candidate, share) for r in kept],
+    )
+
+
+def _view(
+    routes: RouteTable,
+    fn_url: str,
+    revision: Revision,
+    serving: bool,
+    candidate: bool,
+    share: int,
+) -> RevisionView:
+    env, name = revision.env, revision.name
+    route = routes.get(env, name) if serving else routes.revision(env, f"{name}@{revision.id}")
+    traffic = 100 - share if serving else (share if candidate else 0)
+    state = "serving" if serving else ("candidate" if candidate else "kept")
+    return RevisionView(
+        revision=revision.label,
+        id=revision.id,
+        commit=revision.commit,
+        build_tag=revision.build_tag,
+        image=revision.image,
+        created=rfc3339(revision.created),
+        deployed=rfc3339(revision.deployed),
+        traffic=traffic,
+        state=state,
+        replicas=route.serving if route is not None else 0,
+        url=f"{fn_url}/fn/{env}/{name}@{revision.label}/",
+    )
+
+
+def _pin(row: dict[str, Any] | None) -> Pin | None:
+    if row is None:
+        return None
+    return Pin(revision=revisions_mod.label(row["number"]), by=row["by"], at=rfc3339(row["at"]))
+
+
 def rollout_view(row: dict[str, Any] | None, kept: list[Revision]) -> RolloutView | None:
     if row is None:
         return None
@@ -121,47 +178,10 @@ def router(
     api = APIRouter(tags=["revisions"])
 
     def listing(env: str, name: str) -> RevisionList:
-        kept = revisions_mod.from_rows(store.revisions(env, name))
-        if not kept:
+        found = revision_list(store, routes, env, name, fn_url)
+        if found is None:
             raise HTTPException(404, f"no revision of {name!r} in environment {env!r}")
-        row = next((r for r in store.serving(env) if r["name"] == name), None)
-        current = row["deployment"].get("specHash") if row else None
-        pin = store.pins(env).get(name)
-        now = next((r for r in kept if r.spec_hash == current), None)
-        rollout = rollout_view(store.rollouts(env).get(name), kept)
-        share = rollout.traffic if rollout and rollout.phase == "Progressing" else 0
-        candidate = rollout.candidate if share else None
-        return RevisionList(
-            env=env,
-            function=name,
-            serving=now.label if now else None,
-            pinned=Pin(
-                revision=revisions_mod.label(pin["number"]), by=pin["by"], at=rfc3339(pin["at"])
-            )
-            if pin
-            else None,
-            rollout=rollout,
-            revisions=[view(r, r is now, r.label == candidate, share) for r in kept],
-        )
-
-    def view(revision: Revision, serving: bool, candidate: bool, share: int) -> RevisionView:
-        env, name = revision.env, revision.name
-        route = routes.get(env, name) if serving else routes.revision(env, f"{name}@{revision.id}")
-        traffic = 100 - share if serving else (share if candidate else 0)
-        state = "serving" if serving else ("candidate" if candidate else "kept")
-        return RevisionView(
-            revision=revision.label,
-            id=revision.id,
-            commit=revision.commit,
-            build_tag=revision.build_tag,
-            image=revision.image,
-            created=rfc3339(revision.created),
-            deployed=rfc3339(revision.deployed),
-            traffic=traffic,
-            state=state,
-            replicas=route.serving if route is not None else 0,
-            url=f"{fn_url}/fn/{env}/{name}@{revision.label}/",
-        )
+        return found
 
     def tracked(env: str) -> None:
         if env != reconciler.env:

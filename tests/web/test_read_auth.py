@@ -56,6 +56,12 @@ SWITCHES = {
     for action in ("rollback", "unpin")
 }
 WRITES |= SWITCHES
+# the dashboard's own forms that change something: a session signed in with the API
+# token, its CSRF token in the form (never a bearer token)
+FORMS = {
+    ("POST", "/functions/{env}/{name}/rollback"),
+    ("POST", "/functions/{env}/{name}/unpin"),
+}
 DIFF = ("POST", "/api/v1/environments/{env}/diff")
 VALUES = {**KNOWN, "file": "swagger-ui.css"}
 SAME_SITE = {"Origin": "http://api"}  # the in-process client's own origin
@@ -94,7 +100,9 @@ def make_client(tmp_path: Path, **settings: Any) -> Client:
         read_token=settings.pop("read_token", READ),
         **settings,
     )
-    return Client(app)
+    client = Client(app)
+    client.reconciler = reconciler  # type: ignore[attr-defined] - what the forms asked of it
+    return client
 
 
 def call(client: Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -157,11 +165,12 @@ def test_every_route_but_the_public_ones_is_401_without_a_token_and_200_with_the
     client = make_client(tmp_path)
     found = set(endpoints(client.app.routes))
     assert found >= PUBLIC | WRITES, "the lists name routes the app has"
-    reads = found - PUBLIC - WRITES
+    assert found >= FORMS
+    reads = found - PUBLIC - WRITES - FORMS
     pages = {("GET", "/"), ("GET", "/functions/{env}/{name}")}
     assert pages | {("GET", "/metrics"), ("GET", "/docs"), ("GET", "/openapi.json"), DIFF} <= reads
 
-    for method, path in sorted(found - PUBLIC):
+    for method, path in sorted(found - PUBLIC - FORMS):
         for headers in ({}, bearer("wrong"), {"Authorization": f"Basic {READ}"}):
             refused = call(client, method, path, headers=headers)
             assert refused.status_code == 401, (method, path, headers, refused.text)
@@ -185,6 +194,43 @@ def test_the_write_endpoints_refuse_the_read_token_and_take_the_api_token(tmp_pa
         assert client.request(method, url, headers=bearer("guess")).status_code == 401
         done = client.request(method, url, headers=bearer(API))
         assert done.status_code == (200 if switch else 202), (method, path, done.text)
+
+
+def test_the_dashboards_forms_change_things_only_for_a_session_signed_in_with_the_api_token(
+    tmp_path,
+):
+    client = make_client(tmp_path)
+    reconciler = client.reconciler
+    writer = api_session(client, API)
+    reader = api_session(client, READ)
+    csrf = next(v for k, v in writer.items() if k != "Cookie")
+    for method, path in sorted(FORMS):
+        url = concrete(path)
+        form = {"csrf": csrf, "to": "r1"}
+        cookie_only = {"Cookie": writer["Cookie"]}
+        # every one of these is what an attacker could send: all refused, nothing done
+        refusals = [
+            ({}, form),  # signed out
+            (bearer(API), form),  # a bearer token: the forms are the session's
+            ({"Cookie": reader["Cookie"], **SAME_SITE}, {**form, "csrf": csrf_of_session(reader)}),
+            ({**cookie_only, **SAME_SITE}, {"to": "r1"}),  # no CSRF token
+            ({**cookie_only, **SAME_SITE}, {**form, "csrf": "guessed"}),
+            ({**cookie_only, "Origin": "https://evil.example"}, form),  # another site
+        ]
+        before = list(reconciler.revisions.asked)
+        for headers, data in refusals:
+            refused = client.request(method, url, headers=headers, data=data)
+            assert refused.status_code in (401, 403), (path, headers, refused.text[:200])
+        assert reconciler.revisions.asked == before, "a refused form changed something"
+        done = client.request(method, url, headers={**cookie_only, **SAME_SITE}, data=form)
+        assert done.status_code == 303, done.text[:300]
+        assert done.headers["location"] == "/functions/prod/fn0"
+        assert reconciler.revisions.asked[-1][0] == path.rsplit("/", 1)[1]
+        assert reconciler.revisions.asked[-1][-1] == "dashboard"
+
+
+def csrf_of_session(session: dict[str, str]) -> str:
+    return next(v for k, v in session.items() if k != "Cookie")
 
 
 def test_the_public_routes_answer_anyone(tmp_path):

@@ -17,7 +17,9 @@ header's "Sign out" button ends the session. The sign-in page's script fills
 the form from a ``#token=`` fragment (the start-up banner's link: a fragment
 never reaches the server, nor its logs) and sends it. The session reads the
 pages, not ``/api/``: the sign-out form carries the session's CSRF token, which
-the dashboard's script sends as :data:`access.CSRF_HEADER` for the API links.
+the dashboard's script sends as :data:`access.CSRF_HEADER` for the API links. A
+session signed in with the API token also gets a function page's rollback and unpin
+forms (``revisions``), posted here with that CSRF token.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from ...invocations.service import Invocations
+from ...state.routes import RouteTable
 from ...state.store import Store
+from ...steps import NoSuchRevision, RollbackRefused
 from ..access import COOKIE, CSRF_HEADER, Access
 from .function import FunctionPage
 from .html import (
@@ -47,7 +51,7 @@ from .html import (
 )
 from .overview import Overview
 from .queue import QueueReader
-from .signin import _SIGNOUT, _signin_routes, signin_page
+from .signin import _SIGNOUT, _form, _signin_routes, signin_page
 
 __all__ = ["ASSETS", "REFRESH_MS", "Commit", "Commits", "Pages", "router", "signin_page"]
 
@@ -66,6 +70,8 @@ def router(
     forge: str | None = None,
     scaling: Callable[[str, str], dict[str, Any] | None] | None = None,
     invocations: Invocations | None = None,
+    routes: RouteTable | None = None,
+    fn_url: str = "",
 ) -> APIRouter:
     """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
@@ -80,6 +86,8 @@ def router(
     pages = Pages(reconciler, store, repository, branch, poll_interval, forge)
     pages.scaling = scaling
     pages.queue = QueueReader(invocations)
+    pages.routes = routes or RouteTable()
+    pages.fn_url = fn_url
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:
@@ -101,7 +109,45 @@ def router(
         # the dead letters are read on this loop, the service's (its methods are its
         # coroutines); the page, from the store and the mirror, in a worker thread
         queue = await pages.queue.read(env, name)
-        return await run_in_threadpool(lambda: pages.function(env, name, signout(request), queue))
+        cookie = request.cookies.get(COOKIE)
+        csrf = access.csrf_token(cookie) if access.session_writes(cookie) else None
+        return await run_in_threadpool(
+            lambda: pages.function(env, name, signout(request), queue, csrf)
+        )
+
+    async def switch(env: str, name: str, request: Request, action: str) -> Response:
+        """A rollback or an unpin from the function's page (see dashboard.revisions)."""
+        form = await _form(request)
+        refusal = access.form_refusal(request, (form or {}).get("csrf"))
+        if refusal is None and env != reconciler.env:
+            refusal = 409, f"{env} follows a pull request: a preview is never rolled back."
+        if refusal is not None:
+            status, message = refusal
+            return pages.refused(env, name, message, status, signout(request))
+        to = (form or {}).get("to") or None
+
+        def act() -> None:
+            if action == "rollback":
+                reconciler.exclusively(lambda: reconciler.revisions.rollback(name, to, "dashboard"))
+            elif reconciler.revisions.unpin(name, "dashboard"):
+                reconciler.request_sync("unpin")
+            else:
+                raise RollbackRefused(f"{env}/{name} is not pinned")
+
+        try:
+            await run_in_threadpool(act)
+        except (NoSuchRevision, RollbackRefused) as exc:
+            status = 404 if isinstance(exc, NoSuchRevision) else 409
+            return pages.refused(env, name, str(exc), status, signout(request))
+        return RedirectResponse(f"/functions/{env}/{name}", status_code=303)
+
+    @routes.post("/functions/{env}/{name}/rollback")
+    async def rollback(env: str, name: str, request: Request) -> Response:
+        return await switch(env, name, request, "rollback")
+
+    @routes.post("/functions/{env}/{name}/unpin")
+    async def unpin(env: str, name: str, request: Request) -> Response:
+        return await switch(env, name, request, "unpin")
 
     @routes.get(f"{ASSETS}/dashboard.css")
     def css() -> Response:

@@ -14,6 +14,8 @@ from fastapi.responses import HTMLResponse
 from ... import failure
 from ...state.store import LOG_TAIL_CHARS
 from ..models import FunctionDetail, Invocation, JobRun, Scaling
+from ..revisions import revision_list
+from . import revisions
 from .html import (
     _CALL_COLUMNS,
     _JOB_COLUMNS,
@@ -49,9 +51,15 @@ class FunctionPage(Site):
     """The page at ``/functions/{env}/{name}``."""
 
     def function(
-        self, env: str, name: str, signout: Html = NO_HTML, queue: Queue | None = None
+        self,
+        env: str,
+        name: str,
+        signout: Html = NO_HTML,
+        queue: Queue | None = None,
+        csrf: str | None = None,
     ) -> HTMLResponse:
-        """``queue``: its asynchronous invocations, read before (QueueReader.read)."""
+        """``queue``: its asynchronous invocations, read before (QueueReader.read);
+        ``csrf``: the session's CSRF token when it may roll back and unpin (else None)."""
         now = time.time()
         header = self.header(self._status(), now, signout)
         row = self.store.function(env, name)
@@ -74,6 +82,11 @@ class FunctionPage(Site):
         main = _join(
             [
                 self._summary(env, fn, row, now),
+                revisions.section(
+                    revision_list(self.store, self.routes, env, name, self.fn_url),
+                    csrf,
+                    env == self.reconciler.env,
+                ),
                 self._log(env, name),
                 self._build(fn, now, self._built_with(env, row)),
                 self._jobs([job for job in fn.jobs if job.function == name], now),
@@ -83,6 +96,21 @@ class FunctionPage(Site):
             "\n",
         )
         return _page(f"{name}: {fn.phase} · gitops-sless", header, main)
+
+    def refused(
+        self, env: str, name: str, message: str, status: int, signout: Html
+    ) -> HTMLResponse:
+        """What a rollback or an unpin from the page could not do, and the way back."""
+        header = self.header(self._status(), time.time(), signout)
+        main = _h(
+            '<nav class="crumbs" aria-label="Breadcrumb"><a href="/">All functions</a>'
+            ' &rsaquo; <a href="/functions/{env}/{name}">{name}</a></nav>'
+            '<h1>Not done</h1><p class="notice error">{message}</p>',
+            env=env,
+            name=name,
+            message=message,
+        )
+        return _page(f"{name}: not done · gitops-sless", header, main, status)
 
     def _summary(self, env: str, fn: FunctionDetail, row: dict[str, Any], now: float) -> Html:
         revision = _sha(fn.revision)

@@ -119,10 +119,11 @@ def _signin_routes(routes: APIRouter, access: Access) -> None:
         next_path = _next_path(form.get("next"))
         if access.open_reads:
             return RedirectResponse(next_path, status_code=303)
-        if access.token_level(form.get("token", "")) < Level.READ:
+        level = access.token_level(form.get("token", ""))
+        if level < Level.READ:
             return _signin_response(next_path, _notice("That token is not valid."), 401)
         response = RedirectResponse(next_path, status_code=303)
-        access.set_session(response, request)
+        access.set_session(response, request, write=level == Level.WRITE)
         return response
 
     @routes.post("/signout")

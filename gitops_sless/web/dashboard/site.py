@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...state.routes import RouteTable
 from ...state.store import MAX_SYNCS, Store
 from ..models import Status, Sync
 from .html import (
@@ -51,6 +52,9 @@ class Site:
         self.scaling: Callable[[str, str], dict[str, Any] | None] | None = None
         # asynchronous invocations: counts and dead letters (no service: none shown)
         self.queue = QueueReader(None)
+        # the proxy's table (how warm each kept revision is) and where functions answer
+        self.routes = RouteTable()
+        self.fn_url = ""
 
     def _mirror_path(self) -> Path | None:
         path = getattr(getattr(self.reconciler, "source", None), "path", None)
