@@ -198,3 +198,28 @@ def test_a_restart_resumes_the_rollout_at_its_step(repo, how):
     assert versions(server, 20) == {"v1": 10, "v2": 10}
     server.wait(lambda: rollout(server)["phase"] == "Promoted", "the promotion", timeout=30)
     assert versions(server, 10) == {"v2": 10}
+
+
+def test_a_candidate_that_cannot_start_is_rolled_back_at_once(repo):
+    repo.push(function("v1"))
+    server = repo.server().start()
+    broken = function("v2")
+    broken["hello/handler.py"] = "raise RuntimeError('no start')\n" + broken["hello/handler.py"]
+    repo.push(broken)
+    server.sync()
+    state = rollout(server)
+    assert state["phase"] == "RolledBack" and "r2 did not start" in state["message"], state
+    assert versions(server, 10) == {"v1": 10}
+    assert server.function("hello")["phase"] == "RolledBack"
+
+
+def test_a_disabled_function_takes_a_change_at_once(repo):
+    repo.push(function("v1"))
+    server = repo.server().start()
+    off = function("v2")
+    off["hello/sless.yaml"] += "    enabled: false\n"
+    repo.push(off)
+    server.sync()
+    listing = rollout(server)
+    assert listing["serving"] == "r2" and "phase" not in listing, listing
+    assert server.function("hello")["phase"] == "Disabled"

@@ -58,9 +58,13 @@ class Rollouts:
 
     def wants(self, deployment: Deployment) -> bool:
         """Whether ``deployment`` reaches its callers by a rollout rather than at once: it
-        has a ``rollout`` block, outside a preview, and another revision serves now."""
+        has a ``rollout`` block and calls to judge it by (an http trigger, enabled),
+        outside a preview, and another revision serves now."""
         ctx = self.ctx
-        if deployment.function.rollout is None or is_preview(ctx.env):
+        fn = deployment.function
+        if fn.rollout is None or is_preview(ctx.env):
+            return False
+        if not (fn.http and fn.enabled):  # no calls to judge it by: at once
             return False
         if not ctx.backend.rollouts:
             return False
