@@ -71,7 +71,7 @@ class RevisionUnits:
         after the function's idle time (a fixed count's: the default, 300 s)."""
         return trigger(fn, Scale(0, 1, idle_sec=fn.scale_in(env).idle_sec))
 
-    def switch(
+    def switch_to(
         self: LocalBackend, env: str, target: KeptRevision, retired: KeptRevision | None
     ) -> None:
         deployment = target.deployment

@@ -277,7 +277,7 @@ class Backend(ABC):
         its first call; revisions kept before and not in ``others`` go. By default,
         nothing (a backend without revision URLs)."""
 
-    def switch(self, env: str, target: KeptRevision, retired: KeptRevision | None) -> None:
+    def switch_to(self, env: str, target: KeptRevision, retired: KeptRevision | None) -> None:
         """All of the function's traffic to ``target``, a kept revision, at once (a
         rollback); ``retired`` is the revision that served until now, kept from here on.
         By default ``target`` is applied as a deploy is (started, then switched to)."""

@@ -401,7 +401,7 @@ class Server:
         assert isinstance(self.backend, LocalBackend)
         records = [r for env in self.store.environments() for r in self.store.functions(env)]
         in_use = {r["build_tag"] for r in records if r["build_tag"]}
-        in_use |= self.backend.tags_in_use()
+        in_use |= self.backend.tags_in_use() | self._kept_revision_tags()
         live = {(r["env"], r["name"]) for r in records}
         collected = gc.collect(
             self.backend.builder,
@@ -445,7 +445,14 @@ class Server:
     def _wanted_tags(self) -> set[str]:
         """Every tag an environment (previews too) wants or serves, from the store."""
         records = [r for env in self.store.environments() for r in self.store.functions(env)]
-        return {r[k] for r in records for k in ("build_tag", "wanted_tag") if r.get(k)}
+        wanted = {r[k] for r in records for k in ("build_tag", "wanted_tag") if r.get(k)}
+        return wanted | self._kept_revision_tags()
+
+    def _kept_revision_tags(self) -> set[str]:
+        """The builds of every kept revision: a rollback switches to one without a build."""
+        return {
+            r["build_tag"] for env in self.store.environments() for r in self.store.revisions(env)
+        }
 
     def _tags_building(self) -> set[str]:
         return {

@@ -164,7 +164,7 @@ class Revisions:
         if target.spec_hash == now.spec_hash:
             raise RollbackRefused(f"{ctx.env}/{name}: {target.label} serves already")
         started = time.time()
-        ctx.backend.switch(ctx.env, target.kept(), now.kept())
+        ctx.backend.switch_to(ctx.env, target.kept(), now.kept())
         rollout = ctx.store.rollouts(ctx.env).get(name)
         if rollout is not None and rollout["phase"] == "Progressing":  # it ends here
             stopped = f"stopped by a rollback to {target.label} (asked by {by})"

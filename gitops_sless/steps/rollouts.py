@@ -228,7 +228,7 @@ class Rollouts:
 
     def _promote(self, name: str, candidate: Revision, stable: Revision, last: str) -> None:
         ctx = self.ctx
-        ctx.backend.switch(ctx.env, candidate.kept(), stable.kept())
+        ctx.backend.switch_to(ctx.env, candidate.kept(), stable.kept())
         deployment = candidate.deployment()
         fn = deployment.function
         ctx.store.set_serving(ctx.env, name, serving.to_record(deployment), candidate.commit)

@@ -188,3 +188,34 @@ def test_the_sample_repository_lists_every_function(kube, s3_server, tmp_path):
         assert sql["status"]["jobs"][0]["phase"] == "Failed"
     finally:
         harness.close()
+
+
+def images(kube: Any, name: str) -> list[str]:
+    obj = kube.get("Deployment", PROD, name)
+    return [c["image"] for c in obj["spec"]["template"]["spec"]["containers"]]
+
+
+def test_a_rollback_switches_the_deployment_back_and_the_function_says_it_is_pinned(kube, harness):
+    settle(harness, kube)
+    first = images(kube, "alpha")
+    harness.repo.commit("v2", function_folder("alpha", "v2"))
+    settle(harness, kube)
+    assert images(kube, "alpha") != first
+    reconciler = harness.reconciler
+    assert [r.label for r in reconciler.revisions.of("alpha")] == ["r2", "r1"]
+
+    target = reconciler.exclusively(lambda: reconciler.revisions.rollback("alpha", None, "test"))
+    assert target.label == "r1"
+    assert images(kube, "alpha") == first  # no build: r1's image, by digest
+    settle(harness, kube)  # passes leave it where it was put
+    assert images(kube, "alpha") == first
+    status = function(kube, "alpha")["status"]
+    assert (status["servingRevision"], status["pinned"]) == ("r1", "r1")
+    assert "pinned" not in function(kube, "beta")["status"]
+
+    # a commit that changes it unpins it: a new revision, built and deployed
+    harness.repo.commit("v3", function_folder("alpha", "v3"))
+    settle(harness, kube)
+    status = function(kube, "alpha")["status"]
+    assert status["servingRevision"] == "r3" and "pinned" not in status
+    assert images(kube, "alpha") not in (first,)
