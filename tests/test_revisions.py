@@ -221,6 +221,9 @@ def test_cli_rollback_and_unpin(repo):
     shown = cli("revisions", "prod/hello")
     assert shown.returncode == 0, shown.stderr
     assert "pinned at r1" in shown.stdout and "r2" in shown.stdout
+    status = cli("status", "--env", "prod")
+    line = next(x for x in status.stdout.splitlines() if x.startswith("hello"))
+    assert " r1 " in line and "pinned at r1 by a rollback" in line, status.stdout
 
     refused = cli("rollback", "prod/hello", "--to", "r5")
     assert refused.returncode != 0 and "no revision r5" in refused.stderr

@@ -138,9 +138,19 @@ def _verb(
     return parser
 
 
+def _revision(fn: dict[str, Any]) -> str:
+    """The revision serving and its commit: ``r3 9f2c41d0a7e3``."""
+    commit = short(fn["revision"])
+    number = fn.get("servingRevision")
+    return f"{number} {commit}" if number else commit
+
+
 def _message(fn: dict[str, Any]) -> str:
     message = (fn.get("message") or "").strip().splitlines()
     text = message[0] if message else ""
+    if fn.get("pinned"):  # it differs from git on purpose: say so first
+        pinned = f"pinned at {fn['pinned']} by a rollback (gitops-sless unpin to follow git)"
+        text = f"{pinned}; {text}" if text else pinned
     scaled = fn.get("scaling")
     if scaled:  # autoscaled: ready out of desired, within min..max, and the load
         desired = "?" if scaled["desired"] is None else scaled["desired"]
@@ -235,7 +245,7 @@ def _status(args: argparse.Namespace) -> int:
                 [
                     fn["name"],
                     fn["phase"],
-                    short(fn["revision"]),
+                    _revision(fn),
                     fn["buildTag"] or "-",
                     _message(fn),
                 ]
