@@ -133,7 +133,9 @@ class Reconciler:
         )
         ctx = self.context
         self.revisions = Revisions(ctx, keep_revisions)
-        self.rollouts = Rollouts(ctx, self.revisions, lambda: self.request_sync("rollout"))
+        self.rollouts = Rollouts(
+            ctx, self.revisions, lambda: self.request_sync("rollout"), self.between_passes
+        )
         self.restore = Restore(ctx)
         self.load = Load(ctx)
         self.jobs = Jobs(ctx)
@@ -234,6 +236,12 @@ class Reconciler:
             self.restore.run()
             self.revisions.restored()
             self.rollouts.restored()
+
+    def between_passes(self, task: Callable[[], Any]) -> Any:
+        """Run ``task`` while no pass runs, as :meth:`exclusively` does, without forgetting
+        what is built (it removes nothing)."""
+        with self._exclusive:
+            return task()
 
     def busy(self) -> bool:
         """Builds or job runs this environment waits for are under way."""

@@ -286,3 +286,25 @@ def test_the_revision_list_is_json_with_what_a_reader_needs(repo):
     assert set(only) >= {"revision", "id", "commit", "buildTag", "created", "traffic", "state"}
     assert json.loads(json.dumps(found)) == found
     assert server.client.get(REVISIONS.format(name="nobody")).status_code == 404
+
+
+def test_a_disabled_function_answers_at_none_of_its_revisions_urls(repo):
+    repo.push(function("hello", "v1"))
+    server = repo.server().start()
+    deploy(repo, server, function("hello", "v2"))
+    assert version(server, "hello@r1") == (200, "v1")
+    # taking it offline takes its old code offline too
+    deploy(repo, server, function("hello", "v2", "    enabled: false"))
+    for path in ("hello", "hello@r1", "hello@r2", "hello@r3"):
+        status, _ = version(server, path)
+        assert status in (404, 503), (path, status)
+    assert version(server, "hello@r1")[0] == 404
+
+
+def test_revision_urls_share_the_functions_rate_limit(repo):
+    repo.push(function("hello", "v1", "    rateLimit: {rps: 0.1, burst: 3}"))
+    server = repo.server().start()
+    deploy(repo, server, function("hello", "v2", "    rateLimit: {rps: 0.1, burst: 3}"))
+    statuses = [version(server, path)[0] for path in ("hello@r1", "hello", "hello@r2", "hello@r1")]
+    # three tokens in the bucket, whichever URL takes them: the fourth call is refused
+    assert statuses == [200, 200, 200, 429], statuses

@@ -223,3 +223,59 @@ def test_a_disabled_function_takes_a_change_at_once(repo):
     listing = rollout(server)
     assert listing["serving"] == "r2" and "phase" not in listing, listing
     assert server.function("hello")["phase"] == "Disabled"
+
+
+def test_with_one_revision_kept_a_rollout_still_runs_and_numbers_are_never_reused(repo):
+    repo.push(function("v1"))
+    server = repo.server(args=["--keep-revisions", "1"]).start()
+    repo.push(function("v2", interval="1s", min_requests=5, steps="[50]"))
+    server.sync()
+    assert rollout(server)["candidate"] == "r2"
+    versions(server, 20)
+    server.wait(lambda: rollout(server)["phase"] == "Promoted", "the promotion", timeout=30)
+    assert versions(server, 10) == {"v2": 10}
+    repo.push(function("v3", interval="1h", steps="[50]"))
+    server.sync()
+    assert rollout(server)["candidate"] == "r3"  # r1 was collected; its number is not given
+
+
+# fails the calls to / and answers those to /ok: its own URL can be made to look healthy
+SPLIT_HANDLER = """\
+def main(event):
+    if event["_path"] == "/ok":
+        return {"version": "v2"}
+    return {"statusCode": 500, "body": "broken"}
+"""
+
+
+def test_calls_at_the_candidates_own_url_do_not_count_in_its_verdict(repo):
+    repo.push(function("v1"))
+    server = repo.server().start()
+    broken = function("v2", interval="1s", min_requests=10, steps="[20]")
+    broken["hello/handler.py"] = SPLIT_HANDLER
+    repo.push(broken)
+    server.sync()
+    # an attacker floods the candidate's own URL with calls that succeed...
+    for _ in range(200):
+        assert server.client.get("/fn/prod/hello@r2/ok").status_code == 200
+    # ...while the calls it takes as its share fail: the share alone decides
+    versions(server, 100)
+    server.wait(lambda: rollout(server)["phase"] == "RolledBack", "the rollback", timeout=30)
+    assert "20 of 20 calls failed" in rollout(server)["message"], rollout(server)
+
+
+def test_a_revert_withdraws_the_candidate_and_the_same_version_may_come_again(repo):
+    repo.push(function("v1"))
+    server = repo.server().start()
+    repo.push(function("v2", interval="1h"))
+    server.sync()
+    assert rollout(server)["phase"] == "Progressing"
+    repo.push(function("v1"))  # the revert
+    server.sync()
+    server.wait(lambda: rollout(server)["phase"] == "Withdrawn", "the withdrawal", timeout=30)
+    assert versions(server, 20) == {"v1": 20}
+    assert server.function("hello")["phase"] == "Ready"
+    repo.push(function("v2", interval="1h"))  # the same version again: rolled out again
+    server.sync()
+    state = rollout(server)
+    assert (state["phase"], state["candidate"]) == ("Progressing", "r2"), state

@@ -90,6 +90,12 @@ class LocalBackend(RevisionUnits, Backend):
         )
         self.crons = CronScheduler()
         self._canaries: dict[tuple[str, str], Canary] = {}  # rollouts under way
+        # (env, function) -> the units of its kept revisions and candidate (name@id): kept
+        # here, so that a deploy never lists every unit; adopted ones from the start
+        self._revision_units: dict[tuple[str, str], set[str]] = {}
+        for env, unit in self.supervisor.unit_keys():
+            if "@" in unit:
+                self._revision_units.setdefault((env, unit.partition("@")[0]), set()).add(unit)
         self._health: dict[str, tuple[int, dict[str, Health]]] = {}
 
     # --- building ---------------------------------------------------------------------
@@ -306,12 +312,12 @@ class LocalBackend(RevisionUnits, Backend):
         self.routes.remove(env, name)  # the route goes first: 404 at once, never 502
         self.crons.remove(env, name)
         self.supervisor.remove(env, name)
-        for unit in self.supervisor.deployed(env):
-            if unit.startswith(name + "@"):
-                self._drop_unit(env, unit)
+        self._drop_revisions(env, name)
 
     def remove_environment(self, env: str) -> None:
         self.supervisor.remove_environment(env)  # a job a teardown interrupts ends too
+        self._revision_units = {k: v for k, v in self._revision_units.items() if k[0] != env}
+        self._canaries = {k: v for k, v in self._canaries.items() if k[0] != env}
 
     def run_job(self, env: str, fn: Function, job: Job, env_vars: Mapping[str, EnvValue]) -> str:
         spec = self._process_spec(env, fn, env_vars)

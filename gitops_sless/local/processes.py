@@ -119,6 +119,17 @@ class Supervisor(Recovery):
         with self._lock:
             return {name: u.spec_hash for (e, name), u in self._units.items() if e == env}
 
+    def spec_hash(self, env: str, unit: str) -> str | None:
+        """What ``unit`` of ``env`` runs (None: no such unit); one lookup, not a listing."""
+        with self._lock:
+            found = self._units.get((env, unit))
+            return found.spec_hash if found is not None else None
+
+    def unit_keys(self) -> list[tuple[str, str]]:
+        """(env, unit) of every unit, adopted ones included."""
+        with self._lock:
+            return list(self._units)
+
     def status(self, env: str) -> dict[str, UnitStatus]:
         with self._lock:
             return {

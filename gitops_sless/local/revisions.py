@@ -31,17 +31,19 @@ class RevisionUnits:
         self: LocalBackend, env: str, name: str, serving: KeptRevision, others: list[KeptRevision]
     ) -> None:
         wanted: dict[str, KeptRevision] = {}
-        for kept in others:
+        now = serving.deployment.function
+        # a function disabled, or without an http trigger, takes no call: nor do the URLs
+        # of its revisions (disabling it takes it offline, old code included)
+        for kept in others if now.http and now.enabled else []:
             fn = kept.deployment.function
             if fn.http and fn.enabled:  # only what has an http trigger has a URL
                 wanted[f"{name}@{kept.id}"] = kept
         canary = self._canaries.get((env, name))
         candidate = canary.name if canary is not None else None
-        for unit in self.supervisor.deployed(env):
-            if unit.startswith(name + "@") and unit not in wanted and unit != candidate:
+        for unit in list(self._revision_units.get((env, name), ())):
+            if unit not in wanted and unit != candidate:
                 self._drop_unit(env, unit)
-        running = self.supervisor.deployed(env)
-        aliases = {serving.label: name, serving.id: name}
+        aliases = {serving.label: name, serving.id: name} if now.http and now.enabled else {}
         for unit, kept in wanted.items():
             if unit == candidate:  # a rollout's: runs as the function does, not at zero
                 aliases[kept.label] = aliases[kept.id] = unit
@@ -55,9 +57,10 @@ class RevisionUnits:
                 continue
             spec = dataclasses.replace(spec, revision=kept.id)
             self._http[(env, unit)] = self._kept_trigger(env, deployment.function)
-            same = running.get(unit) == deployment.spec_hash
+            same = self.supervisor.spec_hash(env, unit) == deployment.spec_hash
             if not (same and self.supervisor.adopt_spec(spec, deployment.spec_hash)):
                 self.supervisor.apply(spec, deployment.spec_hash, 0)  # started on a call
+            self._revision_units.setdefault((env, name), set()).add(unit)
             aliases[kept.label] = aliases[kept.id] = unit
         self.routes.set_revisions(env, name, aliases)
 
@@ -65,6 +68,14 @@ class RevisionUnits:
         self._http.pop((env, unit), None)
         self.routes.remove(env, unit)
         self.supervisor.remove(env, unit)
+        units = self._revision_units.get((env, unit.partition("@")[0]))
+        if units is not None:
+            units.discard(unit)
+
+    def _drop_revisions(self: LocalBackend, env: str, name: str) -> None:
+        """Every unit of ``name``'s kept revisions and candidate (it is removed)."""
+        for unit in list(self._revision_units.pop((env, name), ())):
+            self._drop_unit(env, unit)
 
     def _kept_trigger(self: LocalBackend, env: str, fn: Function) -> HttpTrigger:
         """A kept revision's route: scaled to zero, one replica started by a call, stopped
@@ -75,7 +86,6 @@ class RevisionUnits:
         self: LocalBackend, env: str, target: KeptRevision, retired: KeptRevision | None
     ) -> None:
         deployment = target.deployment
-        self._canaries.pop((env, deployment.name), None)  # promoted, or left behind
         fn, name = deployment.function, deployment.name
         unit = f"{name}@{target.id}"
         if retired is not None and fn.http and fn.enabled:
@@ -83,14 +93,24 @@ class RevisionUnits:
             retired_unit = f"{name}@{retired.id}"
             self._http[(env, retired_unit)] = self._kept_trigger(env, retired.deployment.function)
             self._set_trigger(env, fn)
+            canary = self._canaries.pop((env, name), None)  # promoted, or left behind
             if self.supervisor.swap(env, name, unit, spec, deployment.spec_hash, retired.id):
                 self._http.pop((env, unit), None)
                 self.routes.remove(env, unit)
+                units = self._revision_units.setdefault((env, name), set())
+                units.discard(unit)
+                units.add(retired_unit)
                 self.supervisor.scale(env, name, self._initial_replicas(env, fn))
                 self._schedule(spec, fn)
                 return
+            if canary is not None:  # not swapped: the rollout's split stays until a switch
+                self._canaries[(env, name)] = canary
             self._http.pop((env, retired_unit), None)
+        canary = self._canaries.get((env, name))
         self.apply(deployment)  # not warm: started beside what serves, then switched to
+        if self._canaries.get((env, name)) is canary and canary is not None:
+            del self._canaries[(env, name)]  # switched: the split is over
+            self._republish(env, name)
 
     # --- a rollout's candidate ----------------------------------------------------------
 
@@ -112,7 +132,8 @@ class RevisionUnits:
         self._http[(env, unit)] = trigger(fn, policy if policy.autoscaled else None)
         replicas = min(max(policy.min, 1), policy.max)
         running = self.supervisor.status(env).get(unit)
-        if self.supervisor.deployed(env).get(unit) != deployment.spec_hash:
+        self._revision_units.setdefault(key, set()).add(unit)
+        if self.supervisor.spec_hash(env, unit) != deployment.spec_hash:
             # started (and healthy) before it takes a call; ApplyFailed if it cannot be
             spec = self._process_spec(env, fn, deployment.env_vars)
             spec = dataclasses.replace(spec, revision=candidate.id)
@@ -123,6 +144,10 @@ class RevisionUnits:
         canary = Canary(unit, percent) if turn is None else Canary(unit, percent, turn)
         self._canaries[key] = canary
         self._republish(env, name)
+
+    def canary_counts(self: LocalBackend, env: str, name: str) -> tuple[int, int] | None:
+        canary = self._canaries.get((env, name))
+        return None if canary is None else (canary.counts[0], canary.counts[1])
 
     def canary_failure(self: LocalBackend, env: str, name: str) -> str | None:
         canary = self._canaries.get((env, name))

@@ -289,6 +289,11 @@ class Backend(ABC):
         calls from now on; None: no candidate any more (its replicas stop)."""
         raise NotImplementedError(f"{type(self).__name__} has no rollouts")
 
+    def canary_counts(self, env: str, name: str) -> tuple[int, int] | None:
+        """(calls sent as the candidate's share, of them answered 5xx or timed out) so far,
+        by this process; None: no candidate runs."""
+        return None
+
     def canary_failure(self, env: str, name: str) -> str | None:
         """Why a rollout's candidate cannot serve (its replicas keep ending), or None."""
         return None

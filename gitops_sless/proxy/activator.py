@@ -99,7 +99,9 @@ class Activator:
         limit = route.rate_limit
         if limit is None:
             return None
-        key = (route.env, route.name)
+        # one bucket per function: its revisions' own URLs and a rollout's candidate
+        # (name@id) draw from it too, or each would add a limit of its own
+        key = (route.env, route.name.partition("@")[0])
         kept = self._buckets.get(key)
         if kept is None or kept[0] != (limit, self.share):
             share = self.share

@@ -165,8 +165,9 @@ class ProxyApp:
         elif route.canary is not None and route.canary.takes():  # a rollout's share
             canary = routes.get(env, route.canary.name)
             if canary is not None and (canary.upstreams or canary.scale):
+                call.canary = route.canary  # its outcome is the verdict's
                 route = canary
-                call.name = route.name  # counted as the new revision's: the verdict
+                call.name = route.name
         if route is None or not (route.upstreams or route.scale or route.starting):
             call.declared = routes.declared(env, name)
             call.known = route is not None or call.declared is not None
@@ -267,6 +268,8 @@ class ProxyApp:
             METRICS.proxy_unknown.inc()
             return
         status = call.status or 500
+        if call.canary is not None:
+            call.canary.answered(status)
         METRICS.invocations.inc(env=call.env, name=call.name, status=str(status))
         if self.record is None:
             return

@@ -234,6 +234,7 @@ class Call:
     """One request through the proxy, as it will be recorded; ``status`` is what the client got."""
 
     __slots__ = (
+        "canary",
         "cold",
         "declared",
         "env",
@@ -260,6 +261,9 @@ class Call:
         # (perf_counter when the replica that the call waited for was ready, the route's
         # runtime) of a call that waited for a start; None: it did not
         self.cold: tuple[float, str] | None = None
+        # the routes.Canary whose share this call was sent as (None: not a canary's): its
+        # outcome counts in the rollout's verdict
+        self.canary: Any = None
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:

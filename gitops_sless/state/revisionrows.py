@@ -14,7 +14,9 @@ from typing import Any
 
 __all__ = ["ROLLOUT_PHASES", "RevisionRows"]
 
-ROLLOUT_PHASES = ("Progressing", "Promoted", "RolledBack")
+# Withdrawn: stopped without a verdict (a revert, a rollback by hand, its revision gone):
+# unlike RolledBack, the same version may be rolled out again
+ROLLOUT_PHASES = ("Progressing", "Promoted", "RolledBack", "Withdrawn")
 
 
 class RevisionRows:
@@ -51,10 +53,17 @@ class RevisionRows:
                     (now, env, name, row["number"]),
                 )
                 return {**row, "deployed": now}
-            last = db.execute(
-                "SELECT MAX(number) AS n FROM revisions WHERE env = ? AND name = ?", (env, name)
+            given = db.execute(
+                "SELECT MAX(n) AS n FROM (SELECT MAX(number) AS n FROM revisions"
+                " WHERE env = ? AND name = ? UNION ALL SELECT last FROM revision_numbers"
+                " WHERE env = ? AND name = ?)",
+                (env, name, env, name),
             ).fetchone()
-            number = (last["n"] or 0) + 1
+            number = (given["n"] or 0) + 1
+            db.execute(
+                "INSERT OR REPLACE INTO revision_numbers (env, name, last) VALUES (?, ?, ?)",
+                (env, name, number),
+            )
             fields = {
                 "env": env,
                 "name": name,

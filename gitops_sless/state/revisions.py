@@ -113,14 +113,13 @@ def find(revisions: Sequence[Revision], ref: str) -> Revision | None:
 
 
 def kept(
-    revisions: Sequence[Revision], keep: int, current: str | None
+    revisions: Sequence[Revision], keep: int, current: str | None, candidate: str | None = None
 ) -> tuple[list[Revision], list[Revision]]:
-    """(kept, collected): the newest ``keep`` revisions by number stay, and the one that
-    serves (spec hash ``current``) whatever its number (a function pinned at an old one);
-    the others are collected. ``revisions`` newest first."""
+    """(kept, collected): the newest ``keep`` revisions by number stay, and whatever its
+    number the one that serves (spec hash ``current``: a function pinned at an old one)
+    and a rollout's ``candidate``; the others are collected. ``revisions`` newest first."""
     newest = sorted(revisions, key=lambda r: r.number, reverse=True)
-    stay = newest[:keep]
-    serving_now = next((r for r in newest if r.spec_hash == current), None)
-    if serving_now is not None and serving_now not in stay:
-        stay = [*stay[: max(keep - 1, 0)], serving_now]
-    return stay, [r for r in newest if r not in stay]
+    must = [r for r in newest if r.spec_hash in (current, candidate)]
+    rest = [r for r in newest if r not in must]
+    stay = must + rest[: max(keep - len(must), 0)]
+    return sorted(stay, key=lambda r: r.number, reverse=True), [r for r in rest if r not in stay]

@@ -129,10 +129,18 @@ class Canary:
     name: str
     percent: int
     turn: itertools.count = field(default_factory=itertools.count, compare=False, repr=False)
+    # [calls sent as the share, of them answered 5xx (or timed out)]: the verdict's only
+    # data (calls at the candidate's own URL are not the share, and could be made up)
+    counts: list[int] = field(default_factory=lambda: [0, 0], compare=False, repr=False)
 
     def takes(self) -> bool:
         """Whether the next call goes to the canary."""
         return next(self.turn) * self.percent % 100 < self.percent
+
+    def answered(self, status: int) -> None:
+        self.counts[0] += 1
+        if status >= 500:
+            self.counts[1] += 1
 
 
 @dataclass(frozen=True)
@@ -302,13 +310,16 @@ class RouteTable:
         """How ``/fn/{env}/{name}@{ref}/`` finds its route from now on: ``aliases`` maps
         each ref (``rN``, a revision id) to the name of the route serving that revision
         (``name`` itself for the one that takes the traffic); empty: no revision URLs."""
+        # changed in place, not swapped whole: one entry per function, and a deploy of
+        # each of 10,000 must not copy them all; a reader's single .get() sees the old or
+        # the new mapping (each is replaced whole), never half of one
         with self._write:
             if env in self._closed:
                 return
-            revisions = {k: v for k, v in self._revisions.items() if k != (env, name)}
             if aliases:
-                revisions[(env, name)] = dict(aliases)
-            self._revisions = revisions
+                self._revisions[(env, name)] = dict(aliases)
+            else:
+                self._revisions.pop((env, name), None)
 
     def revision(self, env: str, name: str) -> Route | None:
         """The route of ``name@ref`` (a revision's URL), if that revision is kept."""

@@ -61,6 +61,14 @@ CREATE TABLE IF NOT EXISTS revisions (
     PRIMARY KEY (env, name, number)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS revisions_by_hash ON revisions (env, name, spec_hash);
+-- the last number given to a revision of each function: a number is never given twice,
+-- even once the revision that had it is collected (pins and URLs name it)
+CREATE TABLE IF NOT EXISTS revision_numbers (
+    env TEXT NOT NULL,
+    name TEXT NOT NULL,
+    last INTEGER NOT NULL,
+    PRIMARY KEY (env, name)
+);
 -- a function held at an earlier revision on purpose (a rollback) until a commit changes it
 -- (its desired spec hash is no longer ``desired``) or someone unpins it
 CREATE TABLE IF NOT EXISTS pins (

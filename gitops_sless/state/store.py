@@ -70,6 +70,7 @@ _ENVIRONMENT_TABLES = (
     "syncs",
     "invocations",
     "revisions",
+    "revision_numbers",
     "pins",
     "rollouts",
 )
@@ -236,7 +237,14 @@ class Store(RevisionRows):
     def delete_function(self, env: str, name: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM functions WHERE env = ? AND name = ?", (env, name))
-            for table in ("serving", "invocations", "revisions", "pins", "rollouts"):
+            for table in (
+                "serving",
+                "invocations",
+                "revisions",
+                "revision_numbers",
+                "pins",
+                "rollouts",
+            ):
                 db.execute(f"DELETE FROM {table} WHERE env = ? AND name = ?", (env, name))
 
     # --- what serves ------------------------------------------------------------------

@@ -82,7 +82,9 @@ class Revisions:
         ctx = self.ctx
         if current is None:
             current = ctx.backend.deployed(ctx.env).get(name)
-        stay, gone = revisions.kept(self.of(name), self.keep, current)
+        rollout = ctx.store.rollouts(ctx.env).get(name)
+        candidate = rollout["candidate"] if rollout and rollout["phase"] == "Progressing" else None
+        stay, gone = revisions.kept(self.of(name), self.keep, current, candidate)
         if gone:
             ctx.store.drop_revisions(ctx.env, name, [r.number for r in gone])
         now = next((r for r in stay if r.spec_hash == current), None)
@@ -102,8 +104,11 @@ class Revisions:
 
     def restored(self) -> None:
         """At start-up, once what served runs again: the kept revisions beside it."""
+        running = self.ctx.backend.deployed(self.ctx.env)  # once: not per function
         for row in self.ctx.store.serving(self.ctx.env):
-            self.keep_runnable(row["name"])
+            current = running.get(row["name"])
+            if current is not None:
+                self.keep_runnable(row["name"], current)
 
     # --- pinned ---------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class Revisions:
         rollout = ctx.store.rollouts(ctx.env).get(name)
         if rollout is not None and rollout["phase"] == "Progressing":  # it ends here
             stopped = f"stopped by a rollback to {target.label} (asked by {by})"
-            ctx.store.set_rollout(ctx.env, name, phase="RolledBack", message=stopped)
+            ctx.store.set_rollout(ctx.env, name, phase="Withdrawn", message=stopped)
             ctx.outcomes.pop(name, None)
         deployment = target.deployment()
         ctx.store.set_serving(ctx.env, name, target.record, target.commit)

@@ -28,8 +28,7 @@ from typing import Any
 from .. import logs
 from ..errors import SlessError
 from ..manifests.model import Rollout, is_preview
-from ..metrics import METRICS
-from ..plan.backend import Deployment
+from ..plan.backend import Deployment, SecretUnavailable
 from ..plan.planner import Plan
 from ..state import serving
 from ..state.phases import Outcome
@@ -44,11 +43,20 @@ TICK_SEC = 1.0  # while a rollout is under way, a pass looks at it this often
 
 class Rollouts:
     def __init__(
-        self, ctx: Context, revisions: Revisions, ask_pass: Callable[[], Any] | None = None
+        self,
+        ctx: Context,
+        revisions: Revisions,
+        ask_pass: Callable[[], Any] | None = None,
+        between_passes: Callable[[Callable[[], bool]], bool] | None = None,
     ) -> None:
+        """``between_passes(task)`` runs ``task`` while no pass runs (the rollouts are
+        looked at every second that way); ``ask_pass()`` asks for a pass (a verdict
+        changed a phase). Without them, only passes look."""
         self.ctx = ctx
         self.revisions = revisions
         self._ask_pass = ask_pass
+        self._between_passes = between_passes
+        self._started: set[str] = set()  # rollouts whose candidate this process started
         # the candidate's counts when its step began (calls, failures), by function; kept in
         # memory (the proxy's counts are this process's): after a restart, from then
         self._base: dict[str, tuple[float, float]] = {}
@@ -77,6 +85,7 @@ class Rollouts:
         rows = self.ctx.store.rollouts(self.ctx.env)
         if not rows:
             return
+        # under way, or judged and rolled back (a withdrawn one may be rolled out again)
         taken = {
             (name, row["candidate"])
             for name, row in rows.items()
@@ -86,32 +95,32 @@ class Rollouts:
         planned.applies = [d for d in planned.applies if (d.name, d.spec_hash) not in taken]
         planned.held.update((d.name, d.spec_hash) for d in held)
 
-    def start(self, deployment: Deployment, commit: str | None) -> bool:
+    def start(self, deployment: Deployment, commit: str | None) -> bool | None:
         """Start the rollout of ``deployment`` (replacing one under way); False when its
-        candidate could not start (rolled back at once)."""
+        candidate could not start (rolled back at once), None when it waits for a secret
+        (tried again on every pass, as a deploy is)."""
         ctx = self.ctx
         name = deployment.name
         policy = deployment.function.rollout or Rollout()
         stable = self.revisions.serving(name)
         candidate = self.revisions.record(deployment, commit)
-        if stable is None:  # what serves was never recorded (an old state folder): at once
+        if stable is None:  # what serves was never recorded (an old state folder)
             stable = self.revisions.record(self._running(name), None)
-        ctx.store.set_rollout(
-            ctx.env,
-            name,
-            candidate=candidate.spec_hash,
-            stable=stable.spec_hash,
-            phase="Progressing",
-            step=0,
-            step_started=time.time(),
-            message=None,
-        )
+        row = {"candidate": candidate.spec_hash, "stable": stable.spec_hash, "step": 0}
         try:
             ctx.backend.canary(ctx.env, name, candidate.kept(), policy.steps[0])
+        except SecretUnavailable as exc:
+            ctx.outcomes[name] = Outcome(candidate.spec_hash, "Pending", str(exc))
+            return None
         except SlessError as exc:
+            ctx.store.set_rollout(ctx.env, name, phase="Progressing", **row)
             self._roll_back(name, candidate, stable, f"{candidate.label} did not start: {exc}")
             return False
-        self._base[name] = self._counts(name, candidate)
+        ctx.store.set_rollout(
+            ctx.env, name, phase="Progressing", step_started=time.time(), message=None, **row
+        )
+        self._started.add(name)
+        self._base[name] = self._counts(name)
         said = (
             f"{candidate.label} takes {policy.steps[0]}% of the calls "
             f"(step 1 of {len(policy.steps) + 1}), {stable.label} the rest"
@@ -122,31 +131,42 @@ class Rollouts:
         self._tick_later()
         return True
 
-    def advance(self) -> None:
-        """Every rollout under way: a verdict where one is due."""
+    def advance(self) -> bool:
+        """Every rollout under way: a verdict where one is due. True when one ended or
+        took a step (the function's phase changed: a pass writes it)."""
         ctx = self.ctx
-        under_way = False
+        under_way = changed = False
         for name, row in ctx.store.rollouts(ctx.env).items():
             if row["phase"] != "Progressing":
                 continue
             candidate = self.revisions.by_hash(name, row["candidate"])
             stable = self.revisions.by_hash(name, row["stable"])
-            if candidate is None or stable is None:  # collected meanwhile: nothing to judge
-                ctx.store.set_rollout(ctx.env, name, phase="RolledBack", message="forgotten")
+            if candidate is None or stable is None:  # its revisions are gone: nothing to judge
+                self._withdraw(name, "withdrawn: its revisions are no longer kept")
+                changed = True
                 continue
             wanted = ctx.deployments.get(name)
             if wanted is not None and wanted[2].spec_hash == stable.spec_hash:
                 # a commit asks for what serves again (a revert): nothing to roll out
                 why = f"{candidate.label} withdrawn: git asks for {stable.label} again"
-                self._roll_back(name, candidate, stable, why)
+                self._withdraw(name, why)
+                self.revisions.keep_runnable(name)
+                changed = True
                 continue
-            under_way = self._judge(name, row, candidate, stable) or under_way
+            if name not in self._started and not self._resume(name, row, candidate, stable):
+                changed = True  # rolled back: it could not start again
+                continue
+            step = row["step"]
+            going = self._judge(name, row, candidate, stable)
+            under_way = under_way or going
+            changed = changed or not going or ctx.store.rollouts(ctx.env)[name]["step"] != step
         if under_way:
             self._tick_later()
+        return changed
 
     def restored(self) -> None:
-        """At start-up: every rollout under way runs again at its step (its candidate beside
-        the stable revision), and the outcome of every other is shown again."""
+        """At start-up: the outcome of every rollout that ended is shown again; those under
+        way start their candidates again on the first look (see :meth:`_resume`)."""
         ctx = self.ctx
         for name, row in ctx.store.rollouts(ctx.env).items():
             candidate = self.revisions.by_hash(name, row["candidate"])
@@ -154,24 +174,39 @@ class Rollouts:
                 continue
             if row["phase"] == "RolledBack":
                 ctx.outcomes[name] = Outcome(candidate.spec_hash, "RolledBack", row["message"])
-            if row["phase"] != "Progressing":
-                continue
-            policy = candidate.deployment().function.rollout or Rollout()
-            step = min(row["step"], len(policy.steps) - 1)
-            try:
-                ctx.backend.canary(ctx.env, name, candidate.kept(), policy.steps[step])
-            except SlessError as exc:
-                stable = self.revisions.by_hash(name, row["stable"])
-                if stable is not None:
-                    why = f"{candidate.label} did not start again: {exc}"
-                    self._roll_back(name, candidate, stable, why)
-                continue
-            # the step's calls are counted from now: the proxy's counts are this process's
-            ctx.store.set_rollout(ctx.env, name, step_started=time.time())
-            self._base[name] = self._counts(name, candidate)
-            ctx.outcomes[name] = Outcome(candidate.spec_hash, "Progressing", row["message"] or "")
-            self.revisions.keep_runnable(name)
+            elif row["phase"] == "Progressing":
+                ctx.outcomes[name] = Outcome(
+                    candidate.spec_hash, "Progressing", row["message"] or ""
+                )
+                self._resume(name, row, candidate, self.revisions.by_hash(name, row["stable"]))
+
+    def _resume(
+        self, name: str, row: dict[str, Any], candidate: Revision, stable: Revision | None
+    ) -> bool:
+        """A rollout this process did not start: its candidate beside the stable revision at
+        its step again, the step's calls counted from now (the counts are this process's).
+        False when it could not start (rolled back); True when it runs or waits for a
+        secret."""
+        ctx = self.ctx
+        policy = candidate.deployment().function.rollout or Rollout()
+        step = min(row["step"], len(policy.steps) - 1)
+        try:
+            ctx.backend.canary(ctx.env, name, candidate.kept(), policy.steps[step])
+        except SecretUnavailable as exc:
+            ctx.outcomes[name] = Outcome(candidate.spec_hash, "Pending", str(exc))
             self._tick_later()
+            return True
+        except SlessError as exc:
+            if stable is not None:
+                self._roll_back(name, candidate, stable, f"{candidate.label} did not start: {exc}")
+            return False
+        self._started.add(name)
+        row["step_started"] = time.time()
+        ctx.store.set_rollout(ctx.env, name, step_started=row["step_started"])
+        self._base[name] = self._counts(name)
+        self.revisions.keep_runnable(name)
+        self._tick_later()
+        return True
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -182,6 +217,8 @@ class Rollouts:
     def _judge(self, name: str, row: dict[str, Any], candidate: Revision, stable: Revision) -> bool:
         """One rollout's step; True while it goes on."""
         ctx = self.ctx
+        if name not in self._started:  # its candidate waits for a secret
+            return True
         policy = candidate.deployment().function.rollout or Rollout()
         steps = policy.steps
         step = min(row["step"], len(steps) - 1)
@@ -191,7 +228,7 @@ class Rollouts:
         if broken is not None:
             self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {broken}")
             return False
-        calls, failures = self._since_step(name, candidate)
+        calls, failures = self._since_step(name)
         rate = failures / calls if calls else 0.0
         limit = policy.max_error_rate
         counts = f"{failures:g} of {calls:g} calls failed ({rate:.1%}, at most {limit:.1%})"
@@ -217,7 +254,7 @@ class Rollouts:
             self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {exc}")
             return False
         ctx.store.set_rollout(ctx.env, name, step=step + 1, step_started=time.time())
-        self._base[name] = self._counts(name, candidate)
+        self._base[name] = self._counts(name)
         said = (
             f"{candidate.label} takes {steps[step + 1]}% of the calls "
             f"(step {step + 2} of {len(steps) + 1}) after {where}: {counts}"
@@ -247,6 +284,7 @@ class Rollouts:
         ctx.store.set_rollout(ctx.env, name, phase="Promoted", message=said)
         ctx.outcomes.pop(name, None)
         self._base.pop(name, None)
+        self._started.discard(name)
         where = {"env": ctx.env, "function": name}
         logs.event(log, "rollout.promoted", f"{name}: {said}", **where)
 
@@ -260,9 +298,24 @@ class Rollouts:
         ctx.store.set_rollout(ctx.env, name, phase="RolledBack", message=said)
         ctx.outcomes[name] = Outcome(candidate.spec_hash, "RolledBack", said)
         self._base.pop(name, None)
+        self._started.discard(name)
         self.revisions.keep_runnable(name)
         where = {"env": ctx.env, "function": name}
         logs.event(log, "rollout.rolled_back", f"{name}: {said}", level=logging.WARNING, **where)
+
+    def _withdraw(self, name: str, why: str) -> None:
+        """Stop a rollout without a verdict: every call to what serves, and the same version
+        may be rolled out again (a later commit asking for it)."""
+        ctx = self.ctx
+        try:
+            ctx.backend.canary(ctx.env, name, None, 0)
+        except SlessError as exc:
+            log.warning("%s/%s: stopping the candidate: %s", ctx.env, name, exc)
+        ctx.store.set_rollout(ctx.env, name, phase="Withdrawn", message=why)
+        ctx.outcomes.pop(name, None)
+        self._base.pop(name, None)
+        self._started.discard(name)
+        logs.event(log, "rollout.withdrawn", f"{name}: {why}", env=ctx.env, function=name)
 
     def _progress(self, name: str, candidate: Revision, said: str, quiet: bool = False) -> None:
         ctx = self.ctx
@@ -273,20 +326,14 @@ class Rollouts:
 
     # --- counts -----------------------------------------------------------------------------
 
-    def _counts(self, name: str, candidate: Revision) -> tuple[float, float]:
-        """(calls, failures: 5xx and timeouts) the proxy counted for the candidate so far."""
-        unit = f"{name}@{candidate.id}"
-        calls = failures = 0.0
-        for labels, value in list(METRICS.invocations.values.items()):
-            found = dict(labels)
-            if found.get("env") == self.ctx.env and found.get("name") == unit:
-                calls += value
-                if found.get("status", "").startswith("5"):
-                    failures += value
-        return calls, failures
+    def _counts(self, name: str) -> tuple[float, float]:
+        """(calls, failures: 5xx and timeouts) of the candidate's share so far, as the proxy
+        counted them (calls at its own URL are not its share: they are left out)."""
+        counts = self.ctx.backend.canary_counts(self.ctx.env, name)
+        return (0.0, 0.0) if counts is None else (float(counts[0]), float(counts[1]))
 
-    def _since_step(self, name: str, candidate: Revision) -> tuple[float, float]:
-        calls, failures = self._counts(name, candidate)
+    def _since_step(self, name: str) -> tuple[float, float]:
+        calls, failures = self._counts(name)
         base = self._base.setdefault(name, (calls, failures))
         return calls - base[0], failures - base[1]
 
@@ -295,9 +342,23 @@ class Rollouts:
         return serving.from_record(row["deployment"])
 
     def _tick_later(self) -> None:
-        if self._ask_pass is None or self.ctx.stopping.is_set():
+        if self._between_passes is None or self.ctx.stopping.is_set():
             return
         if self._timer is None or not self._timer.is_alive():
-            self._timer = threading.Timer(TICK_SEC, self._ask_pass)
+            self._timer = threading.Timer(TICK_SEC, self._tick)
             self._timer.daemon = True
             self._timer.start()
+
+    def _tick(self) -> None:
+        """A look at the rollouts between passes (no fetch: a git host that is down never
+        holds a verdict back); a pass is asked for when one ended or took a step."""
+        if self._between_passes is None or self.ctx.stopping.is_set():
+            return
+        self._timer = None  # this one is over: advance() may set the next
+        try:
+            changed = self._between_passes(self.advance)
+        except Exception:  # a bug must not stop the rollouts for good: the next pass looks
+            log.exception("rollouts: a look between passes failed")
+            changed = True
+        if changed and self._ask_pass is not None:
+            self._ask_pass()

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Body, HTTPException, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field
 
+from ..errors import SlessError
 from ..reconciler import Reconciler
 from ..state import revisions as revisions_mod
 from ..state.revisions import Revision
@@ -57,7 +58,9 @@ class Pin(ApiModel):
 
 
 class RolloutView(ApiModel):
-    phase: Literal["Progressing", "Promoted", "RolledBack"]
+    phase: Literal["Progressing", "Promoted", "RolledBack", "Withdrawn"] = Field(
+        description="Withdrawn: stopped without a verdict (a revert, a rollback by hand)"
+    )
     candidate: str | None = Field(description="the new revision")
     stable: str | None = Field(description="the revision that served when it began")
     step: int = Field(description="1 for the first step; the last is 100 %")
@@ -197,7 +200,7 @@ def router(
         """The function's kept revisions, newest first, and which one takes the traffic."""
         return listing(env, name)
 
-    @api.post(f"/api/v1{BASE}/rollback", responses=replies.errors(401, 403, 404, 409))
+    @api.post(f"/api/v1{BASE}/rollback", responses=replies.errors(401, 403, 404, 409, 503))
     @api.post(f"/api{BASE}/rollback", include_in_schema=False)
     def rollback(
         env: str,
@@ -211,11 +214,13 @@ def router(
         tracked(env)
         to = request.to if request is not None else None
         try:
-            reconciler.exclusively(lambda: reconciler.revisions.rollback(name, to, "api"))
+            reconciler.between_passes(lambda: reconciler.revisions.rollback(name, to, "api"))
         except NoSuchRevision as exc:
             raise HTTPException(404, str(exc)) from exc
         except RollbackRefused as exc:
             raise HTTPException(409, str(exc)) from exc
+        except SlessError as exc:  # the revision could not start (a secret, a crash)
+            raise HTTPException(503, f"{env}/{name}: not switched: {exc}") from exc
         return listing(env, name)
 
     @api.post(f"/api/v1{BASE}/unpin", responses=replies.errors(401, 403, 404, 409))
@@ -225,7 +230,7 @@ def router(
         pass is asked for)."""
         authorize(credentials)
         tracked(env)
-        if not reconciler.revisions.unpin(name, "api"):
+        if not reconciler.between_passes(lambda: reconciler.revisions.unpin(name, "api")):
             raise HTTPException(409, f"{env}/{name} is not pinned")
         reconciler.request_sync("unpin")
         return listing(env, name)

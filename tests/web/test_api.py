@@ -61,6 +61,9 @@ class RecordingReconciler:
     def exclusively(self, task: Any) -> Any:
         return task()
 
+    def between_passes(self, task: Any) -> Any:
+        return task()
+
     @property
     def revisions(self) -> RecordingRevisions:
         return self._revisions

@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from ...errors import SlessError
 from ...invocations.service import Invocations
 from ...state.routes import RouteTable
 from ...state.store import Store
@@ -127,17 +128,18 @@ def router(
         to = (form or {}).get("to") or None
 
         def act() -> None:
+            revisions = reconciler.revisions
             if action == "rollback":
-                reconciler.exclusively(lambda: reconciler.revisions.rollback(name, to, "dashboard"))
-            elif reconciler.revisions.unpin(name, "dashboard"):
+                reconciler.between_passes(lambda: revisions.rollback(name, to, "dashboard"))
+            elif reconciler.between_passes(lambda: revisions.unpin(name, "dashboard")):
                 reconciler.request_sync("unpin")
             else:
                 raise RollbackRefused(f"{env}/{name} is not pinned")
 
         try:
             await run_in_threadpool(act)
-        except (NoSuchRevision, RollbackRefused) as exc:
-            status = 404 if isinstance(exc, NoSuchRevision) else 409
+        except SlessError as exc:
+            status = {NoSuchRevision: 404, RollbackRefused: 409}.get(type(exc), 503)
             return pages.refused(env, name, str(exc), status, signout(request))
         return RedirectResponse(f"/functions/{env}/{name}", status_code=303)
 
