@@ -121,6 +121,10 @@ class RevisionRows:
     def pins(self, env: str) -> dict[str, dict[str, Any]]:
         return {row["name"]: row for row in self._all("SELECT * FROM pins WHERE env = ?", env)}
 
+    def pin_of(self, env: str, name: str) -> dict[str, Any] | None:
+        rows = self._all("SELECT * FROM pins WHERE env = ? AND name = ?", env, name)
+        return rows[0] if rows else None
+
     # --- rollouts --------------------------------------------------------------------------
 
     def set_rollout(self, env: str, name: str, **fields: Any) -> None:
@@ -144,6 +148,10 @@ class RevisionRows:
 
     def rollouts(self, env: str) -> dict[str, dict[str, Any]]:
         return {row["name"]: row for row in self._all("SELECT * FROM rollouts WHERE env = ?", env)}
+
+    def rollout_of(self, env: str, name: str) -> dict[str, Any] | None:
+        rows = self._all("SELECT * FROM rollouts WHERE env = ? AND name = ?", env, name)
+        return rows[0] if rows else None
 
 
 _ROLLOUT_FIELDS = ("candidate", "stable", "phase", "step", "step_started", "message")

@@ -61,11 +61,13 @@ class Apply:
         ctx.outcomes.pop(fn.name, None)
         ctx.store.set_serving(ctx.env, fn.name, serving.to_record(deployment), revision)
         ctx.serving.add(fn.name)
-        number = self.revisions.deployed(deployment, revision).label
+        number = self.revisions.deployed(deployment, revision, show=False).label
         ctx.records.update(
             fn.name,
             build_tag=fn.build_tag,
             revision=revision,
+            serving_revision=number,
+            pinned=None,  # a deploy is never held by a pin: none holds it now
             restarts=0,
             last_exit=None,
             next_retry=None,

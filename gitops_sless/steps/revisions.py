@@ -57,11 +57,17 @@ class Revisions:
         )
         return revisions.from_rows([row])[0]
 
-    def deployed(self, deployment: Deployment, commit: str | None) -> Revision:
+    def deployed(self, deployment: Deployment, commit: str | None, show: bool = True) -> Revision:
         """``deployment`` serves now: the revision it is, with the kept revisions brought
-        up to date beside it."""
+        up to date beside it. ``show``: its record says so here (False: the caller writes
+        ``serving_revision`` and ``pinned`` with the rest of the record, in one write)."""
         revision = self.record(deployment, commit)
-        self.keep_runnable(deployment.name, deployment.spec_hash)
+        if revision.number == 1:  # its first: nothing else is kept, or rolled out
+            self.ctx.backend.keep_revisions(self.ctx.env, deployment.name, revision.kept(), [])
+            if show:
+                self._show(deployment.name, revision.label)
+            return revision
+        self.keep_runnable(deployment.name, deployment.spec_hash, show)
         return revision
 
     def by_hash(self, name: str, spec_hash: str) -> Revision | None:
@@ -76,13 +82,13 @@ class Revisions:
         current = self.ctx.backend.deployed(self.ctx.env).get(name)
         return next((r for r in self.of(name) if r.spec_hash == current), None)
 
-    def keep_runnable(self, name: str, current: str | None = None) -> None:
+    def keep_runnable(self, name: str, current: str | None = None, show: bool = True) -> None:
         """Collect what is past the newest ``keep``, and tell the backend what stays runnable
         beside the revision with spec hash ``current`` (by default what serves now)."""
         ctx = self.ctx
         if current is None:
             current = ctx.backend.deployed(ctx.env).get(name)
-        rollout = ctx.store.rollouts(ctx.env).get(name)
+        rollout = ctx.store.rollout_of(ctx.env, name)
         candidate = rollout["candidate"] if rollout and rollout["phase"] == "Progressing" else None
         stay, gone = revisions.kept(self.of(name), self.keep, current, candidate)
         if gone:
@@ -92,11 +98,12 @@ class Revisions:
             return
         others = [r.kept() for r in stay if r is not now]
         ctx.backend.keep_revisions(ctx.env, name, now.kept(), others)
-        self._show(name, now.label)
+        if show:
+            self._show(name, now.label)
 
     def _show(self, name: str, serving_now: str | None = None) -> None:
         """The function's record says which revision serves, and which it is pinned at."""
-        pin = self.ctx.store.pins(self.ctx.env).get(name)
+        pin = self.ctx.store.pin_of(self.ctx.env, name)
         fields = {"pinned": revisions.label(pin["number"]) if pin else None}
         if serving_now is not None:
             fields["serving_revision"] = serving_now
