@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy, Function, JobRef, SecretRef
+from ..manifests.model import AsyncPolicy, Function, JobRef, SecretRef
 from ..timestamps import rfc3339
 from .client import KubeClient
 from .policy import ROUTE_ANNOTATION, route_policy
@@ -47,27 +47,13 @@ def _label_value(path: str) -> str:
 
 
 def async_spec(policy: AsyncPolicy) -> dict[str, Any]:
-    return {
-        "retries": policy.retries,
-        "backoffSec": policy.backoff_sec,
-        "maxBackoffSec": policy.max_backoff_sec,
-        "maxAgeSec": policy.max_age_sec,
-        "concurrency": policy.concurrency,
-    }
+    return policy.to_json()
 
 
 def async_policy(spec: dict[str, Any]) -> AsyncPolicy:
     """A Function resource's async policy (the defaults where it has none: written by an
     older reconciler)."""
-    found = spec.get("async") or {}
-    default = DEFAULT_ASYNC
-    return AsyncPolicy(
-        retries=int(found.get("retries", default.retries)),
-        backoff_sec=float(found.get("backoffSec", default.backoff_sec)),
-        max_backoff_sec=float(found.get("maxBackoffSec", default.max_backoff_sec)),
-        max_age_sec=float(found.get("maxAgeSec", default.max_age_sec)),
-        concurrency=int(found.get("concurrency", default.concurrency)),
-    )
+    return AsyncPolicy.from_json(spec.get("async") or {})
 
 
 def function_spec(fn: Function, env: str) -> dict[str, Any]:

@@ -113,6 +113,27 @@ class AsyncPolicy:
     max_age_sec: float = 6 * 3600.0  # no attempt starts on an older invocation
     concurrency: int = 10  # this function's invocations running at once
 
+    def to_json(self) -> dict[str, Any]:
+        """As a Function resource's spec and a serving record write it."""
+        return {
+            "retries": self.retries,
+            "backoffSec": self.backoff_sec,
+            "maxBackoffSec": self.max_backoff_sec,
+            "maxAgeSec": self.max_age_sec,
+            "concurrency": self.concurrency,
+        }
+
+    @classmethod
+    def from_json(cls, found: Mapping[str, Any]) -> AsyncPolicy:
+        """What :meth:`to_json` wrote; a field left out (an older writer): its default."""
+        return cls(
+            retries=int(found.get("retries", cls.retries)),
+            backoff_sec=float(found.get("backoffSec", cls.backoff_sec)),
+            max_backoff_sec=float(found.get("maxBackoffSec", cls.max_backoff_sec)),
+            max_age_sec=float(found.get("maxAgeSec", cls.max_age_sec)),
+            concurrency=int(found.get("concurrency", cls.concurrency)),
+        )
+
 
 DEFAULT_ASYNC = AsyncPolicy()  # async: {} (the schema's defaults)
 

@@ -76,7 +76,7 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "concurrency": fn.concurrency,
             "rateLimit": None if fn.rate_limit is None else _rate(fn.rate_limit),
             "maxBodyBytes": fn.max_body_bytes,
-            "async": _async(fn.async_policy),
+            "async": fn.async_policy.to_json(),
             "subjects": list(fn.subjects),
             "rollout": None if fn.rollout is None else _rollout(fn.rollout),
         },
@@ -122,26 +122,6 @@ def _rate(rate: RateLimit) -> dict[str, Any]:
     return {"rps": rate.rps, "burst": rate.burst}
 
 
-def _async(policy: AsyncPolicy) -> dict[str, Any]:
-    return {
-        "retries": policy.retries,
-        "backoffSec": policy.backoff_sec,
-        "maxBackoffSec": policy.max_backoff_sec,
-        "maxAgeSec": policy.max_age_sec,
-        "concurrency": policy.concurrency,
-    }
-
-
-def _read_async(raw: Mapping[str, Any]) -> AsyncPolicy:
-    return AsyncPolicy(
-        raw["retries"],
-        raw["backoffSec"],
-        raw["maxBackoffSec"],
-        raw["maxAgeSec"],
-        raw["concurrency"],
-    )
-
-
 def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
     """The Function fields a format-2 record adds (a format-1 record: their defaults)."""
     if "scale" not in fn:
@@ -154,7 +134,7 @@ def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
         "concurrency": fn["concurrency"],
         "rate_limit": None if rate is None else RateLimit(rate["rps"], rate["burst"]),
         "max_body_bytes": fn["maxBodyBytes"],
-        "async_policy": _read_async(fn["async"]) if fn["async"] else DEFAULT_ASYNC,
+        "async_policy": AsyncPolicy.from_json(fn["async"]) if fn["async"] else DEFAULT_ASYNC,
         "subjects": tuple(fn["subjects"]),
         "rollout": _read_rollout(fn.get("rollout")),
     }
