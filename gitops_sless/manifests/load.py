@@ -193,25 +193,18 @@ class _Manifest:
         for where, block in blocks.items():
             if isinstance(block, dict):
                 self._check_scale((*at, *where), block)
-        policy = fn.get("async")
-        if isinstance(policy, dict):
-            for name in ("backoff", "maxBackoff", "maxAge"):
-                if name in policy and self._valid(*at, "async", name):
-                    bounds = _bounds("async", name)
-                    self._check_duration((*at, "async", name), policy[name], bounds)
+        durations = {"async": ("backoff", "maxBackoff", "maxAge"), "rollout": ("interval",)}
+        for block, names in durations.items():
+            policy = fn.get(block)
+            for name in names if isinstance(policy, dict) else ():
+                if name in policy and self._valid(*at, block, name):
+                    self._check_duration((*at, block, name), policy[name], _bounds(block, name))
         rollout = fn.get("rollout")
-        if isinstance(rollout, dict):
-            if "interval" in rollout and self._valid(*at, "rollout", "interval"):
-                bounds = _bounds("rollout", "interval")
-                self._check_duration((*at, "rollout", "interval"), rollout["interval"], bounds)
-            steps = rollout.get("steps")
-            if isinstance(steps, list) and self._valid(*at, "rollout", "steps"):
-                for j in range(1, len(steps)):
-                    if steps[j] <= steps[j - 1]:
-                        self.problem(
-                            (*at, "rollout", "steps", j),
-                            f"{steps[j]} after {steps[j - 1]}: the steps must increase",
-                        )
+        steps = rollout.get("steps") if isinstance(rollout, dict) else None
+        if isinstance(steps, list) and self._valid(*at, "rollout", "steps"):
+            for j in (j for j in range(1, len(steps)) if steps[j] <= steps[j - 1]):
+                where, said = (*at, "rollout", "steps", j), f"{steps[j]} after {steps[j - 1]}"
+                self.problem(where, f"{said}: the steps must increase")
 
     def _check_scale(self, at: yamldoc.Path, block: dict[str, Any]) -> None:
         """One scale block, every part of it the schema let through."""
