@@ -274,7 +274,9 @@ def test_a_call_past_its_timeout_stops_counting_once_and_only_once(start, tmp_pa
     report = srv.health()
     assert report["inflight"] == 0
     assert report["requests"] == 1
-    assert report["busySeconds"] >= 1.0  # it ran at least its timeout
+    # it ran its timeout: Node's timers may fire a fraction of a millisecond early by the
+    # monotonic clock that counts busy time (a clean-clone run saw 0.99957)
+    assert report["busySeconds"] >= 0.99
     release.touch()  # the handler, abandoned but still running, now returns
     end = time.monotonic() + GUARD_SEC
     while not done.exists() and time.monotonic() < end:
