@@ -51,6 +51,7 @@ from .steps import (
     Restore,
     Revisions,
     Rollouts,
+    Verdict,
 )
 from .steps.context import short
 
@@ -99,6 +100,7 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         work: InFlight | None = None,
         keep_revisions: int = DEFAULT_KEEP,
+        on_verdict: Callable[[Verdict], None] | None = None,
     ) -> None:
         """``leading()``: whether this replica may run passes (it holds the lease).
 
@@ -107,6 +109,8 @@ class Reconciler:
         ``clock()``: the time deploy backoffs are counted in. ``work``: the builds and
         jobs under way, shared by the reconcilers of one server (by default its own).
         ``keep_revisions``: how many revisions of each function stay runnable.
+        ``on_verdict(verdict)``: hears each rollout start and end (the forge's commit
+        status); it must return at once.
         """
         self.source = source
         self.backend = backend
@@ -134,7 +138,11 @@ class Reconciler:
         ctx = self.context
         self.revisions = Revisions(ctx, keep_revisions)
         self.rollouts = Rollouts(
-            ctx, self.revisions, lambda: self.request_sync("rollout"), self.between_passes
+            ctx,
+            self.revisions,
+            lambda: self.request_sync("rollout"),
+            self.between_passes,
+            on_verdict,
         )
         self.restore = Restore(ctx)
         self.load = Load(ctx)

@@ -22,7 +22,7 @@ from ..source.webhooks import PayloadError
 from .forgehttp import ForgeHttp, error_message
 from .pulls import PullRequest, pull_from_api
 
-__all__ = ["KINDS", "STATES", "Forge", "forge_for"]
+__all__ = ["KINDS", "STATES", "Forge", "forge_for", "trimmed"]
 
 KINDS = ("github", "gitea", "gitlab")
 STATES = ("pending", "success", "failure", "error")
@@ -61,6 +61,11 @@ class Forge(Protocol):
         """Edit our comment (found by ``<!-- marker -->``) on PR ``number``, or create it."""
         ...
 
+    def pulls_of(self, sha: str) -> list[int]:
+        """The pull (merge) requests commit ``sha`` belongs to (the merged one that brought
+        it, or those whose head it is), by number; [] for a commit pushed directly."""
+        ...
+
     def can_write(self, user: str, user_id: int | None = None) -> bool:
         """Whether ``user`` may push to the repository (write, maintain or admin; GitLab:
         Developer or above). ForgeUnavailable when the forge cannot say now."""
@@ -87,12 +92,28 @@ def _one_pull(api: ForgeHttp, path: str) -> PullRequest | None:
 
 def _status(sha: str, state: str, description: str, url: str | None) -> dict[str, str]:
     """The fields every forge's status call shares, checked; ``url`` left out when None."""
-    if not _SHA.match(sha):
-        raise ValueError(f"commit {sha!r} is not a hexadecimal sha")
+    _checked(sha)
     if state not in STATES:
         raise ValueError(f"status {state!r}: use one of {', '.join(STATES)}")
-    body = {"description": description[:_DESCRIPTION_MAX]}
+    body = {"description": trimmed(description)}
     return {**body, "target_url": url} if url else body
+
+
+def trimmed(text: str, limit: int = _DESCRIPTION_MAX) -> str:
+    """``text`` within ``limit`` characters; a cut one ends with "…", so it says it was cut."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _checked(sha: str) -> str:
+    if not _SHA.match(sha):
+        raise ValueError(f"commit {sha!r} is not a hexadecimal sha")
+    return sha
+
+
+def _numbers(items: list[Any], key: str) -> list[int]:
+    """The numbers (``key``) of the pull requests listed, each once, in order."""
+    found = [item.get(key) for item in items if isinstance(item, dict)]
+    return list(dict.fromkeys(n for n in found if isinstance(n, int) and n > 0))
 
 
 def _marked(marker: str, body: str) -> tuple[str, str]:
@@ -150,6 +171,14 @@ class _HubForge:
             path = f"{self._repo}/issues/comments/{found['id']}"
             self._api.call("PATCH", path, body={"body": text})
 
+    def pulls_of(self, sha: str) -> list[int]:
+        if self._api.kind == "github":
+            path = f"{self._repo}/commits/{_checked(sha)}/pulls"
+            return _numbers(self._api.get_all(path, self._page), "number")
+        # Gitea: the one pull request that brought the commit, or 404 for none
+        resp = self._api.call("GET", f"{self._repo}/commits/{_checked(sha)}/pull", accept=(404,))
+        return [] if resp.status_code == 404 else _numbers([self._api.json(resp)], "number")
+
     def can_write(self, user: str, user_id: int | None = None) -> bool:
         path = f"{self._repo}/collaborators/{quote(user, safe='')}/permission"
         resp = self._api.call("GET", path, accept=(404,))
@@ -201,6 +230,10 @@ class _GitLabForge:
             self._api.call("POST", notes, body={"body": text}, repeatable=False)
         elif found.get("body") != text:
             self._api.call("PUT", f"{notes}/{found['id']}", body={"body": text})
+
+    def pulls_of(self, sha: str) -> list[int]:
+        path = f"{self._project}/repository/commits/{_checked(sha)}/merge_requests"
+        return _numbers(self._api.get_all(path, {"per_page": 100}), "iid")
 
     def can_write(self, user: str, user_id: int | None = None) -> bool:
         if user_id is None:

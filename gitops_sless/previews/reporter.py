@@ -1,8 +1,10 @@
-"""Telling the forge how each preview went, off the reconcile path.
+"""Telling the forge how each preview and each rollout went, off the reconcile path.
 
-:meth:`Reporter.report` only notes what to say and returns: it never waits on the
-forge and never raises. One worker thread says it: the commit status first, then
-our comment on the pull request. Only the latest report of a pull request
+:meth:`Reporter.report` and :meth:`Reporter.report_rollout` only note what to say and
+return: they never wait on the forge and never raise. One worker thread says it: the
+commit status first, then our comment on the pull request (a rollout's: on the pull
+requests the candidate's commit belongs to, asked of the forge then; none for a commit
+pushed directly). Only the latest report of a pull request (of a rollout's commit)
 matters: a newer one replaces an older one still waiting (keeping its place in
 line), so a PR's statuses go out in the order they were reported and a stale one
 never follows a newer one. A report identical to the last one sent is not sent
@@ -13,7 +15,10 @@ the forge refuses (``ForgeRefused``, a bad sha) is logged and dropped.
 
 What a report says is :class:`PreviewReport`'s to write: the preview's state, the
 names and phases of its functions, what failed by name (``build failed: greet``,
-``job notes-create-table failed``) and links. Statuses and comments on a public
+``job notes-create-table failed``) and links; a rollout's is its
+:class:`~gitops_sless.steps.rollouts.Verdict`'s: revisions, step and the numbers, under
+a status context and a comment of its own per function and environment
+(``<context>/rollout/<env>/<function>``). Statuses and comments on a public
 pull request are read by anyone, so they never carry a message, a log line or a
 result: whatever a function prints could hold a secret.
 """
@@ -24,19 +29,23 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from .. import logs
 from ..errors import ForgeUnavailable
-from .forge import Forge
+from ..steps.rollouts import Verdict
+from .forge import Forge, forge_for
 
-__all__ = ["PreviewReport", "Reporter"]
+__all__ = ["PreviewReport", "Reporter", "reporting", "rollout_comment"]
 
 log = logging.getLogger(__name__)
 
 
 _FORGE_STATES = {"Ready": "success", "Failed": "failure"}  # others are pending
+# under way: pending; withdrawn (replaced, reverted) before a verdict: error, neither a
+# pass nor a failure of the candidate, and never left pending
+_ROLLOUT_STATES = {"Promoted": "success", "RolledBack": "failure", "Withdrawn": "error"}
 
 
 @dataclass(frozen=True)
@@ -83,17 +92,36 @@ class PreviewReport:
         return "\n".join(lines)
 
 
+def rollout_comment(verdict: Verdict) -> str:
+    """Our comment on the pull request that brought a rolled back candidate."""
+    return (
+        f"**Rollout of `{verdict.function}` in `{verdict.env}`** at `{verdict.commit[:12]}`: "
+        f"{verdict.candidate} rolled back\n\n{verdict.said}; "
+        f"{verdict.stable} takes every call.\n\nThe same version is not tried again: "
+        "a commit that changes the function starts a new rollout."
+    )
+
+
 @dataclass
 class _Report:
-    number: int
+    key: Hashable  # a newer report under the same key replaces this one while it waits
     sha: str
     state: str
     description: str
     url: str | None
     comment: str | None
+    context: str
+    marker: str
+    number: int | None  # the PR to comment on; None: those the forge says ``sha`` belongs to
     status_sent: bool = False  # a retry sends only what is left
 
-    def key(self) -> tuple[object, ...]:
+    @property
+    def what(self) -> str:
+        return (
+            f"PR #{self.number}" if self.number is not None else f"{self.context}@{self.sha[:12]}"
+        )
+
+    def shown(self) -> tuple[object, ...]:
         """What the forge shows once it is sent: the status first, then the comment."""
         return (self.sha, self.state, self.description, self.url, self.comment)
 
@@ -116,9 +144,9 @@ class Reporter:
         self._max_pending, self._backoff, self._max_backoff = max_pending, backoff, max_backoff
         self._clock = clock
         self._cond = threading.Condition()
-        self._pending: OrderedDict[int, _Report] = OrderedDict()
-        self._sent: OrderedDict[int, tuple[object, ...]] = OrderedDict()
-        self._busy: int | None = None  # the PR whose report is being sent
+        self._pending: OrderedDict[Hashable, _Report] = OrderedDict()
+        self._sent: OrderedDict[Hashable, tuple[object, ...]] = OrderedDict()
+        self._busy: Hashable | None = None  # the key whose report is being sent
         self._failures = 0
         self._resume_at = 0.0
         self._closed = False
@@ -135,27 +163,62 @@ class Reporter:
         comment_body: str | None = None,
     ) -> None:
         """Queue ``sha``'s status and PR ``number``'s comment; returns at once, never raises."""
+        self._queue(
+            lambda: _Report(
+                number,
+                sha,
+                state,
+                description,
+                url,
+                comment_body,
+                self._context,
+                self._marker,
+                number,
+            )
+        )
+
+    def report_rollout(self, verdict: Verdict) -> None:
+        """Queue what ``verdict`` says: its status on the candidate's commit (context
+        ``<context>/rollout/<env>/<function>``) and, rolled back, our comment on the pull
+        requests that commit belongs to. Returns at once, never raises."""
+        where = f"rollout/{verdict.env}/{verdict.function}"
+        self._queue(
+            lambda: _Report(
+                # one commit's status per function: a newer commit's never replaces it
+                ("rollout", verdict.env, verdict.function, verdict.commit),
+                verdict.commit,
+                _ROLLOUT_STATES.get(verdict.phase, "pending"),
+                verdict.said,
+                None,
+                rollout_comment(verdict) if verdict.phase == "RolledBack" else None,
+                f"{self._context}/{where}",
+                f"{self._marker}:{where}",
+                None,
+            )
+        )
+
+    def _queue(self, make: Callable[[], _Report]) -> None:
         try:
-            item = _Report(number, sha, state, description, url, comment_body)
+            item = make()
+            key = item.key
             with self._cond:
                 if self._closed:
                     return
-                idle = number not in self._pending and self._busy != number
-                if idle and self._sent.get(number) == item.key():
+                idle = key not in self._pending and self._busy != key
+                if idle and self._sent.get(key) == item.shown():
                     return  # the forge already shows exactly this
-                if number not in self._pending and len(self._pending) >= self._max_pending:
-                    dropped = next(iter(self._pending))
-                    del self._pending[dropped]
+                if key not in self._pending and len(self._pending) >= self._max_pending:
+                    dropped = self._pending.pop(next(iter(self._pending)))
                     logs.event(
                         log,
                         "report.dropped",
-                        f"PR #{dropped}: {self._max_pending} reports waiting; dropped the oldest",
+                        f"{dropped.what}: {self._max_pending} reports waiting; dropped the oldest",
                         level=logging.WARNING,
                     )
-                self._pending[number] = item
+                self._pending[key] = item
                 self._cond.notify_all()
         except Exception:  # never let reporting break a reconcile
-            log.exception("report.failed: PR #%s: could not queue the report", number)
+            log.exception("report.failed: could not queue a report")
 
     def report_preview(self, number: int, preview: PreviewReport) -> None:
         """Queue what ``preview`` says: its status on its commit and the PR's comment."""
@@ -195,8 +258,8 @@ class Reporter:
                     return None
                 wait = self._resume_at - self._clock()
                 if self._pending and wait <= 0:
-                    number, item = self._pending.popitem(last=False)
-                    self._busy = number
+                    key, item = self._pending.popitem(last=False)
+                    self._busy = key
                     return item
                 self._cond.wait(wait if self._pending else None)
 
@@ -205,40 +268,70 @@ class Reporter:
             retry = self._send(item)
             with self._cond:
                 self._busy = None
-                if retry and not self._closed and item.number not in self._pending:
-                    self._pending[item.number] = item  # first in line again
-                    self._pending.move_to_end(item.number, last=False)
+                if retry and not self._closed and item.key not in self._pending:
+                    self._pending[item.key] = item  # first in line again
+                    self._pending.move_to_end(item.key, last=False)
                 self._cond.notify_all()
 
     def _send(self, item: _Report) -> bool:
         """Send one report; True when it must be tried again later."""
         with self._cond:
-            said = self._sent.get(item.number)
-        if said is not None and said[:4] == item.key()[:4]:
+            said = self._sent.get(item.key)
+        if said is not None and said[:4] == item.shown()[:4]:
             item.status_sent = True  # only the comment changed: the status stays as it is
         try:
             if not item.status_sent:
                 self._forge.set_status(
-                    item.sha, item.state, self._context, item.description, item.url
+                    item.sha, item.state, item.context, item.description, item.url
                 )
                 item.status_sent = True
             if item.comment is not None:
-                self._forge.upsert_comment(item.number, self._marker, item.comment)
+                numbers = (
+                    [item.number] if item.number is not None else self._forge.pulls_of(item.sha)
+                )
+                for number in numbers:  # editing our comment again changes nothing
+                    self._forge.upsert_comment(number, item.marker, item.comment)
         except ForgeUnavailable as exc:
             self._failures += 1
             delay = min(self._max_backoff, self._backoff * 2 ** (self._failures - 1))
             self._resume_at = self._clock() + delay
-            message = f"PR #{item.number}: {exc}; trying again in {delay:.0f}s"
+            message = f"{item.what}: {exc}; trying again in {delay:.0f}s"
             logs.event(log, "report.retry", message, level=logging.WARNING)
             return True
         except Exception as exc:  # ForgeRefused, a bad argument: sending again cannot help
-            message = f"PR #{item.number}: {type(exc).__name__}: {exc}; report dropped"
+            message = f"{item.what}: {type(exc).__name__}: {exc}; report dropped"
             logs.event(log, "report.failed", message, level=logging.ERROR)
             return False
         self._failures = 0
         with self._cond:
-            self._sent[item.number] = item.key()
-            self._sent.move_to_end(item.number)
+            self._sent[item.key] = item.shown()
+            self._sent.move_to_end(item.key)
             while len(self._sent) > self._max_pending:
                 self._sent.popitem(last=False)
         return False
+
+
+def reporting(
+    repo_url: str,
+    token: str | None,
+    api_url: str | None,
+    kind: str | None,
+    instance_name: str,
+    *,
+    required: bool,
+) -> tuple[Forge | None, Reporter | None]:
+    """The forge of ``repo_url`` and a :class:`Reporter` to it (statuses under
+    ``instance_name``), or (None, None) without a token. A forge it cannot make is
+    ValueError when ``required`` (previews need it), else a warning: nothing is reported."""
+    if not token:
+        return None, None
+    try:
+        forge = forge_for(repo_url, token, api_url, kind)
+    except ValueError as exc:
+        if required:
+            raise
+        said = f"a forge token is set, but {exc}: no rollout is reported to a forge"
+        logs.event(log, "forge.unavailable", said, level=logging.WARNING)
+        return None, None
+    marker = f"gitops-sless:{instance_name}"
+    return forge, Reporter(forge, context=instance_name, marker=marker)

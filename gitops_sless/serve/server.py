@@ -35,8 +35,7 @@ from ..manifests import runtimes
 from ..metrics import METRICS
 from ..plan.backend import Backend
 from ..previews.environments import PinnedSource, PreviewConfig, Previews
-from ..previews.forge import forge_for
-from ..previews.reporter import Reporter
+from ..previews.reporter import reporting
 from ..proxy.history import InvocationBuffer
 from ..reconciler import Reconciler
 from ..scaling.scaler import Scaler
@@ -101,6 +100,15 @@ class Server:
         )
         # builds and jobs under way, shared by every environment: a tag is built once
         self.work = InFlight(32 if config.backend == "kubernetes" else 16)
+        # the forge hears of previews and rollouts (statuses, PR comments), given a token
+        self.forge, self.reporter = reporting(
+            self.url,
+            config.forge_token,
+            config.forge_api,
+            config.forge_kind,
+            config.instance_name,
+            required=config.previews,
+        )
         self.reconciler = Reconciler(
             self.mirror,
             self.backend,
@@ -115,6 +123,8 @@ class Server:
             after_pass=self._after_pass,
             work=self.work,
             keep_revisions=config.keep_revisions,
+            # a rollout's start and verdict become its commit's status (and a PR comment)
+            on_verdict=self.reporter.report_rollout if self.reporter else None,
         )
         if adopted:  # their routes before the first call: the restore adopts them
             self.reconciler.restore_serving()
@@ -213,11 +223,6 @@ class Server:
 
     def _previews(self) -> Previews:
         config = self.config
-        forge = reporter = None
-        if config.forge_token:
-            forge = forge_for(self.url, config.forge_token, config.forge_api, config.forge_kind)
-            marker = f"gitops-sless:{config.instance_name}"
-            reporter = Reporter(forge, context=config.instance_name, marker=marker)
         settings = PreviewConfig(
             base=config.preview_base or config.branch,
             base_from_filter=config.preview_base is not None,
@@ -254,8 +259,8 @@ class Server:
             self.routes,
             settings,
             make_reconciler,
-            forge=forge,
-            reporter=reporter,
+            forge=self.forge,
+            reporter=self.reporter,
             forge_interval_sec=max(config.poll_interval, 15.0),
             leading=self.elector.is_leader if self.elector else None,
         )
@@ -473,8 +478,8 @@ class Server:
         self.work.shutdown()
         if self.previews is not None:
             self.previews.stop()
-            if self.previews.reporter is not None:
-                self.previews.reporter.close()
+        if self.reporter is not None:
+            self.reporter.close()
         if self.elector is not None:
             self.followers.stop()
             self.elector.stop()  # hands the lease over at once

@@ -24,7 +24,7 @@ from .prune import Prune
 from .report import Report
 from .restore import Restore
 from .revisions import NoSuchRevision, Revisions, RollbackRefused
-from .rollouts import Rollouts
+from .rollouts import Rollouts, Verdict
 
 __all__ = [
     "Apply",
@@ -41,4 +41,5 @@ __all__ = [
     "Revisions",
     "RollbackRefused",
     "Rollouts",
+    "Verdict",
 ]

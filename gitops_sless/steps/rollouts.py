@@ -15,6 +15,11 @@ with the numbers, until a commit changes the function again).
 
 What a rollout is at lives in the status store (``rollouts``): a restart resumes it at
 its step, counting the step's calls from the restart.
+
+Who else should hear of a rollout (the forge's commit status) is told by ``on_verdict``
+with a :class:`Verdict`: when it starts, is promoted, is rolled back or is withdrawn. Its words are
+public (anyone reads a commit status): names, steps and the numbers, never a function's
+output or an error's text.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import logs
@@ -36,9 +42,23 @@ from ..state.revisions import Revision
 from .context import Context, log
 from .revisions import Revisions
 
-__all__ = ["Rollouts"]
+__all__ = ["Rollouts", "Verdict"]
 
 TICK_SEC = 1.0  # while a rollout is under way, a pass looks at it this often
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rollout started (``Progressing``), ``Promoted`` or ``RolledBack``, in words anyone
+    may read: ``said`` names the function, the revisions, the step and the numbers only."""
+
+    env: str
+    function: str
+    candidate: str  # its label: r4
+    stable: str
+    commit: str  # the commit that brought the candidate
+    phase: str  # Progressing | Promoted | RolledBack | Withdrawn
+    said: str
 
 
 class Rollouts:
@@ -48,11 +68,14 @@ class Rollouts:
         revisions: Revisions,
         ask_pass: Callable[[], Any] | None = None,
         between_passes: Callable[[Callable[[], bool]], bool] | None = None,
+        on_verdict: Callable[[Verdict], None] | None = None,
     ) -> None:
         """``between_passes(task)`` runs ``task`` while no pass runs (the rollouts are
         looked at every second that way); ``ask_pass()`` asks for a pass (a verdict
-        changed a phase). Without them, only passes look."""
+        changed a phase). Without them, only passes look. ``on_verdict`` hears each
+        rollout start and end (it must return at once: it runs in the pass)."""
         self.ctx = ctx
+        self._on_verdict = on_verdict
         self.revisions = revisions
         self._ask_pass = ask_pass
         self._between_passes = between_passes
@@ -107,6 +130,7 @@ class Rollouts:
         if stable is None:  # what serves was never recorded (an old state folder)
             stable = self.revisions.record(self._running(name), None)
         row = {"candidate": candidate.spec_hash, "stable": stable.spec_hash, "step": 0}
+        self._tell_withdrawn(name, f"replaced by {candidate.label}", candidate.spec_hash)
         try:
             ctx.backend.canary(ctx.env, name, candidate.kept(), policy.steps[0])
         except SecretUnavailable as exc:
@@ -114,7 +138,8 @@ class Rollouts:
             return None
         except SlessError as exc:
             ctx.store.set_rollout(ctx.env, name, phase="Progressing", **row)
-            self._roll_back(name, candidate, stable, f"{candidate.label} did not start: {exc}")
+            why = f"{candidate.label} did not start: {exc}"
+            self._roll_back(name, candidate, stable, why, "did not start; rolled back")
             return False
         ctx.store.set_rollout(
             ctx.env, name, phase="Progressing", step_started=time.time(), message=None, **row
@@ -127,6 +152,10 @@ class Rollouts:
         )
         self._progress(name, candidate, said)
         logs.event(log, "rollout.started", f"{name}: {said}", env=ctx.env, function=name)
+        step = f"{policy.steps[0]}% (step 1 of {len(policy.steps) + 1})"
+        self._tell(
+            name, candidate, stable, "Progressing", f"rollout of {name} {candidate.label}: {step}"
+        )
         self.revisions.keep_runnable(name)  # the candidate's own URL
         self._tick_later()
         return True
@@ -198,7 +227,8 @@ class Rollouts:
             return True
         except SlessError as exc:
             if stable is not None:
-                self._roll_back(name, candidate, stable, f"{candidate.label} did not start: {exc}")
+                why = f"{candidate.label} did not start: {exc}"
+                self._roll_back(name, candidate, stable, why, "did not start; rolled back")
             return False
         self._started.add(name)
         row["step_started"] = time.time()
@@ -226,14 +256,17 @@ class Rollouts:
         where = f"step {step + 1} of {len(steps) + 1} ({share}%)"
         broken = ctx.backend.canary_failure(ctx.env, name)
         if broken is not None:
-            self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {broken}")
+            why = f"{candidate.label} at {where}: {broken}"
+            public = f"rolled back at {where}: its replicas keep ending"
+            self._roll_back(name, candidate, stable, why, public)
             return False
         calls, failures = self._since_step(name)
         rate = failures / calls if calls else 0.0
         limit = policy.max_error_rate
         counts = f"{failures:g} of {calls:g} calls failed ({rate:.1%}, at most {limit:.1%})"
         if calls and calls >= policy.min_requests and rate > policy.max_error_rate:
-            self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {counts}")
+            why = f"{candidate.label} at {where}: {counts}"
+            self._roll_back(name, candidate, stable, why, f"rolled back at {where}: {counts}")
             return False
         elapsed = time.time() - (row["step_started"] or time.time())
         if elapsed < policy.interval_sec or calls < policy.min_requests:
@@ -251,7 +284,8 @@ class Rollouts:
         try:
             ctx.backend.canary(ctx.env, name, candidate.kept(), steps[step + 1])
         except SlessError as exc:
-            self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {exc}")
+            public = f"rolled back at {where}: its next step did not start"
+            self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {exc}", public)
             return False
         ctx.store.set_rollout(ctx.env, name, step=step + 1, step_started=time.time())
         self._base[name] = self._counts(name)
@@ -287,8 +321,15 @@ class Rollouts:
         self._started.discard(name)
         where = {"env": ctx.env, "function": name}
         logs.event(log, "rollout.promoted", f"{name}: {said}", **where)
+        self._tell(
+            name, candidate, stable, "Promoted", f"{name} {candidate.label} promoted after {last}"
+        )
 
-    def _roll_back(self, name: str, candidate: Revision, stable: Revision, why: str) -> None:
+    def _roll_back(
+        self, name: str, candidate: Revision, stable: Revision, why: str, public: str
+    ) -> None:
+        """``why`` is for the function's status and the log; ``public`` for ``on_verdict``
+        (numbers, never an error's text): "rolled back at step 1 of 3 (10%): ..."."""
         ctx = self.ctx
         try:
             ctx.backend.canary(ctx.env, name, None, 0)
@@ -302,11 +343,39 @@ class Rollouts:
         self.revisions.keep_runnable(name)
         where = {"env": ctx.env, "function": name}
         logs.event(log, "rollout.rolled_back", f"{name}: {said}", level=logging.WARNING, **where)
+        self._tell(name, candidate, stable, "RolledBack", f"{name} {candidate.label} {public}")
+
+    def _tell(
+        self, name: str, candidate: Revision, stable: Revision, phase: str, said: str
+    ) -> None:
+        """``on_verdict`` hears it; what it does with it never stops a rollout."""
+        if self._on_verdict is None or not candidate.commit:
+            return
+        verdict = Verdict(
+            self.ctx.env, name, candidate.label, stable.label, candidate.commit, phase, said
+        )
+        try:
+            self._on_verdict(verdict)
+        except Exception:  # a listener's bug must not end a pass
+            log.exception("%s/%s: telling of the rollout failed", self.ctx.env, name)
+
+    def _tell_withdrawn(self, name: str, public: str, unless: str | None = None) -> None:
+        """The rollout under way of ``name`` (unless its candidate's spec hash is ``unless``)
+        ends without a verdict: its commit's status must not stay pending for good."""
+        row = self.ctx.store.rollout_of(self.ctx.env, name)
+        if row is None or row["phase"] != "Progressing" or row["candidate"] == unless:
+            return
+        candidate = self.revisions.by_hash(name, row["candidate"])
+        stable = self.revisions.by_hash(name, row["stable"])
+        if candidate is not None and stable is not None:
+            said = f"{name} {candidate.label} withdrawn before a verdict: {public}"
+            self._tell(name, candidate, stable, "Withdrawn", said)
 
     def _withdraw(self, name: str, why: str) -> None:
         """Stop a rollout without a verdict: every call to what serves, and the same version
         may be rolled out again (a later commit asking for it)."""
         ctx = self.ctx
+        self._tell_withdrawn(name, "not judged")
         try:
             ctx.backend.canary(ctx.env, name, None, 0)
         except SlessError as exc:

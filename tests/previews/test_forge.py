@@ -66,6 +66,8 @@ class FakeForge:
     next_id: int = 1000
     # user -> role (admin, maintain, write, triage, read); absent: not a collaborator
     roles: dict[str, str] = field(default_factory=dict)
+    # commit -> the pull requests it belongs to (the merged one that brought it)
+    commit_pulls: dict[str, list[int]] = field(default_factory=dict)
 
     def fail(
         self, method: str, path_part: str, status: int, headers: dict[str, str] | None = None
@@ -213,7 +215,24 @@ class FakeForge:
             return self.permission(rest[1])
         if call.method == "GET" and gitlab and rest[:2] == ["members", "all"] and len(rest) == 3:
             return self.member(int(rest[2]))
+        commit_pulls = {"github": "pulls", "gitea": "pull", "gitlab": "merge_requests"}[self.kind]
+        if call.method == "GET" and gitlab and rest[:2] == ["repository", "commits"]:
+            rest = rest[1:]  # GitLab's commits live under repository/
+        if call.method == "GET" and rest[0] == "commits" and rest[2:] == [commit_pulls]:
+            return self.pulls_of(call, rest[1])
         return 404, {}, {"message": "Not Found"}
+
+    def pulls_of(self, call: Call, sha: str) -> tuple[int, dict[str, str], Any]:
+        """GitHub's ``commits/{sha}/pulls`` and GitLab's ``repository/commits/{sha}/
+        merge_requests`` (paged lists), Gitea's ``commits/{sha}/pull`` (one, or 404)."""
+        numbers = self.commit_pulls.get(sha, [])
+        if self.kind == "gitlab":
+            items = [{"id": 9000 + n, "iid": n, "state": "merged"} for n in numbers]
+        else:
+            items = [{"id": 9000 + n, "number": n, "state": "closed"} for n in numbers]
+        if self.kind == "gitea":
+            return (200, {}, items[0]) if items else (404, {}, {"message": "Not Found"})
+        return self.page(call, items)
 
     def permission(self, user: str) -> tuple[int, dict[str, str], Any]:
         """GitHub's and Gitea's ``collaborators/{user}/permission``."""
@@ -472,7 +491,65 @@ def test_set_status(served):
         }
         assert call2.body["state"] == "failure"
     assert len(call2.body["description"]) == 140
+    assert call2.body["description"] == "x" * 139 + "…"  # a cut description says so
     assert "target_url" not in call2.body
+
+
+def test_a_description_within_the_limit_is_sent_whole(served):
+    fake, client = served
+    client.set_status(SHA, "failure", "ctx", "y" * 140, None)
+    assert fake.writes()[0].body["description"] == "y" * 140
+
+
+def test_pulls_of_names_the_pull_requests_a_commit_belongs_to(served):
+    fake, client = served
+    fake.commit_pulls[SHA] = [12]
+    assert client.pulls_of(SHA) == [12]
+    (call,) = fake.calls
+    assert call.method == "GET"
+    assert (
+        call.path
+        == PREFIX[fake.kind]
+        + REPO[fake.kind]
+        + {
+            "github": f"/commits/{SHA}/pulls",
+            "gitea": f"/commits/{SHA}/pull",
+            "gitlab": f"/repository/commits/{SHA}/merge_requests",
+        }[fake.kind]
+    )
+
+
+def test_pulls_of_a_commit_pushed_directly_is_none(served):
+    _, client = served
+    assert client.pulls_of(SHA) == []  # Gitea: 404, the others: an empty list
+
+
+@pytest.mark.parametrize("kind", ["github", "gitlab"])
+def test_pulls_of_reads_every_page(kind):
+    fake, server = serve(kind)  # two to a page
+    try:
+        fake.commit_pulls[SHA] = [3, 5, 8]
+        client = make_client(fake)
+        assert client.pulls_of(SHA) == [3, 5, 8]
+        assert len(fake.calls) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_pulls_of_refuses_what_is_not_a_sha(served):
+    fake, client = served
+    with pytest.raises(ValueError, match="sha"):
+        client.pulls_of("../../user")
+    assert fake.calls == []
+
+
+def test_pulls_of_when_the_forge_is_down_is_unavailable(served):
+    fake, client = served
+    for _ in range(4):
+        fake.fail("GET", "/commits/", 503)
+    with pytest.raises(ForgeUnavailable):
+        client.pulls_of(SHA)
 
 
 def test_status_arguments_are_checked(served):

@@ -12,6 +12,7 @@ import pytest
 from gitops_sless.errors import ForgeRefused, ForgeUnavailable
 from gitops_sless.previews.pulls import PullRequest
 from gitops_sless.previews.reporter import PreviewReport, Reporter
+from gitops_sless.steps.rollouts import Verdict
 
 from .test_forge import SHA, make_client, serve
 
@@ -28,6 +29,7 @@ class RecordingForge:
         self.gate.set()
         self.entered = threading.Event()  # set when a call is inside the forge
         self.errors: list[Exception] = []  # raised by the next calls, one each
+        self.pulls: dict[str, list[int]] = {}  # commit -> the pull requests it belongs to
 
     def _enter(self, call: tuple) -> None:
         self.entered.set()
@@ -46,6 +48,10 @@ class RecordingForge:
 
     def upsert_comment(self, number: int, marker: str, body: str) -> None:
         self._enter(("comment", number, marker, body))
+
+    def pulls_of(self, sha: str) -> list[int]:
+        self._enter(("pulls_of", sha))
+        return self.pulls.get(sha, [])
 
     def close(self) -> None:
         pass
@@ -267,4 +273,86 @@ def test_a_preview_report_goes_out_as_a_status_and_the_comment(forge, reporter):
             "https://sless.example/fn/pr-5/",
         ),
         ("comment", 5, MARKER, report.comment),
+    ]
+
+
+ROLLOUT_CONTEXT = f"{CONTEXT}/rollout/prod/greet"
+ROLLOUT_MARKER = f"{MARKER}:rollout/prod/greet"
+NUMBERS = "greet r4 rolled back at step 1 of 3 (10%): 7 of 20 calls failed (35.0%, at most 5.0%)"
+
+
+def verdict(phase: str, said: str, commit: str = _sha(4)) -> Verdict:
+    return Verdict("prod", "greet", "r4", "r3", commit, phase, said)
+
+
+def test_a_rollout_is_its_commits_status_under_a_context_of_its_own(forge, reporter):
+    reporter.report_rollout(verdict("Progressing", "rollout of greet r4: 10% (step 1 of 3)"))
+    assert reporter.flush(5)
+    reporter.report_rollout(verdict("Promoted", "greet r4 promoted after step 2 of 3 (50%)"))
+    assert reporter.flush(5)
+    assert [call[1:5] for call in forge.calls] == [
+        (_sha(4), "pending", ROLLOUT_CONTEXT, "rollout of greet r4: 10% (step 1 of 3)"),
+        (_sha(4), "success", ROLLOUT_CONTEXT, "greet r4 promoted after step 2 of 3 (50%)"),
+    ]
+
+
+def test_a_withdrawn_rollout_leaves_its_commit_in_error_not_pending(forge, reporter):
+    said = "greet r4 withdrawn before a verdict: replaced by r5"
+    reporter.report_rollout(verdict("Progressing", "rollout of greet r4: 10% (step 1 of 3)"))
+    assert reporter.flush(5)
+    reporter.report_rollout(verdict("Withdrawn", said))
+    assert reporter.flush(5)
+    assert [call[1:5] for call in forge.calls] == [
+        (_sha(4), "pending", ROLLOUT_CONTEXT, "rollout of greet r4: 10% (step 1 of 3)"),
+        (_sha(4), "error", ROLLOUT_CONTEXT, said),
+    ]
+
+
+def test_a_rolled_back_candidate_fails_its_status_and_says_so_on_its_pull_requests(forge, reporter):
+    forge.pulls[_sha(4)] = [12, 15]
+    reporter.report_rollout(verdict("RolledBack", NUMBERS))
+    assert reporter.flush(5)
+    assert forge.calls[:2] == [
+        ("status", _sha(4), "failure", ROLLOUT_CONTEXT, NUMBERS, None),
+        ("pulls_of", _sha(4)),
+    ]
+    comments = forge.calls[2:]
+    assert [(c[0], c[1], c[2]) for c in comments] == [
+        ("comment", 12, ROLLOUT_MARKER),
+        ("comment", 15, ROLLOUT_MARKER),
+    ]
+    assert NUMBERS in comments[0][3] and "r3 takes every call" in comments[0][3]
+
+
+def test_a_commit_pushed_directly_gets_the_status_alone(forge, reporter):
+    reporter.report_rollout(verdict("RolledBack", NUMBERS))
+    assert reporter.flush(5)
+    assert [call[0] for call in forge.calls] == ["status", "pulls_of"]
+
+
+def test_a_newer_commits_rollout_never_replaces_an_older_commits_verdict(forge, reporter):
+    forge.gate.clear()
+    reporter.report(1, _sha(1), "pending", "building", None, None)
+    assert forge.entered.wait(5)  # the worker is busy: the rest wait in line
+    reporter.report_rollout(verdict("Progressing", "rollout of greet r4", _sha(4)))
+    reporter.report_rollout(verdict("RolledBack", NUMBERS, _sha(4)))  # replaces its start
+    reporter.report_rollout(verdict("Progressing", "rollout of greet r5", _sha(5)))
+    forge.gate.set()
+    assert reporter.flush(5)
+    assert [(c[1], c[2]) for c in forge.calls if c[0] == "status"] == [
+        (_sha(1), "pending"),
+        (_sha(4), "failure"),
+        (_sha(5), "pending"),
+    ]
+
+
+def test_a_rolled_back_verdict_waits_out_an_unavailable_forge(forge, reporter):
+    forge.pulls[_sha(4)] = [12]
+    forge.errors = [ForgeUnavailable("github API POST /x: 503"), ForgeUnavailable("again")]
+    reporter.report_rollout(verdict("RolledBack", NUMBERS))
+    assert reporter.flush(5)
+    assert [call[:2] for call in forge.calls] == [
+        ("status", _sha(4)),
+        ("pulls_of", _sha(4)),
+        ("comment", 12),
     ]
