@@ -107,6 +107,7 @@ def make(
     build_retry_sec: float = 300.0,
     env: str = "prod",
     clock: Callable[[], float] = time.time,
+    keep_revisions: int | None = None,
 ) -> Harness:
     routes = RouteTable()
     cron_runs: list[Any] = []
@@ -127,5 +128,6 @@ def make(
         allow_empty=allow_empty,
         build_retry_sec=build_retry_sec,
         clock=clock,
+        **({"keep_revisions": keep_revisions} if keep_revisions is not None else {}),
     )
     return Harness(repo, reconciler, backend, store, routes, cron_runs)

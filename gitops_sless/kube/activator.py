@@ -31,7 +31,14 @@ from .renderer import ENV_LABEL, MANAGED_BY, SPEC_HASH, RenderConfig, render_htt
 from .status import available_replicas
 from .view import View, annotation
 
-__all__ = ["Grants", "RouteSwitch", "activator_route", "reference_grant", "to_activator"]
+__all__ = [
+    "Grants",
+    "RouteSwitch",
+    "activator_route",
+    "reference_grant",
+    "rendered_timeout",
+    "to_activator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +173,7 @@ class RouteSwitch:
         idle = _idle(deployment, deployment, zeroing)
         if to_activator(route, self.config) == idle:
             return
-        wanted = render_http_route(view.env, name, _timeout(deployment), self.config)
+        wanted = render_http_route(view.env, name, rendered_timeout(deployment), self.config)
         if annotation(route, SPEC_HASH) != annotation(wanted, SPEC_HASH):
             return  # a new spec on its way: its apply writes the route in its mode
         if idle:
@@ -187,7 +194,7 @@ def _mode(idle: bool) -> str:
     return "reconciler (no replica serves)" if idle else "function's Service"
 
 
-def _timeout(deployment: dict[str, Any]) -> str:
+def rendered_timeout(deployment: dict[str, Any]) -> str:
     """The timeout the Deployment was rendered with (what the route's was rendered from)."""
     containers = deployment["spec"]["template"]["spec"].get("containers") or [{}]
     for var in containers[0].get("env") or []:

@@ -31,19 +31,22 @@ from .gateway import gateway_url
 from .informer import Informer
 from .jobs import JobRunner, finished_runs
 from .policy import RoutePolicy, initial_replicas, route_policy
-from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY, RenderConfig, render_function
+from .renderer import ENV_LABEL, MANAGED_BY, RenderConfig, render_function
+from .revisions import RevisionUnits
 from .runtimeload import RuntimeLoad
 from .starts import Starts
 from .status import available_replicas, health, rolled_out
-from .view import FUNCTION_KINDS, LISTED, View, label
+from .units import object_name, unit_of
+from .view import FUNCTION_KINDS, LISTED, View
 
 __all__ = ["KubeBackend"]
 
 log = logging.getLogger(__name__)
 
 
-class KubeBackend(Backend):
+class KubeBackend(RevisionUnits, Backend):
     publishes = True  # the Function resources
+    rollouts = True  # a candidate's Deployment beside the function's (:mod:`.revisions`)
     trusted = True  # runs only what trusted builds pushed
     gateway_read_sec = 60.0  # how often the Gateway's address is read again (--gateway)
     informer_options: Mapping[str, Any] = {}  # Informer's watch and resync times (tests)
@@ -90,6 +93,7 @@ class KubeBackend(Backend):
         )
         self._publishing = threading.Lock()  # one route computed and set at a time
         self._lock = threading.Lock()
+        self._revisions_init()
 
     # --- reading -------------------------------------------------------------------------
 
@@ -135,6 +139,7 @@ class KubeBackend(Backend):
         self.applier.forget(env)
         self.builds.sync()
         self._publish_routes(view)
+        self._end_bridges(view)
         self._cron_runs.report(view)
         self._read_gateway()
 
@@ -175,7 +180,7 @@ class KubeBackend(Backend):
         (:meth:`_serving_changed`)."""
         if self._published.get(view.env) == view.version:
             return  # no Deployment or Service changed since: neither did a route
-        names = {label(d, FUNCTION_LABEL) for d in view.all("Deployment")}
+        names = {unit_of(d) for d in view.all("Deployment")}  # functions, revisions
         with self._publishing:
             serving = {name for name in names if name and self._publish(view, name)}
             for name in self.routes.names(view.env):
@@ -201,6 +206,9 @@ class KubeBackend(Backend):
     def _switch(self, view: View, name: str) -> None:
         """With --gateway, the function's HTTPRoute to the reconciler while no replica
         serves, back to its Service once one does (:mod:`.activator`)."""
+        if "@" in name:  # a revision's: its own route while it is warm
+            self._revision_route(view, name)
+            return
         with self._lock:
             zeroing = (view.env, name) in self._zeroing
         self.switch.follow(view, name, zeroing)
@@ -243,13 +251,18 @@ class KubeBackend(Backend):
             failed,
             retry_at,
         )
+        with self._lock:
+            canary = self._canaries.get((view.env, name))
+        said = (*said, canary)
         current = self.routes.get(view.env, name)
         if current is not None and _said(current) == said:
             return True  # the same route (a new object would be a new version to the proxy)
-        made = self.route_for(view.env, name, view.namespace, serving.timeout)
+        made = self.route_for(view.env, object_name(name), view.namespace, serving.timeout)
         self.routes.set(
             replace(
                 made,
+                name=name,
+                canary=canary,
                 upstreams=made.upstreams if serving.available else (),
                 available=serving.available,
                 scale=policy.scale,
@@ -278,7 +291,10 @@ class KubeBackend(Backend):
         if self._crd_missing or not view.namespace_exists:
             return
         try:
-            self.functions.write(view, records, functions, runs(), self.builds.images(self.trusted))
+            images = self.builds.images(self.trusted)
+            with self._lock:
+                shares = {n: s for (e, n), s in self._shares.items() if e == env}
+            self.functions.write(view, records, functions, runs(), images, shares)
         except NotFound:
             self._crd_missing = True
             log.warning(
@@ -367,10 +383,10 @@ class KubeBackend(Backend):
         view = self.view(env)
         self._stopping(view, name, replicas == 0)
         if self._replicas(view, name) != replicas:
-            answer = self.client.scale("Deployment", view.namespace, name, replicas)
+            answer = self.client.scale("Deployment", view.namespace, object_name(name), replicas)
             with self._lock:
                 self._scaled[(env, name)] = (replicas, _version(answer))
-        live = view.get("Deployment", name)
+        live = view.get("Deployment", object_name(name))
         if replicas and live is not None and not available_replicas(live):
             self.starts.follow(view, name)  # a replica for a waiting call: does it start?
 
@@ -391,14 +407,15 @@ class KubeBackend(Backend):
     def _replicas(self, view: View, name: str) -> int:
         """The replicas the function's Deployment asks for: from the watch-fed view, else
         (not watched here: a replica that does not lead) read from its scale subresource."""
+        known = object_name(name)
         if not view.informer("Deployment").fresh:
-            found = self.client.read_scale("Deployment", view.namespace, name)
+            found = self.client.read_scale("Deployment", view.namespace, known)
             if found is None:
-                raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{name} to scale")
+                raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{known} to scale")
             return int((found.get("spec") or {}).get("replicas") or 0)
-        live = view.get("Deployment", name)
+        live = view.get("Deployment", known)
         if live is None:
-            raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{name} to scale")
+            raise ApplyFailed(f"{name}: no Deployment {view.namespace}/{known} to scale")
         key = (view.env, name)
         with self._lock:
             written = self._scaled.get(key)
@@ -416,6 +433,7 @@ class KubeBackend(Backend):
     def remove(self, env: str, name: str) -> None:
         self.routes.remove(env, name)  # 404 at once, before the objects go
         view = self.view(env)
+        self._drop_revisions(view, name)
         self.applier.delete(view, view.of_function(name, (*FUNCTION_KINDS, "Job")))
         with self._lock:
             self._job_only.pop((env, name), None)
@@ -509,9 +527,7 @@ def _unsettled(view: View) -> list[str]:
 
     def find() -> list[str]:
         return [
-            label(d, FUNCTION_LABEL) or d["metadata"]["name"]
-            for d in view.all("Deployment")
-            if not rolled_out(d)
+            unit_of(d) or d["metadata"]["name"] for d in view.all("Deployment") if not rolled_out(d)
         ]
 
     return view.memo_all("unsettled", find)
@@ -529,8 +545,8 @@ class _Serving:
 def _serves(view: View, name: str) -> _Serving | None:
     """How a function serves; None without its Service, or without an available replica
     unless it is autoscaled (at zero, calls wait for one)."""
-    deployment = view.get("Deployment", name)
-    if deployment is None or view.get("Service", name) is None:
+    deployment = view.get("Deployment", object_name(name))
+    if deployment is None or view.get("Service", object_name(name)) is None:
         return None
     policy = RoutePolicy.decode(deployment)
     available = available_replicas(deployment)
@@ -552,6 +568,7 @@ def _said(route: Route) -> tuple[Any, ...]:
         route.runtime,
         route.failed,
         route.retry_at,
+        route.canary,
     )
 
 

@@ -104,10 +104,12 @@ class FunctionWriter:
         functions: Mapping[str, Function],
         runs: Iterable[Mapping[str, Any]],
         images: Mapping[str, str],
+        shares: Mapping[str, tuple[str, int]] | None = None,
     ) -> int:
         """Bring every Function of ``view.env`` in step; returns the writes made.
 
-        ``images``: build tag -> the pinned image this environment runs for it."""
+        ``images``: build tag -> the pinned image this environment runs for it;
+        ``shares``: function -> (revision, percent) a rollout's candidate takes now."""
         if not view.namespace_exists:
             return 0
         writes = 0
@@ -127,6 +129,9 @@ class FunctionWriter:
                     view.put(live)
                     writes += 1
             status = self._status(record, fn, runs_by_function.get(name, []), images, live)
+            share = (shares or {}).get(name)
+            if share is not None:
+                status["traffic"] = _traffic(record.get("serving_revision"), share)
             if (live.get("status") or {}) != status:
                 live = self.client.apply_status(_status_patch(live, status))
                 view.put(live)
@@ -255,6 +260,15 @@ def _changed(live: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
         or (live.get("metadata") or {}).get("labels") != wanted["metadata"]["labels"]
         or drifted(dict(live))
     )
+
+
+def _traffic(serving: str | None, share: tuple[str, int]) -> list[dict[str, Any]]:
+    """How the function's calls are split: the revision serving, and a candidate's share
+    (or a revision switched to, taking every call while the Deployment rolls to it)."""
+    revision, percent = share
+    split = {serving or "-": 100 - percent}
+    split[revision] = split.get(revision, 0) + percent
+    return [{"revision": r, "percent": p} for r, p in split.items() if p > 0]
 
 
 def _status_patch(live: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]:

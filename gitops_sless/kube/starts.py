@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from ..errors import SlessError
 from .client import KubeClient
-from .renderer import ENV_LABEL, FUNCTION_LABEL, MANAGED_BY
 from .status import available_replicas, start_problem
+from .units import object_name, pod_selector
 from .view import View
 
 __all__ = ["Starts"]
@@ -93,7 +93,7 @@ class Starts:
         try:
             while not self._stop.is_set() and self.clock() < deadline:
                 seen = deployments.version()
-                deployment = view.get("Deployment", name)
+                deployment = view.get("Deployment", object_name(name))
                 if deployment is None or not self.replicas(view, name):
                     return  # scaled back to zero, or gone: nothing starts
                 if available_replicas(deployment):
@@ -111,7 +111,7 @@ class Starts:
                 self._following.discard(key)
 
     def _look(self, view: View, name: str) -> None:
-        selector = {MANAGED_BY: "gitops-sless", ENV_LABEL: view.env, FUNCTION_LABEL: name}
+        selector = pod_selector(view.env, name)
         problem = start_problem(self.client.list("Pod", view.namespace, selector))
         why, until = self.failure(view.env, name)
         if problem is None or (problem == why and self.clock() < until):

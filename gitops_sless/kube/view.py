@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 from .client import AUTOSCALER, KubeClient
 from .informer import Informer
 from .policy import RoutePolicy
-from .renderer import ENV_LABEL, FUNCTION_HASH, FUNCTION_LABEL, MANAGED_BY, OBJECT_COUNT
+from .renderer import ENV_LABEL, FUNCTION_HASH, MANAGED_BY, OBJECT_COUNT
+from .units import unit_of
 
 __all__ = ["FUNCTION_KINDS", "View", "annotation", "label"]
 
@@ -113,7 +114,7 @@ class View:
     def _changed(self, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         self.version += 1
         for obj, add in ((old, False), (new, True)):
-            function = label(obj, FUNCTION_LABEL) if obj else None
+            function = unit_of(obj) if obj else None  # a function, or one of its revisions
             if not obj or not function:
                 continue
             self._versions[function] = self._versions.get(function, 0) + 1
@@ -191,12 +192,21 @@ class View:
             return [obj for obj in found if obj is not None]
 
     def functions(self) -> set[str]:
-        """Functions with running objects (a ``Function`` resource alone is not one)."""
+        """Functions with running objects (a ``Function`` resource alone is not one; nor is
+        a revision kept beside its function, ``name@id``: see :meth:`revisions`)."""
         with self._lock:
             return {
                 name
                 for name, keys in self._by_function.items()
-                if any(kind in FUNCTION_KINDS for kind, _ in keys)
+                if "@" not in name and any(kind in FUNCTION_KINDS for kind, _ in keys)
+            }
+
+    def revisions(self, name: str) -> set[str]:
+        """The units (``name@id``) of ``name``'s revisions that have objects here."""
+        prefix = f"{name}@"
+        with self._lock:
+            return {
+                unit for unit, keys in self._by_function.items() if unit.startswith(prefix) and keys
             }
 
     def deployed(self) -> dict[str, str]:

@@ -190,8 +190,11 @@ def test_one_change_in_200_functions_is_one_build_and_one_deployment_write(
     wait_for(new_version_deployed, "fn-123's new version deployed", 60)
     harness.sync()
     assert creates(kube, "Job") == 1  # the one kaniko build
-    assert kube.counts()["writes"].get(("apply", "Deployment"), 0) == 1
-    assert kube.counts()["writes"].get(("apply", "Service"), 0) == 0
+    # fn-123's Deployment, and its previous revision kept runnable beside it, at zero
+    assert kube.counts()["writes"].get(("apply", "Deployment"), 0) == 2
+    assert kube.counts()["writes"].get(("apply", "Service"), 0) == 1
+    kept = kube.objects("Deployment", PROD)
+    assert len(kept) == 201 and any(d["metadata"]["name"].startswith("fn-123-rev-") for d in kept)
 
 
 def test_a_removed_function_prunes_only_its_objects(kube, harness_for, tmp_path):

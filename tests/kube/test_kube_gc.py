@@ -67,7 +67,8 @@ def cluster(
     made: list[Harness] = []
 
     def start() -> Harness:
-        made.append(make(repo, tmp_path / "state", kube_settings))
+        # alpha's previous version stays runnable (a kept revision), the one before goes
+        made.append(make(repo, tmp_path / "state", kube_settings, keep_revisions=2))
         return made[-1]
 
     yield repo, start, admin
@@ -191,6 +192,24 @@ def test_unused_builds_go_and_those_any_managed_namespace_references_stay(cluste
     harness.sync()
     assert harness.function("alpha")["phase"] == "Ready"
     assert harness.function("alpha")["build_tag"] == tags["v3"]
+
+
+def test_a_kept_revision_keeps_its_build_and_one_past_the_kept_ones_goes(cluster):
+    harness, tags, _ = three_versions(cluster)  # alpha keeps 2 revisions: v3 serves, v2 kept
+    digests = {version: digest_of(harness, tag) for version, tag in tags.items()}
+    kept = [
+        d["metadata"]["name"]
+        for d in harness.backend.client.list(
+            "Deployment", "sless-prod", {MANAGED_BY: "gitops-sless"}
+        )
+        if d["metadata"]["name"].startswith("alpha-rev-")
+    ]
+    assert len(kept) == 1  # v2's, at zero; v1's objects went when it was no longer kept
+
+    collect(collector(harness, keep=0, later_sec=2 * HOUR))
+
+    assert present(harness, tags["v2"], digests["v2"]) == EVERYWHERE
+    assert present(harness, tags["v1"], digests["v1"]) == NOWHERE
 
 
 def test_nothing_younger_than_the_minimum_age_goes(cluster):

@@ -365,7 +365,8 @@ def test_a_new_autoscaled_deployment_starts_its_minimum(kube, harness_for, tmp_p
     repo.commit("v2", {"auto/main.py": HANDLER % "v2"})
     kube.reset_counts()
     harness.sync()
-    assert kube.counts()["writes"][("apply", "Deployment")] == 1
+    # its own, and the previous revision's, kept runnable beside it (created at zero)
+    assert kube.counts()["writes"][("apply", "Deployment")] == 2
     assert ("patch", "Deployment/scale") not in writes(kube)
     assert kube.get("Deployment", PROD, "auto")["spec"]["replicas"] == 4
 

@@ -307,7 +307,7 @@ class Kubelet:
         if owner and owner[0] == "Job":
             self._job_pod(pod, owner[1], running)
             return
-        crash = self.crashing.get((ns, owner[1])) if owner and owner[0] == "Deployment" else None
+        crash = self._crashing(ns, owner[1]) if owner and owner[0] == "Deployment" else None
         if crash:
             self._crash(pod, crash)
             return
@@ -317,6 +317,17 @@ class Kubelet:
             self._container_status(c, uid, running[i], True) for i, c in enumerate(containers)
         ]
         self._write(pod, self.status(pod, "Running", states, True))
+
+    def _crashing(self, ns: str, deployment: str) -> tuple[str, int] | None:
+        """How the pods of ``deployment`` crash: set for its name, or for a prefix of it
+        (``name*``: a Deployment whose whole name a test cannot know beforehand)."""
+        found = self.crashing.get((ns, deployment))
+        if found is not None:
+            return found
+        for (where, name), crash in self.crashing.items():
+            if where == ns and name.endswith("*") and deployment.startswith(name[:-1]):
+                return crash
+        return None
 
     def _crash(self, pod: Obj, crash: tuple[str, int]) -> None:
         meta = pod["metadata"]
