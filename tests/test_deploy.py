@@ -294,7 +294,7 @@ def test_the_crd_schema_has_the_functions_fields():
     assert set(status) == {
         *("phase", "message", "buildTag", "image", "revision", "url", "updated", "restarts"),
         *("lastExit", "observedGeneration", "jobs", "conditions"),
-        *("servingRevision", "pinned"),
+        *("servingRevision", "pinned", "traffic"),
     }
     assert status["phase"]["enum"] == [
         "Pending",
