@@ -341,6 +341,45 @@ def test_context_argument(server):
     int(generated, 16)
 
 
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_the_handler_is_given_the_calls_trace_and_headers_to_carry_it_on(server):
+    sent = {"traceparent": PARENT, "tracestate": "vendor=abc"}
+    found = httpx.get(f"{server.url}/trace", headers=sent).json()
+    assert found["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert found["traceparent"] == PARENT
+    outgoing = found["outgoing"]
+    # the same trace, this call's own span as the parent, the sampled flag kept
+    version, trace_id, parent, flags = outgoing["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", found["trace_id"], "01")
+    assert len(parent) == 16 and parent not in ("00f067aa0ba902b7", "0" * 16)
+    assert outgoing["tracestate"] == "vendor=abc"
+
+
+@pytest.mark.parametrize(
+    "traceparent",
+    [
+        None,
+        "garbage",
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # an all-zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # an all-zero parent
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # a forbidden version
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+    ],
+)
+def test_a_call_without_a_valid_trace_starts_one(server, traceparent):
+    sent = {"tracestate": "vendor=abc", **({"traceparent": traceparent} if traceparent else {})}
+    found = httpx.get(f"{server.url}/trace", headers=sent).json()
+    version, trace_id, parent, flags = found["traceparent"].split("-")
+    assert version == "00" and flags == "01" and trace_id == found["trace_id"]
+    assert len(trace_id) == 32 and trace_id != "0" * 32 and int(trace_id, 16)
+    assert len(parent) == 16 and parent != "0" * 16
+    assert trace_id != "4bf92f3577b34da6a3ce929d0e0e4736"
+    # its tracestate belonged to the context that was not valid: not carried on
+    assert "tracestate" not in found["outgoing"]
+
+
 def test_keep_alive_serves_two_requests_on_one_connection(server):
     with httpx.Client() as client:
         first = client.post(f"{server.url}/add", json={"a": 1, "b": 1})

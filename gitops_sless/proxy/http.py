@@ -123,6 +123,12 @@ _NAME = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
 # a function's name, or one of its revisions: name@r3, name@<revision id>
 _FUNCTION = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?(?:@[a-z0-9]{1,32})?")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
+# W3C Trace Context: version 00 exactly; a later version (not ff) by its first four
+# fields, with whatever it adds after them. All-zero trace and parent ids are invalid.
+_TRACEPARENT = re.compile(
+    rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+    rb"|(?!00|ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(?:-[ -~]*)?"
+)
 LABEL_MAX = 64  # how much of an unknown env or name is kept in a record
 _getrandbits = random.Random().getrandbits  # its own: the global one stays the caller's
 _UUID4_CLEAR = ~(0xF000 << 64 | 0xC000 << 48)  # the version and variant bits
@@ -148,7 +154,7 @@ HOP_BY_HOP = frozenset(
 # the header a local replica checks (runtimes' REPLICA_KEY_HEADER; see Route.proof)
 REPLICA_KEY_HEADER = b"x-sless-replica"
 _PASS, _DROP, _CONNECTION, _HOST, _XFF, _REQID, _LENGTH, _CHUNKED = range(8)
-_FWD, _XFP, _XFH, _AUTH, _COOKIE, _AUTHORIZATION = range(8, 14)
+_FWD, _XFP, _XFH, _AUTH, _COOKIE, _AUTHORIZATION, _TRACE, _TRACESTATE = range(8, 16)
 _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"expect": _DROP,
     b"x-real-ip": _DROP,
@@ -165,6 +171,8 @@ _REQUEST_SPECIAL = {name: _DROP for name in HOP_BY_HOP} | {
     b"transfer-encoding": _CHUNKED,
     b"authorization": _AUTHORIZATION,  # as _AUTH, and never the server's own token
     b"cookie": _COOKIE,  # passed on without the dashboard's session cookie
+    b"traceparent": _TRACE,  # kept when valid, else a trace is started (trace_context)
+    b"tracestate": _TRACESTATE,  # only beside a traceparent that is kept
 }
 _XF = b"x-forwarded-"
 _SCHEMES = {b"http": b"http", b"https": b"https"}
@@ -307,6 +315,23 @@ def _segment(raw: bytes, pattern: re.Pattern[str]) -> tuple[str, bool]:
     return text[:LABEL_MAX], False
 
 
+def trace_context(traceparent: bytes | None, tracestate: bytes | None) -> tuple[bytes, ...]:
+    """The trace context header lines a call goes on with: the caller's ``traceparent``
+    (and ``tracestate``) when valid, else a new trace, sampled (W3C Trace Context §4.3:
+    an invalid traceparent starts a new trace, and its tracestate is dropped).
+
+    A call with neither a trace nor a request id of its own (most) gets its new trace
+    from the request id the proxy made, in :func:`request_head`: a uuid4 in hex, whose
+    random bits serve as the trace id, and its last 64 as the parent id (never zero: the
+    uuid's variant bits are set); no more randomness is drawn on the hot path."""
+    if traceparent and _TRACEPARENT.fullmatch(traceparent):
+        if tracestate:
+            return (b"traceparent: ", traceparent, b"\r\ntracestate: ", tracestate, b"\r\n")
+        return (b"traceparent: ", traceparent, b"\r\n")
+    trace_id = b"%032x" % (_getrandbits(128) | 1)
+    return (b"traceparent: 00-", trace_id, b"-", trace_id[16:], b"-01\r\n")
+
+
 def new_request_id() -> bytes:
     """A uuid4 in hex. Drawn from ``random``, not ``os.urandom``: an id must be unique, not
     secret, and a getrandom() syscall per call is measurable here."""
@@ -414,7 +439,7 @@ def request_head(
     if gateway is not None:
         target = gateway.prefix + target
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    connection = host = request_id = None
+    connection = host = request_id = traceparent = tracestate = None
     forwarded_for = forwarded = forwarded_proto = forwarded_host = None
     length = -1
     body_mode = NO_BODY
@@ -435,6 +460,10 @@ def request_head(
             parts += (header, b": ", value, b"\r\n")
         elif kind == _REQID:
             request_id = value
+        elif kind == _TRACE:
+            traceparent = value if traceparent is None else b""  # two: neither is valid
+        elif kind == _TRACESTATE:  # several headers are one list (W3C Trace Context §3.3)
+            tracestate = value if tracestate is None else tracestate + b"," + value
         elif kind == _XFF:  # several headers are one list, in order (RFC 9110 §5.3)
             forwarded_for = value if forwarded_for is None else forwarded_for + b", " + value
         elif kind == _FWD:
@@ -467,6 +496,12 @@ def request_head(
         parts.append(b"transfer-encoding: chunked\r\n")
     if request_id is None or not _REQUEST_ID.fullmatch(request_id):
         request_id = new_request_id()
+        if traceparent is None:  # the common case, at the least cost: see trace_context
+            parts += (b"traceparent: 00-", request_id, b"-", request_id[16:], b"-01\r\n")
+        else:
+            parts += trace_context(traceparent, tracestate)
+    else:
+        parts += trace_context(traceparent, tracestate)
     if host == peer.host and scheme == peer.scheme:
         element, proto = peer.element, peer.proto
     else:

@@ -72,6 +72,7 @@ async function main() {
     process.env.SLESS_ENV || '',
     crypto.randomUUID().replace(/-/g, ''),
     performance.now() + timeoutMs,
+    process.env.SLESS_TRACEPARENT, // a run the reconciler traces
   );
   rt.invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
     if (timedOut) {

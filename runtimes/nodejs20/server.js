@@ -125,12 +125,39 @@ function loadFailure(entrypoint, file, err) {
 class Context {
   #requestId;
   #deadline;
+  #traceparent;
+  #tracestate;
 
-  constructor(functionName, environment, requestId, deadline) {
+  constructor(functionName, environment, requestId, deadline, traceparent, tracestate) {
     this.functionName = functionName;
     this.environment = environment;
     this.#requestId = requestId;
     this.#deadline = deadline;
+    this.#traceparent = traceparent;
+    this.#tracestate = tracestate;
+  }
+
+  /** The call's W3C traceparent (the proxy sends one; else a new trace, made on first use). */
+  get traceparent() {
+    if (!this.#traceparent || !validTraceparent(this.#traceparent)) {
+      this.#traceparent = `00-${randomHex(16)}-${randomHex(8)}-01`;
+      this.#tracestate = undefined; // it belonged to the traceparent that was not valid
+    }
+    return this.#traceparent;
+  }
+
+  /** The id of the trace the call belongs to (32 hex digits). */
+  get traceId() {
+    return this.traceparent.slice(3, 35);
+  }
+
+  /** Headers that carry the call's trace on to a call it makes (its own span's id as the
+   *  parent): `fetch(url, { headers: context.traceHeaders() })`. */
+  traceHeaders() {
+    const parent = this.traceparent;
+    const headers = { traceparent: `00-${parent.slice(3, 35)}-${randomHex(8)}-${parent.slice(53, 55)}` };
+    if (this.#tracestate) headers.tracestate = this.#tracestate;
+    return headers;
   }
 
   /** The X-Request-Id of the call, else a generated id (made on first use). */
@@ -144,12 +171,34 @@ class Context {
   }
 
   toJSON() {
-    return { functionName: this.functionName, environment: this.environment, requestId: this.requestId };
+    return {
+      functionName: this.functionName,
+      environment: this.environment,
+      requestId: this.requestId,
+      traceId: this.traceId,
+    };
   }
 }
 
-function makeContext(functionName, environment, requestId, deadline) {
-  return new Context(functionName, environment, requestId, deadline);
+const TRACE_FIELDS = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-.*)?$/;
+
+/** A W3C traceparent this runtime can carry on: version 00 exactly, a later one (not ff)
+ *  by its first four fields; trace and parent ids not all zeros. */
+function validTraceparent(value) {
+  if (typeof value !== 'string' || !TRACE_FIELDS.test(value)) return false;
+  const version = value.slice(0, 2);
+  if (version === 'ff' || (version === '00' && value.length !== 55)) return false;
+  return !/^0+$/.test(value.slice(3, 35)) && !/^0+$/.test(value.slice(36, 52));
+}
+
+function randomHex(bytes) {
+  const out = crypto.randomBytes(bytes);
+  out[bytes - 1] |= 1; // never all zeros
+  return out.toString('hex');
+}
+
+function makeContext(functionName, environment, requestId, deadline, traceparent, tracestate) {
+  return new Context(functionName, environment, requestId, deadline, traceparent, tracestate);
 }
 
 function describeError(err) {
@@ -433,7 +482,10 @@ function createServer(handler, options) {
       return;
     }
     const deadline = performance.now() + timeoutMs;
-    const context = new Context(functionName, environment, event._headers['x-request-id'], deadline);
+    const headers = event._headers;
+    const context = new Context(
+      functionName, environment, headers['x-request-id'], deadline, headers.traceparent, headers.tracestate,
+    );
     track(1);
     invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
       track(-1);

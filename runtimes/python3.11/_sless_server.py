@@ -161,15 +161,57 @@ def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
 class Context:
     """The second argument of a handler that takes two."""
 
-    __slots__ = ("_deadline", "_request_id", "environment", "function_name")
+    __slots__ = (
+        "_deadline",
+        "_request_id",
+        "_traceparent",
+        "_tracestate",
+        "environment",
+        "function_name",
+    )
 
     def __init__(
-        self, function_name: str, environment: str, request_id: str | None, deadline: float
+        self,
+        function_name: str,
+        environment: str,
+        request_id: str | None,
+        deadline: float,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ):
         self.function_name = function_name
         self.environment = environment
         self._request_id = request_id
         self._deadline = deadline
+        self._traceparent = traceparent
+        self._tracestate = tracestate
+
+    @property
+    def traceparent(self) -> str:
+        """The call's W3C ``traceparent`` (the proxy sends one; else a new trace, made on
+        first use)."""
+        value = self._traceparent
+        if not value or not _valid_traceparent(value):
+            trace, span = _random_bits(128) | 1, _random_bits(64) | 1
+            value = self._traceparent = f"00-{trace:032x}-{span:016x}-01"
+            self._tracestate = None  # it belonged to the traceparent that was not valid
+        return value
+
+    @property
+    def trace_id(self) -> str:
+        """The id of the trace the call belongs to (32 hex digits)."""
+        return self.traceparent[3:35]
+
+    def trace_headers(self) -> dict:
+        """Headers that carry the call's trace on to a call it makes (its own span's id
+        as the parent): ``urllib.request.Request(url, headers=context.trace_headers())``,
+        ``requests.get(url, headers=context.trace_headers())``."""
+        parent = self.traceparent
+        span = _random_bits(64) | 1
+        headers = {"traceparent": f"00-{parent[3:35]}-{span:016x}-{parent[53:55]}"}
+        if self._tracestate:
+            headers["tracestate"] = self._tracestate
+        return headers
 
     @property
     def request_id(self) -> str:
@@ -187,8 +229,28 @@ class Context:
     def __repr__(self) -> str:
         return (
             f"Context(function_name={self.function_name!r}, environment={self.environment!r}, "
-            f"request_id={self.request_id!r})"
+            f"request_id={self.request_id!r}, trace_id={self.trace_id!r})"
         )
+
+
+def _valid_traceparent(value: str) -> bool:
+    """A W3C traceparent this runtime can carry on: its version 00 fields (a later
+    version's first four), lower-case hex, trace and parent ids not all zeros."""
+    if len(value) < 55 or value[:2] == "ff" or (value[:2] == "00" and len(value) != 55):
+        return False
+    dashes = value[2] + value[35] + value[52] + (value[55] if len(value) > 55 else "-")
+    if dashes != "----":
+        return False
+    fields = (value[:2], value[3:35], value[36:52], value[53:55])
+    if any(f.strip("0123456789abcdef") for f in fields):
+        return False
+    return fields[1] != "0" * 32 and fields[2] != "0" * 16
+
+
+def _random_bits(bits: int) -> int:
+    import random
+
+    return random.getrandbits(bits)
 
 
 _CO_VARARGS = 0x04  # inspect.CO_VARARGS
@@ -874,6 +936,8 @@ class Server:
                 self.environment,
                 headers.get("x-request-id"),
                 deadline,
+                headers.get("traceparent"),
+                headers.get("tracestate"),
             )
         else:
             context = None

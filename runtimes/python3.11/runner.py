@@ -77,6 +77,7 @@ def main() -> None:
             os.environ.get("SLESS_ENV", ""),
             uuid.uuid4().hex,
             deadline,
+            os.environ.get("SLESS_TRACEPARENT"),  # a run the reconciler traces
         )
     outcome: dict = {}
 

@@ -40,6 +40,8 @@ exports.main = async (event, context) => {
         request_id: context.requestId,
         remaining_ms: context.getRemainingTimeInMillis(),
       };
+    case '/trace':
+      return { trace_id: context.traceId, traceparent: context.traceparent, outgoing: context.traceHeaders() };
     case '/env-keys':
       return Object.keys(process.env).filter((k) => k.startsWith('SLESS_')).sort();
     case '/dep':

@@ -46,6 +46,12 @@ def main(event, context):
             "request_id": context.request_id,
             "remaining_ms": context.remaining_time_ms(),
         }
+    if path == "/trace":
+        return {
+            "trace_id": context.trace_id,
+            "traceparent": context.traceparent,
+            "outgoing": context.trace_headers(),
+        }
     if path == "/env-keys":
         import os
 
