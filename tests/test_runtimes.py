@@ -720,3 +720,13 @@ def test_python_status_phrases_are_httpstatus_phrases():
         assert reasons == {status.value: status.phrase for status in HTTPStatus}
     else:  # other versions renamed a few; the runtime says what 3.11 says
         assert set(reasons) <= {status.value for status in HTTPStatus}
+
+
+def test_runner_carries_the_trace_it_is_given(runtime):
+    result = run_runner(
+        runtime, "handlers.main", json.dumps({"_path": "/trace"}), SLESS_TRACEPARENT=PARENT
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["traceparent"] == PARENT
+    assert found["outgoing"]["traceparent"][3:35] == "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -21,6 +21,7 @@ from typing import Any
 from ..metrics import METRICS
 from ..proxy.http import HOP_BY_HOP, PREFIX, split_target
 from ..state.routes import RouteTable
+from ..tracecontext import child_traceparent
 from .engine import Engine, EngineUnavailable
 from .model import Callback, Invocation, new_id
 
@@ -111,7 +112,7 @@ class Submitter:
             limit = min(limit, kept)
         headers: list[tuple[str, str]] = []
         length = None
-        callback_url = key = None
+        callback_url = key = traceparent = tracestate = None
         for raw_name, value in scope["headers"]:
             if raw_name == b"content-length":
                 length = int(value) if value.isdigit() else None
@@ -125,7 +126,19 @@ class Submitter:
                 callback_url = value.decode("latin-1").strip()
             elif raw_name == b"idempotency-key":
                 key = value.decode("latin-1").strip()[:256] or None
+            elif raw_name == b"traceparent":  # two are none: a new trace
+                traceparent = value.decode("latin-1") if traceparent is None else ""
+                continue
+            elif raw_name == b"tracestate":
+                tracestate = value.decode("latin-1")
+                continue
             headers.append((raw_name.decode("latin-1"), value.decode("latin-1")))
+        # the submission is a span of the caller's trace (a new trace without a valid
+        # one): each attempt is its child (ProxyCaller), whatever runs it and when
+        trace = child_traceparent(traceparent)
+        headers.append(("traceparent", trace))
+        if tracestate and traceparent and trace[3:35] == traceparent[3:35]:
+            headers.append(("tracestate", tracestate))
         if length is not None and length > limit:
             return 413, {"error": f"request body larger than {limit} bytes"}, []
         try:

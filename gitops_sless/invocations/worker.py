@@ -41,6 +41,7 @@ from ..manifests import durations
 from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy
 from ..metrics import METRICS
 from ..state.routes import RouteTable
+from ..tracecontext import child_traceparent
 from .engine import Save
 from .model import (
     DEAD,
@@ -97,8 +98,12 @@ class ProxyCaller:
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in invocation.headers
-            if name.lower() not in _FRAMING
+            if name.lower() not in _FRAMING and name.lower() != "traceparent"
         ]
+        # the attempt: a child of its submission's span (one stored before traces were
+        # carried, or an event's: a trace of its own)
+        submitted = next((v for n, v in invocation.headers if n.lower() == "traceparent"), None)
+        headers.append((b"traceparent", child_traceparent(submitted).encode("ascii")))
         if invocation.body:
             headers.append((b"content-length", b"%d" % len(invocation.body)))
         if not any(name == b"host" for name, _ in headers):  # an event has none

@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from ..state.routes import Gateway
+from ..tracecontext import TRACEPARENT
 
 __all__ = [
     "HOP_BY_HOP",
@@ -123,12 +124,6 @@ _NAME = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
 # a function's name, or one of its revisions: name@r3, name@<revision id>
 _FUNCTION = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?(?:@[a-z0-9]{1,32})?")
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
-# W3C Trace Context: version 00 exactly; a later version (not ff) by its first four
-# fields, with whatever it adds after them. All-zero trace and parent ids are invalid.
-_TRACEPARENT = re.compile(
-    rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
-    rb"|(?!00|ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(?:-[ -~]*)?"
-)
 LABEL_MAX = 64  # how much of an unknown env or name is kept in a record
 _getrandbits = random.Random().getrandbits  # its own: the global one stays the caller's
 _UUID4_CLEAR = ~(0xF000 << 64 | 0xC000 << 48)  # the version and variant bits
@@ -324,7 +319,7 @@ def trace_context(traceparent: bytes | None, tracestate: bytes | None) -> tuple[
     from the request id the proxy made, in :func:`request_head`: a uuid4 in hex, whose
     random bits serve as the trace id, and its last 64 as the parent id (never zero: the
     uuid's variant bits are set); no more randomness is drawn on the hot path."""
-    if traceparent and _TRACEPARENT.fullmatch(traceparent):
+    if traceparent and TRACEPARENT.fullmatch(traceparent):
         if tracestate:
             return (b"traceparent: ", traceparent, b"\r\ntracestate: ", tracestate, b"\r\n")
         return (b"traceparent: ", traceparent, b"\r\n")

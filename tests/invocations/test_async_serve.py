@@ -274,3 +274,45 @@ def test_a_nodejs_function_runs_asynchronously_submitted_or_published(setup):
     record = wait_ended(server, f"/api/invocations/{made}")
     assert record["status"] == "succeeded", record
     assert json.loads(record["response"]["body"])["name"] == "Bo"
+
+
+# the first attempt fails naming the trace context it got, the second answers with it
+TRACED = """\
+def main(event, context):
+    attempt = int(event['_headers'].get('x-invocation-attempt', '0'))
+    seen = {'traceparent': context.traceparent,
+            'tracestate': event['_headers'].get('tracestate')}
+    if attempt < 2:
+        return {'statusCode': 500, 'body': seen['traceparent']}
+    return seen
+"""
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_each_attempt_is_a_child_of_its_submission_in_the_callers_trace(setup):
+    setup.push({"traced/sless.yaml": manifest("traced", HTTP, ASYNC), "traced/handler.py": TRACED})
+    server = setup.serve()
+
+    def attempts(headers: dict[str, str]) -> list[str]:
+        answer = server.call(
+            "traced", "/", method="POST", json={}, headers={"Prefer": "respond-async", **headers}
+        )
+        assert answer.status_code == 202, answer.text
+        record = wait_ended(server, answer.headers["location"])
+        assert record["status"] == "succeeded", record
+        first = record["attemptLog"][0]["error"].removeprefix("HTTP 500: ")
+        second = json.loads(record["response"]["body"])
+        return [first, second["traceparent"], second["tracestate"]]
+
+    first, second, state = attempts({"traceparent": PARENT, "tracestate": "vendor=7"})
+    for seen in (first, second):
+        version, trace_id, parent, flags = seen.split("-")
+        assert (version, trace_id, flags) == ("00", "4bf92f3577b34da6a3ce929d0e0e4736", "01")
+        assert parent != "00f067aa0ba902b7"  # the attempt's own span, under the submission
+    assert first.split("-")[2] != second.split("-")[2]
+    assert state == "vendor=7"
+
+    # no trace sent: the submission starts one, and both attempts are in it
+    first, second, state = attempts({})
+    assert first[3:35] == second[3:35] and first[36:52] != second[36:52]
+    assert state is None
