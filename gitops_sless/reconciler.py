@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import logs
+from . import logs, telemetry
 from .errors import SlessError
 from .manifests.model import DesiredState, Function
 from .metrics import METRICS
@@ -295,11 +295,23 @@ class Reconciler:
                     self._after_pass()
 
     def _sync(self, current: PassState) -> PassResult:
+        where = {"sless.environment": self.env, "sless.trigger": current.trigger}
+        with telemetry.span("sync", where) as span:
+            result = self._traced_sync(current)
+            span.set_attribute("sless.result", result.result)
+            if current.revision:
+                span.set_attribute("sless.revision", current.revision)
+            if result.result == "Failed":
+                span.failed(result.error or "failed")
+            return result
+
+    def _traced_sync(self, current: PassState) -> PassResult:
         level = logging.DEBUG if current.trigger in QUIET_TRIGGERS else logging.INFO
         logs.event(log, "sync.started", f"trigger {current.trigger}", level=level, env=self.env)
         try:
             self.restore_serving()  # before the fetch: an unreachable remote changes nothing
-            fetched = self.source.fetch()
+            with telemetry.span("fetch"):
+                fetched = self.source.fetch()
             snapshot = self.source.snapshot(getattr(fetched, "commit", None))
             current.revision = snapshot.revision
             desired = self.load.run(snapshot)
@@ -365,16 +377,19 @@ class Reconciler:
         deadline = time.monotonic() + self.patience_sec
         while True:
             since = work.mark()
-            planned = self.decide.run(desired)
+            with telemetry.span("plan"):
+                planned = self.decide.run(desired)
             started = self.build.start(planned, snapshot, current)
             started += self.jobs.start(planned, current)
             if started:
                 self.context.begin_row(current)
                 current.started_work += started
                 self.report.started(desired, planned, current)
-            self.apply.run(planned, snapshot.revision, current)
-            self.rollouts.advance()
-            self.prune.run(planned, current)
+            with telemetry.span("apply", {"sless.deploys": len(planned.applies)}):
+                self.apply.run(planned, snapshot.revision, current)
+                self.rollouts.advance()
+            with telemetry.span("prune", {"sless.removals": len(planned.prunes)}):
+                self.prune.run(planned, current)
             left = deadline - time.monotonic()
             if not work.wait_any(current.mine, since, left, self._interrupted):
                 return planned

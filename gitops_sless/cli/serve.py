@@ -162,6 +162,14 @@ def add_parser(commands: Any) -> None:
         help="least severe level logged (default: $SLESS_LOG_LEVEL or info)",
     )
     serve.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        metavar="URL",
+        help="export OpenTelemetry traces of every reconcile pass over OTLP/HTTP to URL "
+        "(http://collector:4318; /v1/traces is added), named by $OTEL_SERVICE_NAME "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    serve.add_argument(
         "--keep-builds",
         type=int,
         default=3,
@@ -287,6 +295,18 @@ def _at_least_one(name: str, value: int) -> int:
     if value < 1:
         raise UsageError(f"{name} {value}: must be 1 or more (the revision serving is kept)")
     return value
+
+
+def _otlp_endpoint(value: str | None) -> str | None:
+    """An OTLP/HTTP collector's http(s) URL; a bad one is refused before anything starts."""
+    if value is None:
+        return None
+    parsed = urlsplit(value.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UsageError(
+            f"--otlp-endpoint {value!r}: not an http(s) URL (e.g. http://collector:4318)"
+        )
+    return value.strip()
 
 
 def _choice(env: str, value: str, choices: Sequence[str]) -> str:
@@ -507,6 +527,8 @@ def _start(args: argparse.Namespace) -> int:
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
         keep_revisions=_at_least_one("--keep-revisions", args.keep_revisions),
+        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
+        service_name=os.environ.get("OTEL_SERVICE_NAME") or "gitops-sless",
         gc_interval=positive("--gc-interval", args.gc_interval),
         gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
         trusted_proxies=_networks("--trusted-proxies", args.trusted_proxies),

@@ -23,7 +23,7 @@ import httpx
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from .. import logs
+from .. import logs, telemetry
 from .. import proxy as proxy_mod
 from ..errors import SlessError
 from ..invocations.worker import ProxyCaller
@@ -81,6 +81,8 @@ class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
+        if config.otlp_endpoint:
+            telemetry.configure(config.otlp_endpoint, config.service_name)
         self.url, self.seeded = resolve_repository(config.repo, config.state_dir)
         self.store = Store(config.state_dir / "status.db")
         self.routes = RouteTable()
@@ -492,6 +494,7 @@ class Server:
         self.mirror.close()
         self.invocations.flush()
         self.store.close()
+        telemetry.shutdown()  # what is batched goes out
         logs.event(log, "server.stopped", "stopped")
 
     def _announce_when_listening(self, *servers: uvicorn.Server) -> None:

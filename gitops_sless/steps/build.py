@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .. import failure, logs
+from .. import failure, logs, telemetry
 from ..errors import SlessError, TransientError
 from ..manifests.model import Function
 from ..metrics import METRICS
@@ -25,15 +25,25 @@ class Build:
         """How many builds started (a tag already building is not started twice)."""
         ctx = self.ctx
         started = 0
+        trace = telemetry.current()  # each build a span of this pass, wherever it runs
         for fn in planned.builds:
             key = ("build", fn.build_tag, ctx.backend.build_scope)
-            if ctx.work.start(key, lambda fn=fn: self.run(fn, snapshot)):
+            if ctx.work.start(key, lambda fn=fn: self.traced(fn, snapshot, trace)):
                 current.mine.add(key)
                 started += 1
         return started
 
-    def run(self, fn: Function, snapshot: Snapshot) -> None:
-        """One build, to its end; its record says how it went."""
+    def traced(self, fn: Function, snapshot: Snapshot, trace: object) -> None:
+        attributes = {"sless.tag": fn.build_tag, "sless.runtime": fn.runtime}
+        with telemetry.span("build", attributes, trace) as span:
+            outcome = self.run(fn, snapshot)
+            span.set_attribute("sless.result", outcome)
+            if outcome == "Failed":
+                span.failed(f"build {fn.build_tag} failed")
+
+    def run(self, fn: Function, snapshot: Snapshot) -> str:
+        """One build, to its end; its record says how it went. Succeeded, Failed or
+        Interrupted."""
         ctx = self.ctx
         users = ", ".join(f.name for f in ctx.functions() if f.build_tag == fn.build_tag)
         scope = ctx.backend.build_scope
@@ -46,7 +56,7 @@ class Build:
         except TransientError as exc:  # stopped by a shutdown, files changed: not a failure
             ctx.store.delete_builds([fn.build_tag], scope)
             logs.event(log, "build.interrupted", str(exc), level=logging.WARNING, **where)
-            return
+            return "Interrupted"
         except SlessError as exc:
             took = time.monotonic() - started
             ctx.store.finish_build(
@@ -58,7 +68,7 @@ class Build:
             logs.event(
                 log, "build.failed", f"{exc} after {took:.1f}s", level=logging.ERROR, **where
             )
-            return
+            return "Failed"
         took = time.monotonic() - started
         image = ctx.backend.image(fn)
         ctx.store.finish_build(fn.build_tag, "Succeeded", build_log, image=image, scope=scope)
@@ -66,6 +76,7 @@ class Build:
         METRICS.builds.inc(runtime=fn.runtime, result="Succeeded")
         METRICS.build_duration.observe(took)
         logs.event(log, "build.finished", f"{fn.build_tag} in {took:.1f}s", **where)
+        return "Succeeded"
 
 
 def _tail(exc: SlessError) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .. import logs
+from .. import logs, telemetry
 from ..errors import SlessError
 from ..manifests.model import Function, Job
 from ..plan.backend import JobFailed, SecretUnavailable, deployment_for
@@ -29,10 +29,11 @@ class Jobs:
         """How many job runs started; a run whose secret is missing waits (Pending)."""
         ctx = self.ctx
         started = 0
+        trace = telemetry.current()  # each run a span of this pass, wherever it runs
         for fn, job in planned.jobs:
             key = ("job", ctx.env, job.name, job.run_id)
             if self._can_run(fn, job) and ctx.work.start(
-                key, lambda fn=fn, job=job: self.run(fn, job)
+                key, lambda fn=fn, job=job: self.traced(fn, job, trace)
             ):
                 current.mine.add(key)
                 started += 1
@@ -101,6 +102,16 @@ class Jobs:
             where = {"env": ctx.env, "function": fn.name, "job": job.name, "runId": job.run_id}
             logs.event(log, "job.waiting", f"{job.name}: {why}", level=logging.WARNING, **where)
         return False
+
+    def traced(self, fn: Function, job: Job, trace: object) -> None:
+        attributes = {"sless.job": job.name, "sless.run_id": job.run_id, "sless.function": fn.name}
+        with telemetry.span("job", attributes, trace) as span:
+            self.run(fn, job)
+            if telemetry.enabled():  # its record says how it went
+                row = self.ctx.store.job_run(self.ctx.env, job.name, job.run_id) or {}
+                span.set_attribute("sless.result", str(row.get("phase")))
+                if row.get("phase") == "Failed":
+                    span.failed(f"job {job.name} run {job.run_id} failed")
 
     def run(self, fn: Function, job: Job) -> None:
         """One run, to its end; its record holds the result or the error."""

@@ -1,0 +1,87 @@
+"""OpenTelemetry export of reconcile passes (issue 31): ``serve --otlp-endpoint`` sends
+one trace per pass to a real OTLP/HTTP receiver (protobuf decoded with the
+``opentelemetry-proto`` package), its spans parented as the pass ran: ``sync`` at the
+root, ``fetch``, ``plan``, ``apply`` and ``prune`` under it, and each build and job run
+under the pass that started it, however long it took. Without the flag, nothing is sent
+and the SDK is never imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from .otlp_receiver import OtlpReceiver, Span
+from .test_serve import HTTP, git_daemon, git_root, http_function, manifest, setup  # noqa: F401
+
+BROKEN = "def main(event):\n    return 1\n"
+FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "sless-under-test"}
+
+
+def children(spans: list[Span], parent: Span) -> list[Span]:
+    return [s for s in spans if s.parent_id == parent.span_id and s.trace_id == parent.trace_id]
+
+
+def passes_that_deployed(spans: list[Span]) -> list[Span]:
+    """Root ``sync`` spans whose pass applied something, with the builds under them."""
+    found = []
+    for root in (s for s in spans if s.name == "sync" and not s.parent_id):
+        names = [c.name for c in children(spans, root)]
+        if "build" in names:
+            found.append(root)
+    return found
+
+
+def test_every_pass_is_a_trace_with_its_steps_and_builds_as_children(setup):  # noqa: F811
+    receiver = OtlpReceiver()
+    try:
+        setup.push(http_function("greet", "v1"))
+        server = setup.serve(args=["--otlp-endpoint", receiver.url], env=FAST_EXPORT)
+        assert server.call("greet", "/").status_code == 200
+
+        (first,) = receiver.wait(passes_that_deployed, "the pass that built greet")
+        assert first.service == "sless-under-test"
+        assert first.attributes["sless.environment"] == "prod"
+        spans = receiver.spans
+        under = children(spans, first)
+        names = {s.name for s in under}
+        assert {"fetch", "plan", "apply", "prune", "build"} <= names, names
+        (build,) = [s for s in under if s.name == "build"]
+        assert build.attributes["sless.result"] == "Succeeded" and not build.error
+        assert build.attributes["sless.runtime"] == "python3.11"
+        assert first.start_ns <= build.start_ns
+        assert all(s.trace_id == first.trace_id for s in under)
+        assert receiver.paths and set(receiver.paths) == {"/v1/traces"}
+
+        # a build that fails is a failed span, in the trace of the pass that started it
+        setup.push(
+            {
+                "bad/sless.yaml": manifest("bad", HTTP),
+                "bad/requirements.txt": "no-such-package-sless==0\n",
+                "bad/handler.py": BROKEN,
+            }
+        )
+        server.sync()
+
+        def failed_build(found: list[Span]) -> list[Span]:
+            return [s for s in found if s.name == "build" and s.error]
+
+        (broken,) = receiver.wait(failed_build, "a failed build span", 120)
+        assert broken.attributes["sless.result"] == "Failed"
+        root = next(s for s in receiver.spans if s.span_id == broken.parent_id)
+        assert root.name == "sync" and not root.parent_id
+    finally:
+        receiver.close()
+
+
+def test_without_an_endpoint_the_sdk_is_not_even_imported():
+    code = (
+        "import sys\n"
+        "from gitops_sless import telemetry\n"
+        "with telemetry.span('sync', {'a': 1}) as s:\n"
+        "    s.set_attribute('b', 2); s.failed('no')\n"
+        "assert telemetry.current() is None and not telemetry.enabled()\n"
+        "from gitops_sless import reconciler, cli\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
