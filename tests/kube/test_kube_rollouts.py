@@ -7,23 +7,22 @@ echoes which Service a call reached, so the split is seen call by call.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gitops_sless.kube.client import KubeClient
 
-from ..gateway_schema import assert_valid, schema_errors
+from ..gateway_schema import assert_valid
 from ..gitserver import WorkRepo
-from ..kube_harness import NAMESPACE, kube_env, make, settings
+from ..kube_harness import NAMESPACE, make, settings
 from ..kubeapi import FakeKube
-from ..s3server import S3Server
 from ..sless_server import SlessServer
-from .test_gateway_routes import CRDS, GATEWAY, _gateway_object
-from .test_kube_scaling import CRD, FAST, HANDLER, PROD, function_folder, wait_for
+from . import test_gateway_activator
+from .test_gateway_routes import GATEWAY
+from .test_kube_scaling import CRD, HANDLER, PROD, function_folder, serve, wait_for
 
+cluster = test_gateway_activator.cluster  # the API server with the Gateway API and a Gateway
 ROLLOUT = "    rollout: {steps: [20], interval: 1s, minRequests: 10, maxErrorRate: 0.5}"
 REVISION_OF = "gitops-sless.dev/revision-of"
 
@@ -34,16 +33,6 @@ def kube(fake_kube: FakeKube) -> FakeKube:
     client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     fake_kube.install_crd(CRD)
     return fake_kube
-
-
-def serve(kube: FakeKube, s3: S3Server, repo: WorkRepo, state: Path) -> SlessServer:
-    return SlessServer(
-        str(repo.path),
-        state,
-        env=kube_env(kube.kubeconfig, s3),
-        poll_interval=1,
-        args=["--backend", "kubernetes", *FAST],
-    ).start()
 
 
 def revision_deployments(kube: FakeKube, name: str) -> dict[str, dict[str, Any]]:
@@ -205,9 +194,9 @@ def test_a_restart_in_the_middle_of_a_rollout_resumes_it_from_the_cluster(
 
 
 def test_with_a_gateway_the_route_carries_the_split_and_a_warm_revision_has_a_route(
-    gateway_cluster, s3_server, tmp_path
+    cluster, s3_server, tmp_path
 ):
-    kube = gateway_cluster
+    kube = cluster  # with the Gateway API's kinds, and a Gateway
     repo = WorkRepo(tmp_path / "functions")
     no_data = "    rollout: {steps: [30], interval: 1s, minRequests: 0, maxErrorRate: 0.5}"
     repo.commit("v1", function_folder("alpha", no_data))
@@ -254,15 +243,3 @@ def backends(kube: FakeKube, name: str) -> list[dict[str, Any]]:
 
 def own(name: str) -> list[dict[str, Any]]:
     return [{"kind": "Service", "name": name, "port": 80}]
-
-
-@pytest.fixture
-def gateway_cluster(fake_kube: FakeKube) -> FakeKube:
-    for crd in yaml.safe_load_all(CRDS.read_text(encoding="utf-8")):
-        fake_kube.install_crd(crd)
-    fake_kube.api.admission["HTTPRoute"] = lambda obj: schema_errors([obj])[0]
-    client = KubeClient.from_config(str(fake_kube.kubeconfig), calls=None)
-    for namespace in (NAMESPACE, GATEWAY[0]):
-        client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    client.create(_gateway_object())
-    return fake_kube
