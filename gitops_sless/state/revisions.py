@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..manifests.model import Rollout
 from ..plan.backend import Deployment, KeptRevision
 from . import serving
 
@@ -72,6 +73,10 @@ class Revision:
     def deployment(self) -> Deployment:
         """What to start to serve this revision again."""
         return serving.from_record(self.record)
+
+    def rollout(self) -> Rollout | None:
+        """Its function's ``rollout`` block (the record is not decoded whole for it)."""
+        return serving.rollout_of(self.record)
 
     def kept(self) -> KeptRevision:
         """This revision as the backend keeps it runnable."""

@@ -37,7 +37,7 @@ from ..manifests.model import (
 )
 from ..plan.backend import Deployment
 
-__all__ = ["from_record", "to_record"]
+__all__ = ["from_record", "rollout_of", "to_record"]
 
 FORMAT = 2
 _READ = (1, 2)
@@ -120,6 +120,13 @@ def _read_scale(raw: Mapping[str, Any] | None) -> Scale | None:
 
 def _rate(rate: RateLimit) -> dict[str, Any]:
     return {"rps": rate.rps, "burst": rate.burst}
+
+
+def rollout_of(record: Mapping[str, Any]) -> Rollout | None:
+    """The ``rollout`` block of the function a record holds, read without the rest of it
+    (a listing of revisions reads it for each)."""
+    fn = record.get("function") or {}
+    return _read_rollout(fn.get("rollout"))
 
 
 def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:

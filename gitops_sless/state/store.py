@@ -19,7 +19,7 @@ from typing import Any
 from . import schema
 from .revisionrows import RevisionRows
 
-__all__ = ["FUNCTION_PHASES", "JOB_PHASES", "Store"]
+__all__ = ["BUILD_PHASES", "FUNCTION_PHASES", "JOB_PHASES", "Store"]
 
 FUNCTION_PHASES = (
     "Pending",

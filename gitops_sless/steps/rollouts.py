@@ -45,6 +45,7 @@ from .revisions import Revisions
 __all__ = ["Rollouts", "Verdict"]
 
 TICK_SEC = 1.0  # while a rollout is under way, a pass looks at it this often
+WAITS, STEPPED, ENDED = "waits", "stepped", "ended"  # what a look at a step did
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,9 @@ class Rollouts:
             if name not in self._started and not self._resume(name, row, candidate, stable):
                 changed = True  # rolled back: it could not start again
                 continue
-            step = row["step"]
-            going = self._judge(name, row, candidate, stable)
-            under_way = under_way or going
-            changed = changed or not going or ctx.store.rollouts(ctx.env)[name]["step"] != step
+            verdict = self._judge(name, row, candidate, stable)
+            under_way = under_way or verdict != ENDED
+            changed = changed or verdict != WAITS
         if under_way:
             self._tick_later()
         return changed
@@ -244,11 +244,12 @@ class Rollouts:
 
     # --- a verdict --------------------------------------------------------------------------
 
-    def _judge(self, name: str, row: dict[str, Any], candidate: Revision, stable: Revision) -> bool:
-        """One rollout's step; True while it goes on."""
+    def _judge(self, name: str, row: dict[str, Any], candidate: Revision, stable: Revision) -> str:
+        """One rollout's step: it WAITS (for calls, time or a secret), it STEPPED to the next
+        share, or it ENDED (promoted or rolled back)."""
         ctx = self.ctx
         if name not in self._started:  # its candidate waits for a secret
-            return True
+            return WAITS
         policy = candidate.deployment().function.rollout or Rollout()
         steps = policy.steps
         step = min(row["step"], len(steps) - 1)
@@ -259,7 +260,7 @@ class Rollouts:
             why = f"{candidate.label} at {where}: {broken}"
             public = f"rolled back at {where}: its replicas keep ending"
             self._roll_back(name, candidate, stable, why, public)
-            return False
+            return ENDED
         calls, failures = self._since_step(name)
         rate = failures / calls if calls else 0.0
         limit = policy.max_error_rate
@@ -267,7 +268,7 @@ class Rollouts:
         if calls and calls >= policy.min_requests and rate > policy.max_error_rate:
             why = f"{candidate.label} at {where}: {counts}"
             self._roll_back(name, candidate, stable, why, f"rolled back at {where}: {counts}")
-            return False
+            return ENDED
         elapsed = time.time() - (row["step_started"] or time.time())
         if elapsed < policy.interval_sec or calls < policy.min_requests:
             need = []
@@ -277,16 +278,16 @@ class Rollouts:
                 need.append(f"{policy.interval_sec - elapsed:.0f}s more")
             said = f"{candidate.label} at {where}: {counts}; waits for {' and '.join(need)}"
             self._progress(name, candidate, said, quiet=True)
-            return True
+            return WAITS
         if step + 1 >= len(steps):
             self._promote(name, candidate, stable, f"{where}: {counts}")
-            return False
+            return ENDED
         try:
             ctx.backend.canary(ctx.env, name, candidate.kept(), steps[step + 1])
         except SlessError as exc:
             public = f"rolled back at {where}: its next step did not start"
             self._roll_back(name, candidate, stable, f"{candidate.label} at {where}: {exc}", public)
-            return False
+            return ENDED
         ctx.store.set_rollout(ctx.env, name, step=step + 1, step_started=time.time())
         self._base[name] = self._counts(name)
         said = (
@@ -295,7 +296,7 @@ class Rollouts:
         )
         self._progress(name, candidate, said)
         logs.event(log, "rollout.step", f"{name}: {said}", env=ctx.env, function=name)
-        return True
+        return STEPPED
 
     def _promote(self, name: str, candidate: Revision, stable: Revision, last: str) -> None:
         ctx = self.ctx

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from ..state.store import LOG_TAIL_CHARS
+from ..state.store import BUILD_PHASES, FUNCTION_PHASES, JOB_PHASES, LOG_TAIL_CHARS
 from ..timestamps import rfc3339
 
 __all__ = [
@@ -35,19 +35,10 @@ __all__ = [
 
 # Progressing: a rollout under way (both revisions serve); RolledBack: the new revision
 # failed its rollout, the one before serves
-FunctionPhase = Literal[
-    "Pending",
-    "Building",
-    "Ready",
-    "Idle",
-    "Progressing",
-    "RolledBack",
-    "Failed",
-    "Invalid",
-    "Disabled",
-]
-JobPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Skipped"]
-BuildPhase = Literal["Building", "Succeeded", "Failed"]
+# the store's own lists, one place for each (a phase added there is in the API's schema)
+FunctionPhase = Literal[FUNCTION_PHASES]  # type: ignore[valid-type]
+JobPhase = Literal[JOB_PHASES]  # type: ignore[valid-type]
+BuildPhase = Literal[BUILD_PHASES]  # type: ignore[valid-type]
 # Succeeded: every function serves its commit; Progressing: builds, jobs or secrets are
 # awaited; Invalid: a manifest is broken; Degraded: a function or job failed; Failed: the
 # pass itself could not run (fetch, refused prune)

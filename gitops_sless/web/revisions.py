@@ -152,7 +152,7 @@ def rollout_view(row: dict[str, Any] | None, kept: list[Revision]) -> RolloutVie
         return None
     by_hash = {r.spec_hash: r for r in kept}
     candidate, stable = by_hash.get(row["candidate"]), by_hash.get(row["stable"])
-    policy = candidate.deployment().function.rollout if candidate is not None else None
+    policy = candidate.rollout() if candidate is not None else None
     steps = list(policy.steps) if policy is not None else []
     step = min(row["step"], max(len(steps) - 1, 0))
     share = steps[step] if steps and row["phase"] == "Progressing" else 0
