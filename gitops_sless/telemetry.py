@@ -20,7 +20,16 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_SERVICE", "configure", "current", "enabled", "shutdown", "span"]
+__all__ = [
+    "DEFAULT_SERVICE",
+    "ON",
+    "configure",
+    "current",
+    "enabled",
+    "record",
+    "shutdown",
+    "span",
+]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +39,10 @@ Attributes = Mapping[str, str | int | float | bool]
 _tracer: Any = None  # an opentelemetry Tracer once configured
 _provider: Any = None
 _lock = threading.Lock()
+# whether spans are exported: read on the proxy's hot path, a module attribute and no call
+ON = False
+# the ids the next span made on this thread takes (record(): ids that were sent already)
+_preset = threading.local()
 
 
 def enabled() -> bool:
@@ -48,21 +61,26 @@ def configure(endpoint: str, service_name: str = DEFAULT_SERVICE) -> None:
     url = endpoint.rstrip("/")
     if not url.endswith("/v1/traces"):
         url += "/v1/traces"
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}), id_generator=_ids()
+    )
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    global ON
     with _lock:
         if _provider is not None:
             _provider.shutdown()
         _provider = provider
         _tracer = provider.get_tracer("gitops_sless")
+        ON = True
     log.info("traces are exported to %s as %s", url, service_name)
 
 
 def shutdown() -> None:
     """Send what is batched and stop exporting (serve's stop)."""
-    global _tracer, _provider
+    global _tracer, _provider, ON
     with _lock:
         provider, _provider, _tracer = _provider, None, None
+        ON = False
     if provider is not None:
         provider.shutdown()
 
@@ -124,3 +142,63 @@ def _exported(tracer: Any, name: str, attributes: Attributes | None, parent: Any
         name, context=parent, attributes=dict(attributes or {})
     ) as found:
         yield _Span(found)
+
+
+def _ids() -> Any:
+    """The SDK's random ids, unless :func:`record` set the next ones on this thread."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class Preset(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            span_id = getattr(_preset, "span", None)
+            if span_id is None:
+                return super().generate_span_id()
+            _preset.span = None
+            return int(span_id)
+
+        def generate_trace_id(self) -> int:
+            trace_id = getattr(_preset, "trace", None)
+            if trace_id is None:
+                return super().generate_trace_id()
+            _preset.trace = None
+            return int(trace_id)
+
+    return Preset()
+
+
+def record(
+    name: str,
+    traceparent: bytes,
+    parent_id: bytes | None,
+    start: float,
+    end: float,
+    attributes: Attributes,
+    error: str | None = None,
+) -> None:
+    """A span that has happened already, with the ids a call sent on: ``traceparent`` is
+    the header that named it as the parent (its trace and span ids), ``parent_id`` the
+    caller's span id (None: the root of its trace); ``start`` and ``end`` in seconds since
+    the epoch. Nothing when no trace is exported, or the trace is not sampled."""
+    tracer = _tracer
+    if tracer is None:
+        return
+    from opentelemetry import trace
+
+    text = traceparent.decode("ascii")
+    trace_id, span_id, flags = int(text[3:35], 16), int(text[36:52], 16), int(text[53:55], 16)
+    context = None
+    if parent_id:
+        caller = trace.SpanContext(
+            trace_id, int(parent_id, 16), is_remote=True, trace_flags=trace.TraceFlags(flags)
+        )
+        context = trace.set_span_in_context(trace.NonRecordingSpan(caller))
+    _preset.trace, _preset.span = trace_id, span_id
+    try:
+        made = tracer.start_span(
+            name, context=context, attributes=dict(attributes), start_time=int(start * 1e9)
+        )
+    finally:
+        _preset.trace = _preset.span = None
+    if error is not None:
+        made.set_status(trace.Status(trace.StatusCode.ERROR, error))
+    made.end(end_time=int(end * 1e9))

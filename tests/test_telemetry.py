@@ -85,3 +85,54 @@ def test_without_an_endpoint_the_sdk_is_not_even_imported():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+TRACED = """\
+def main(event, context):
+    return {"traceparent": context.traceparent}
+"""
+CALLER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_every_call_is_a_span_the_function_is_a_child_of(setup):  # noqa: F811
+    receiver = OtlpReceiver()
+    try:
+        setup.push({"traced/sless.yaml": manifest("traced", HTTP), "traced/handler.py": TRACED})
+        server = setup.serve(args=["--otlp-endpoint", receiver.url], env=FAST_EXPORT)
+        # under the caller's span: the function's parent is the proxy's span
+        reply = server.call("traced", "/x", headers={"traceparent": CALLER})
+        assert reply.status_code == 200, reply.text
+        got = reply.json()["traceparent"]
+        assert got[3:35] == CALLER[3:35] and got[36:52] != CALLER[36:52]
+
+        def proxy_span(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.name == "GET /fn/prod/traced"]
+
+        (span,) = receiver.wait(proxy_span, "the call's span")
+        assert (span.trace_id, span.parent_id) == (CALLER[3:35], CALLER[36:52])
+        assert span.span_id == got[36:52]
+        assert span.attributes["http.response.status_code"] == 200
+        assert span.attributes["sless.function"] == "traced"
+        assert span.attributes["sless.environment"] == "prod"
+        assert span.attributes["sless.cold_start"] is False and not span.error
+        assert span.attributes["sless.revision"] == "r1"
+
+        # no trace sent: the call's span is the root of a new one, named by the request id
+        fresh = server.call("traced", "/y")
+        started = fresh.json()["traceparent"]
+        assert started[3:35] == fresh.headers["x-request-id"]
+
+        def root(spans: list[Span]) -> list[Span]:
+            return [s for s in proxy_span(spans) if s.trace_id == started[3:35]]
+
+        (first,) = receiver.wait(root, "the new trace's span")
+        assert first.parent_id == "" and first.span_id == started[36:52]
+
+        # a caller that does not sample: nothing exported for its call
+        unsampled = CALLER[:-2] + "00"
+        assert server.call("traced", "/z", headers={"traceparent": unsampled}).status_code == 200
+        server.call("traced", "/after")  # sampled: exported after the unsampled one
+        receiver.wait(lambda spans: len(proxy_span(spans)) >= 3, "three spans")
+        assert len(proxy_span(receiver.spans)) == 3
+    finally:
+        receiver.close()

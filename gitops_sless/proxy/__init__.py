@@ -5,6 +5,7 @@ Its modules, each importing only those before it:
 - :mod:`.http`: the HTTP details both paths share (target, request and
   response headers, JSON errors) and the edge's :class:`Limits`;
 - :mod:`.upstream`: keep-alive connections to the upstreams, pooled;
+- :mod:`.spans`: each call's span, when spans are exported (``--otlp-endpoint``);
 - :mod:`.fast`: uvicorn's httptools protocol with the edge's limits, and
   ``/fn/`` served from its callbacks;
 - :mod:`.app`: :class:`ProxyApp`, the proxy as an ASGI application, and

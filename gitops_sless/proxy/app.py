@@ -53,6 +53,7 @@ from .http import (
     response_headers,
     split_target,
 )
+from .spans import record_span
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
 __all__ = ["Invocation", "Limits", "ProxyApp", "config"]
@@ -271,6 +272,8 @@ class ProxyApp:
         if call.canary is not None:
             call.canary.answered(status)
         METRICS.invocations.inc(env=call.env, name=call.name, status=str(status))
+        if call.trace is not None:  # only with spans exported (telemetry.ON)
+            record_span(call, status, self.routes)
         if self.record is None:
             return
         invocation = Invocation(
@@ -316,6 +319,7 @@ class ProxyApp:
                 route.gateway,
                 self.withheld,
                 route.proof,
+                call,
             )
             limit = self.body_limit(route)
             if length > limit:

@@ -666,6 +666,7 @@ class FastCall:
             route.gateway,
             proxy.withheld,
             route.proof,
+            call,
         )
         if route.max_body_bytes is not None:
             self.limit = proxy.body_limit(route)

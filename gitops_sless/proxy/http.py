@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
+from .. import telemetry
 from ..state.routes import Gateway
 from ..tracecontext import TRACEPARENT
 
@@ -249,6 +250,7 @@ class Call:
         "request_id",
         "started",
         "status",
+        "trace",
         "wall",
     )
 
@@ -267,6 +269,9 @@ class Call:
         # the routes.Canary whose share this call was sent as (None: not a canary's): its
         # outcome counts in the rollout's verdict
         self.canary: Any = None
+        # with spans exported (telemetry.ON): (the traceparent the call went on with, naming
+        # the proxy's span; the caller's span id, None for a new trace)
+        self.trace: tuple[bytes, bytes | None] | None = None
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:
@@ -310,7 +315,9 @@ def _segment(raw: bytes, pattern: re.Pattern[str]) -> tuple[str, bool]:
     return text[:LABEL_MAX], False
 
 
-def trace_context(traceparent: bytes | None, tracestate: bytes | None) -> tuple[bytes, ...]:
+def trace_context(
+    traceparent: bytes | None, tracestate: bytes | None, call: Call | None = None
+) -> tuple[bytes, ...]:
     """The trace context header lines a call goes on with: the caller's ``traceparent``
     (and ``tracestate``) when valid, else a new trace, sampled (W3C Trace Context §4.3:
     an invalid traceparent starts a new trace, and its tracestate is dropped).
@@ -318,12 +325,26 @@ def trace_context(traceparent: bytes | None, tracestate: bytes | None) -> tuple[
     A call with neither a trace nor a request id of its own (most) gets its new trace
     from the request id the proxy made, in :func:`request_head`: a uuid4 in hex, whose
     random bits serve as the trace id, and its last 64 as the parent id (never zero: the
-    uuid's variant bits are set); no more randomness is drawn on the hot path."""
+    uuid's variant bits are set); no more randomness is drawn on the hot path.
+
+    With spans exported (``telemetry.ON``), the proxy's own span is the function's
+    parent: a caller's trace goes on with a new parent id, and ``call.trace`` keeps what
+    the span is made of when the call ends (``ProxyApp.finish``)."""
     if traceparent and TRACEPARENT.fullmatch(traceparent):
+        if telemetry.ON and call is not None:
+            caller = traceparent[36:52]
+            traceparent = b"00-%s-%016x-%s" % (
+                traceparent[3:35],
+                _getrandbits(64) | 1,
+                traceparent[53:55],
+            )
+            call.trace = (traceparent, caller)
         if tracestate:
             return (b"traceparent: ", traceparent, b"\r\ntracestate: ", tracestate, b"\r\n")
         return (b"traceparent: ", traceparent, b"\r\n")
     trace_id = b"%032x" % (_getrandbits(128) | 1)
+    if telemetry.ON and call is not None:
+        call.trace = (b"00-" + trace_id + b"-" + trace_id[16:] + b"-01", None)
     return (b"traceparent: 00-", trace_id, b"-", trace_id[16:], b"-01\r\n")
 
 
@@ -417,6 +438,7 @@ def request_head(
     gateway: Gateway | None = None,
     withheld: Withheld = NOTHING_WITHHELD,
     proof: bytes = b"",
+    call: Call | None = None,
 ) -> tuple[bytes, int, int, bytes]:
     """(upstream request head, body framing, Content-Length or -1, request id).
 
@@ -493,10 +515,12 @@ def request_head(
         request_id = new_request_id()
         if traceparent is None:  # the common case, at the least cost: see trace_context
             parts += (b"traceparent: 00-", request_id, b"-", request_id[16:], b"-01\r\n")
+            if telemetry.ON and call is not None:  # the proxy's span: the trace's root
+                call.trace = (b"00-" + request_id + b"-" + request_id[16:] + b"-01", None)
         else:
-            parts += trace_context(traceparent, tracestate)
+            parts += trace_context(traceparent, tracestate, call)
     else:
-        parts += trace_context(traceparent, tracestate)
+        parts += trace_context(traceparent, tracestate, call)
     if host == peer.host and scheme == peer.scheme:
         element, proto = peer.element, peer.proto
     else:

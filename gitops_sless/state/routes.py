@@ -335,5 +335,14 @@ class RouteTable:
         numbers = [int(ref[1:]) for ref in aliases if ref[:1] == "r" and ref[1:].isdigit()]
         return [f"r{n}" for n in sorted(numbers, reverse=True)]
 
+    def revision_number(self, env: str, route_name: str) -> str | None:
+        """The ``rN`` of the revision the route ``route_name`` serves (``name`` or
+        ``name@id``); None when its function keeps no revisions."""
+        aliases = self._revisions.get((env, route_name.partition("@")[0]), {})
+        for ref, target in aliases.items():
+            if target == route_name and ref[:1] == "r" and ref[1:].isdigit():
+                return ref
+        return None
+
     def names(self, env: str) -> list[str]:
         return sorted(name for e, name in self._routes if e == env)
