@@ -104,6 +104,9 @@ class _Nothing:
     def failed(self, description: str) -> None:
         pass
 
+    def traceparent(self) -> str | None:
+        return None
+
 
 class _Span:
     def __init__(self, span: Any) -> None:
@@ -116,6 +119,11 @@ class _Span:
         from opentelemetry.trace import Status, StatusCode
 
         self.span.set_status(Status(StatusCode.ERROR, description))
+
+    def traceparent(self) -> str | None:
+        """The W3C traceparent that names this span as the parent of what it starts."""
+        found = self.span.get_span_context()
+        return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
 
 
 _NOTHING = _Nothing()

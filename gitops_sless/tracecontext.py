@@ -3,7 +3,8 @@ is, and a span of ours under one, or a new trace.
 
 The proxy carries a caller's trace on (``proxy.http``), an asynchronous submission is a
 span of the caller's trace and each of its attempts a child of it (``invocations``), and
-a job or cron run starts a trace of its own (the runners read ``SLESS_TRACEPARENT``).
+a job run is traced under its job span (a trace of its own when none is exported), a
+cron run starts a trace of its own (the runners read ``SLESS_TRACEPARENT``).
 """
 
 from __future__ import annotations

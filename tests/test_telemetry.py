@@ -7,6 +7,7 @@ and the SDK is never imported."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -136,3 +137,50 @@ def test_every_call_is_a_span_the_function_is_a_child_of(setup):  # noqa: F811
         assert len(proxy_span(receiver.spans)) == 3
     finally:
         receiver.close()
+
+
+JOB_CODE = """\
+def main(event, context):
+    return {"traceparent": context.traceparent}
+"""
+JOB_MANIFEST = """\
+functions:
+  - name: nightly
+    runtime: python3.11
+    entrypoint: handler.main
+    jobs:
+      - {name: backfill, runId: 1, event: {}}
+"""
+
+
+def test_a_job_run_is_traced_under_its_span(setup):  # noqa: F811
+    receiver = OtlpReceiver()
+    try:
+        setup.push({"nightly/sless.yaml": JOB_MANIFEST, "nightly/handler.py": JOB_CODE})
+        server = setup.serve(args=["--otlp-endpoint", receiver.url], env=FAST_EXPORT)
+
+        def finished() -> list[dict]:
+            return [r for r in server.jobs() if r["name"] == "backfill" and r["result"]]
+
+        (run,) = server.wait(finished, "the job's result")
+        traceparent = json.loads(run["result"])["traceparent"]
+
+        def job_spans(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.name == "job"]
+
+        (job,) = receiver.wait(job_spans, "the job's span")
+        # the run's handler is in the job span's trace, the job span its parent
+        assert traceparent[3:35] == job.trace_id and traceparent[36:52] == job.span_id
+        assert job.attributes["sless.job"] == "backfill"
+        assert f"trace {job.trace_id}" in server.output()
+    finally:
+        receiver.close()
+
+
+def test_without_export_a_job_run_still_has_a_trace_of_its_own(setup):  # noqa: F811
+    setup.push({"nightly/sless.yaml": JOB_MANIFEST, "nightly/handler.py": JOB_CODE})
+    server = setup.serve()
+    (run,) = server.wait(lambda: [r for r in server.jobs() if r["result"]], "the job's result")
+    traceparent = json.loads(run["result"])["traceparent"]
+    # the same trace the reconciler's log names for the run
+    assert f"backfill run 1, attempt 1, trace {traceparent[3:35]}" in server.output()

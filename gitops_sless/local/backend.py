@@ -28,6 +28,7 @@ from ..plan.backend import (
 )
 from ..source.snapshot import Snapshot
 from ..state.routes import Canary, Route, RouteTable
+from ..tracecontext import child_traceparent
 from . import builder as local_builder
 from .processes import Supervisor
 from .revisions import RevisionUnits
@@ -286,8 +287,10 @@ class LocalBackend(RevisionUnits, Backend):
         def fire(index: int, event: Mapping[str, Any]) -> None:
             started = time.monotonic()
             failed: str | None = None  # why, in the reconciler's words
+            traceparent = child_traceparent(None)  # each run a trace of its own
+            trace = {"SLESS_TRACEPARENT": traceparent, "SLESS_REQUEST_ID": traceparent[36:52]}
             try:
-                output = self.supervisor.run_once(spec, event, spec.timeout_sec)
+                output = self.supervisor.run_once(spec, event, spec.timeout_sec, trace)
             except JobFailed as exc:
                 output, failed = str(exc), exc.summary
             ok = failed is None
@@ -296,7 +299,7 @@ class LocalBackend(RevisionUnits, Backend):
             elapsed = (time.monotonic() - started) * 1000
             if not ok:  # what it printed goes to its log, read through the API
                 self.supervisor.note(spec.env_name, spec.function, f"cron run failed: {output}")
-            _log_cron(spec, schedules[index], elapsed, failed)
+            _log_cron(spec, schedules[index], elapsed, failed, traceparent[3:35])
             if self._on_cron:
                 self._on_cron(CronRun(spec.env_name, spec.function, index, ok, elapsed, output))
 
@@ -348,12 +351,14 @@ class _Untrusted(LocalBackend):
         self.__dict__ = backend.__dict__  # one backend seen two ways
 
 
-def _log_cron(spec: ProcessSpec, schedule: str, elapsed_ms: float, failed: str | None) -> None:
+def _log_cron(
+    spec: ProcessSpec, schedule: str, elapsed_ms: float, failed: str | None, trace_id: str
+) -> None:
     """One line a person reads: which schedule ran, and how it went in words; ``failed``:
     why, as the reconciler saw it (never what the function printed or returned)."""
     ok = failed is None
     outcome = "succeeded" if ok else "failed"
-    said = f'cron "{schedule}" {outcome} in {elapsed_ms:.0f} ms'
+    said = f'cron "{schedule}" {outcome} in {elapsed_ms:.0f} ms (trace {trace_id})'
     if failed is not None:
         where = f"/api/v1/environments/{spec.env_name}/functions/{spec.function}/logs"
         said += f": {failed}; what it printed is in the function's log (GET {where})"

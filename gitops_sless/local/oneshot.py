@@ -32,15 +32,20 @@ OUTPUT_WAIT_SEC = 2.0  # for what a process printed last, still in its pipes
 
 
 def run_once(
-    supervisor: Supervisor, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float
+    supervisor: Supervisor,
+    spec: ProcessSpec,
+    event: Mapping[str, object],
+    timeout_sec: float,
+    trace: Mapping[str, str] | None = None,
 ) -> str:
-    """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
+    """Run the runtime's runner once with ``event``; its stdout (JSON) is the result.
+    ``trace``: the run's ``SLESS_TRACEPARENT`` and ``SLESS_REQUEST_ID``, if given."""
     name = spec.function
     child = supervisor.start_process(
         spec,
         spec.command("runner"),
         JobFailed(f"{name}: not run: the local backend is shutting down"),
-        env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True)}),
+        env=spec.environ({"SLESS_EVENT": json.dumps(dict(event), sort_keys=True), **(trace or {})}),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -268,9 +268,15 @@ class Supervisor(Recovery):
         log_dir.mkdir(parents=True, exist_ok=True)
         self.output.note(log_dir / f"{function}.log", line.replace("\n", "\\n"))
 
-    def run_once(self, spec: ProcessSpec, event: Mapping[str, object], timeout_sec: float) -> str:
+    def run_once(
+        self,
+        spec: ProcessSpec,
+        event: Mapping[str, object],
+        timeout_sec: float,
+        trace: Mapping[str, str] | None = None,
+    ) -> str:
         """Run the runtime's runner once with ``event``; its stdout (JSON) is the result."""
-        return oneshot.run_once(self, spec, event, timeout_sec)
+        return oneshot.run_once(self, spec, event, timeout_sec, trace)
 
     def close(self) -> None:
         """Stop every process started, and start none from now on (safe to call twice)."""

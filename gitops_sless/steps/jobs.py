@@ -12,6 +12,7 @@ from ..manifests.model import Function, Job
 from ..plan.backend import JobFailed, SecretUnavailable, deployment_for
 from ..plan.diff import FINISHED, job_results
 from ..plan.planner import Plan
+from ..tracecontext import child_traceparent
 from .context import Context, PassState, log
 
 __all__ = ["MAX_JOB_ATTEMPTS", "Jobs"]
@@ -106,15 +107,17 @@ class Jobs:
     def traced(self, fn: Function, job: Job, trace: object) -> None:
         attributes = {"sless.job": job.name, "sless.run_id": job.run_id, "sless.function": fn.name}
         with telemetry.span("job", attributes, trace) as span:
-            self.run(fn, job)
+            # the run's trace: under its span when exported, else a trace of its own
+            self.run(fn, job, span.traceparent() or child_traceparent(None))
             if telemetry.enabled():  # its record says how it went
                 row = self.ctx.store.job_run(self.ctx.env, job.name, job.run_id) or {}
                 span.set_attribute("sless.result", str(row.get("phase")))
                 if row.get("phase") == "Failed":
                     span.failed(f"job {job.name} run {job.run_id} failed")
 
-    def run(self, fn: Function, job: Job) -> None:
-        """One run, to its end; its record holds the result or the error."""
+    def run(self, fn: Function, job: Job, traceparent: str) -> None:
+        """One run, to its end; its record holds the result or the error. The runner gets
+        ``traceparent`` (``SLESS_TRACEPARENT``) and the run's id (``SLESS_REQUEST_ID``)."""
         ctx = self.ctx
         env = ctx.env
         before = ctx.store.job_run(env, job.name, job.run_id)
@@ -131,12 +134,22 @@ class Jobs:
             attempts=attempt,
         )
         where = {"env": env, "function": fn.name, "job": job.name, "runId": job.run_id}
-        logs.event(log, "job.started", f"{job.name} run {job.run_id}, attempt {attempt}", **where)
+        logs.event(
+            log,
+            "job.started",
+            f"{job.name} run {job.run_id}, attempt {attempt}, trace {traceparent[3:35]}",
+            **where,
+        )
         declared = ctx.desired.jobs if ctx.desired else {}
         results = job_results(declared, ctx.store.jobs(env))
         try:
             deployment = deployment_for(env, fn, results)
-            result = ctx.backend.run_job(env, fn, job, deployment.env_vars)
+            env_vars = {
+                **deployment.env_vars,
+                "SLESS_TRACEPARENT": traceparent,
+                "SLESS_REQUEST_ID": f"{job.name}-{job.run_id}",
+            }
+            result = ctx.backend.run_job(env, fn, job, env_vars)
         except SecretUnavailable as exc:  # it went between the check and the start: wait again
             ctx.store.set_job_run(
                 env, job.name, job.run_id, phase="Pending", error=str(exc), attempts=attempt - 1
