@@ -164,6 +164,7 @@ class Context:
     __slots__ = (
         "_deadline",
         "_request_id",
+        "_span_id",
         "_traceparent",
         "_tracestate",
         "environment",
@@ -178,6 +179,7 @@ class Context:
         deadline: float,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        span_id: str | None = None,
     ):
         self.function_name = function_name
         self.environment = environment
@@ -185,6 +187,7 @@ class Context:
         self._deadline = deadline
         self._traceparent = traceparent
         self._tracestate = tracestate
+        self._span_id = span_id  # the call's own span, where spans are exported
 
     @property
     def traceparent(self) -> str:
@@ -205,10 +208,11 @@ class Context:
     def trace_headers(self) -> dict:
         """Headers that carry the call's trace on to a call it makes (its own span's id
         as the parent): ``urllib.request.Request(url, headers=context.trace_headers())``,
-        ``requests.get(url, headers=context.trace_headers())``."""
+        ``requests.get(url, headers=context.trace_headers())``. Where spans are exported
+        (SLESS_OTLP_ENDPOINT), the parent is the span exported for this call."""
         parent = self.traceparent
-        span = _random_bits(64) | 1
-        headers = {"traceparent": f"00-{parent[3:35]}-{span:016x}-{parent[53:55]}"}
+        span = self._span_id or f"{_random_bits(64) | 1:016x}"
+        headers = {"traceparent": f"00-{parent[3:35]}-{span}-{parent[53:55]}"}
         if self._tracestate:
             headers["tracestate"] = self._tracestate
         return headers
@@ -251,6 +255,303 @@ def _random_bits(bits: int) -> int:
     import random
 
     return random.getrandbits(bits)
+
+
+# --------------------------------------------------------------------------- log tags
+
+# A call being served, as the thread serving it sees it (_local.call) and the watchdog
+# (its connection's ``call``): a list, the cheapest thing to make per request.
+_HEADERS, _CONTEXT, _TAG, _OUT, _ERR, _START, _METHOD = range(7)
+_local = threading.local()
+
+
+def new_call(headers: dict, context: Context | None, method: str) -> list:
+    return [headers, context, None, "", "", 0, method]
+
+
+def _call_context(call: list) -> Context:
+    """The call's context; made here for a handler that takes none (the tag needs one)."""
+    context = call[_CONTEXT]
+    if context is None:
+        headers = call[_HEADERS]
+        context = call[_CONTEXT] = Context(
+            "", "", headers.get("x-request-id"), 0.0, headers.get("traceparent")
+        )
+    return context
+
+
+def _tag(call: list) -> str:
+    """``[request_id=<id> trace_id=<32 hex>] ``: the ids the call's context shows."""
+    tag = call[_TAG]
+    if tag is None:
+        context = _call_context(call)
+        tag = call[_TAG] = f"[request_id={context.request_id} trace_id={context.trace_id}] "
+    return tag
+
+
+class _TaggedStream:
+    """``sys.stdout`` or ``sys.stderr``: each line a thread writes while it serves a call
+    starts with the call's tag. A partial line waits for its newline, or for the end of
+    the call; what other threads write passes as it is."""
+
+    def __init__(self, stream, slot: int):
+        self._stream = stream
+        self._slot = slot
+
+    def write(self, text):
+        call = getattr(_local, "call", None)
+        if call is None or type(text) is not str:
+            return self._stream.write(text)
+        slot = self._slot
+        if "\n" not in text:
+            call[slot] += text
+            return len(text)
+        lines = (call[slot] + text).split("\n")
+        call[slot] = lines.pop()
+        tag = _tag(call)
+        self._stream.write("".join([f"{tag}{line}\n" for line in lines]))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def end_call(self, call: list) -> None:
+        """The call's partial line, ended."""
+        rest = call[self._slot]
+        if rest:
+            call[self._slot] = ""
+            self._stream.write(f"{_tag(call)}{rest}\n")
+            self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+_tagged_streams: list[_TaggedStream] = []
+
+
+def install_log_tags() -> None:
+    """Wrap sys.stdout and sys.stderr (before the handler loads, so that what it keeps
+    of them, a logging handler, writes through the wrappers)."""
+    if _tagged_streams:
+        return
+    if sys.stdout is not None:
+        sys.stdout = _TaggedStream(sys.stdout, _OUT)
+        _tagged_streams.append(sys.stdout)
+    if sys.stderr is not None:
+        sys.stderr = _TaggedStream(sys.stderr, _ERR)
+        _tagged_streams.append(sys.stderr)
+
+
+def begin_call(call: list) -> None:
+    _local.call = call
+
+
+def end_call(call: list) -> None:
+    """No longer this thread's call; its partial lines are written out."""
+    _local.call = None
+    end_partial_lines(call)
+
+
+def end_partial_lines(call: list | None) -> None:
+    if call is not None and (call[_OUT] or call[_ERR]):
+        for stream in _tagged_streams:
+            stream.end_call(call)
+
+
+# --------------------------------------------------------------------------- spans
+
+SPAN_BATCH = 256  # sent at once when this many wait, else every SPAN_INTERVAL_SEC
+SPAN_INTERVAL_SEC = 1.0
+SPAN_QUEUE = 2048  # beyond it the oldest are dropped
+SPAN_FLUSH_SEC = 2.0  # what is waiting at SIGTERM is sent for at most this long
+SPAN_SCOPE = "gitops-sless-runtime"
+DEFAULT_SPAN_SERVICE = "gitops-sless-function"
+_exporter: "_SpanExporter | None" = None  # set by main() where SLESS_OTLP_ENDPOINT is
+
+
+def _attribute(key: str, value) -> dict:
+    if type(value) is int:
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+class _SpanExporter:
+    """Each call's span, sent in batches over OTLP/HTTP JSON by one daemon thread. A
+    call only appends to a bounded queue: it never waits for the receiver."""
+
+    def __init__(
+        self, endpoint: str, token: str, service: str, function_name: str, environment: str
+    ):
+        from collections import deque
+        from urllib.parse import urlsplit
+
+        url = endpoint.rstrip("/")
+        if not url.endswith("/v1/traces"):
+            url += "/v1/traces"
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StartupError(f"SLESS_OTLP_ENDPOINT={endpoint!r} is not an http(s) URL")
+        self.url = url
+        self.parts = parts
+        self.target = parts.path + (f"?{parts.query}" if parts.query else "")
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.name = function_name
+        self.environment = environment
+        self.resource = {
+            "attributes": [
+                _attribute("service.name", service),
+                _attribute("faas.name", function_name),
+            ]
+        }
+        self.queue: deque = deque()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.dropped = 0
+        self.told_dropped = False
+        self.closing = False
+        self.connection = None
+        self.thread = threading.Thread(target=self._run, name="sless-spans", daemon=True)
+        self.thread.start()
+
+    def add(self, call: list, status: int, error: str | None) -> None:
+        """The span of a call that is answered with ``status``."""
+        end = time.time_ns()
+        context = call[_CONTEXT]
+        traceparent = context.traceparent
+        if not int(traceparent[53:55], 16) & 1:
+            return  # the caller does not sample this trace
+        sent = call[_HEADERS].get("traceparent")
+        parent = sent[36:52] if sent and sent == traceparent else None
+        span = (traceparent[3:35], context._span_id, parent, call[_START], end,
+                context.request_id, call[_METHOD], status, error)  # fmt: skip
+        with self.lock:
+            if len(self.queue) >= SPAN_QUEUE:
+                self.queue.popleft()
+                self.dropped += 1
+            self.queue.append(span)
+            full = len(self.queue) >= SPAN_BATCH
+        if full:
+            self.wake.set()
+
+    def close(self) -> None:
+        """Send what is waiting, for at most SPAN_FLUSH_SEC."""
+        self.closing = True
+        self.wake.set()
+        self.thread.join(SPAN_FLUSH_SEC)
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(SPAN_INTERVAL_SEC)
+            self.wake.clear()
+            try:
+                self._send_waiting()
+            except Exception:  # never let the exporter die
+                print_exc()
+            if self.closing:
+                return
+
+    def _send_waiting(self) -> None:
+        if self.dropped and not self.told_dropped:
+            self.told_dropped = True
+            print(
+                f"[sless] span export: more than {SPAN_QUEUE} spans waited; the oldest are "
+                f"dropped ({self.dropped} so far)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while True:
+            with self.lock:
+                batch = [self.queue.popleft() for _ in range(min(SPAN_BATCH, len(self.queue)))]
+            if not batch:
+                return
+            self._post(_json_encode(self._body(batch)).encode(), len(batch))
+
+    def _body(self, batch: list) -> dict:
+        return {
+            "resourceSpans": [
+                {
+                    "resource": self.resource,
+                    "scopeSpans": [
+                        {"scope": {"name": SPAN_SCOPE}, "spans": [self._span(s) for s in batch]}
+                    ],
+                }
+            ]
+        }
+
+    def _span(self, span: tuple) -> dict:
+        trace_id, span_id, parent, start, end, request_id, method, status, error = span
+        encoded = {
+            "traceId": trace_id,
+            "spanId": span_id,
+            "name": self.name,
+            "kind": 2,  # SERVER
+            "startTimeUnixNano": str(start),
+            "endTimeUnixNano": str(end),
+            "attributes": [
+                _attribute("faas.invocation_id", request_id),
+                _attribute("faas.name", self.name),
+                _attribute("sless.environment", self.environment),
+                _attribute("http.request.method", method),
+                _attribute("http.response.status_code", status),
+            ],
+        }
+        if parent:
+            encoded["parentSpanId"] = parent
+        if error is not None:
+            encoded["status"] = {"code": 2, "message": error}  # ERROR
+        return encoded
+
+    def _post(self, body: bytes, count: int) -> None:
+        """One POST, tried twice; a batch that fails both is dropped with one line."""
+        import http.client
+
+        problem = ""
+        for _ in range(2):
+            try:
+                connection = self.connection or self._connect()
+                connection.request("POST", self.target, body, self.headers)
+                response = connection.getresponse()
+                response.read()
+                if 200 <= response.status < 300:
+                    return
+                problem = f"HTTP {response.status}"
+            except (OSError, http.client.HTTPException) as exc:
+                problem = describe_exception(exc)
+                if self.connection is not None:
+                    self.connection.close()
+                self.connection = None
+        print(
+            f"[sless] span export to {self.url} failed ({problem}): {count} spans dropped",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _connect(self):
+        import http.client
+
+        parts = self.parts
+        if parts.scheme == "https":
+            make = http.client.HTTPSConnection
+        else:
+            make = http.client.HTTPConnection
+        self.connection = make(parts.hostname, parts.port, timeout=5)
+        return self.connection
+
+
+def start_span_export(function_name: str, environment: str) -> "_SpanExporter | None":
+    """SLESS_OTLP_ENDPOINT, _TOKEN and _SERVICE, taken out of the environment (not the
+    handler's to see); the exporter where an endpoint is set."""
+    global _exporter
+    endpoint = os.environ.pop("SLESS_OTLP_ENDPOINT", "").strip()
+    token = os.environ.pop("SLESS_OTLP_TOKEN", "")
+    service = os.environ.pop("SLESS_OTLP_SERVICE", "") or DEFAULT_SPAN_SERVICE
+    if endpoint:
+        _exporter = _SpanExporter(endpoint, token, service, function_name, environment)
+    return _exporter
 
 
 _CO_VARARGS = 0x04  # inspect.CO_VARARGS
@@ -349,6 +650,7 @@ def print_handler_exception(exc: BaseException, heading: str) -> None:
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _RUNTIME_DIR:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    end_partial_lines(getattr(_local, "call", None))  # the heading starts a line of its own
     sys.stderr.write(f"{heading}\n{text}")
     sys.stderr.flush()
 
@@ -651,10 +953,11 @@ class _BadRequest(Exception):
 class _Connection:
     """One client connection. ``deadline`` is non-zero while a handler runs."""
 
-    __slots__ = ("abandoned", "buf", "deadline", "is_head", "keep", "lock", "sock")
+    __slots__ = ("abandoned", "buf", "call", "deadline", "is_head", "keep", "lock", "sock")
 
     def __init__(self, sock: _socket.socket, buf: bytes = b""):
         self.sock = sock
+        self.call: list | None = None  # the call being served (see new_call)
         self.buf = buf
         self.deadline = 0.0
         self.abandoned = False
@@ -827,7 +1130,13 @@ class Server:
             conn.abandoned = True
         self.load.end()
         self.connections.discard(conn)
-        print(f"[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True)
+        call = conn.call
+        tag = "" if call is None else _tag(call)
+        print(
+            f"{tag}[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True
+        )
+        if _exporter is not None and call is not None:
+            _exporter.add(call, 504, self.timeout_text)
         keep = conn.keep and not self.stopping
         reply = _json_error(504, self.timeout_text, keep, conn.is_head)
         # A fresh thread answers 504 and, on a keep-alive connection, goes on serving it.
@@ -930,7 +1239,8 @@ class Server:
         conn.keep = keep
         conn.is_head = is_head
         deadline = _monotonic() + self.timeout
-        if self.needs_context:
+        exporter = _exporter
+        if self.needs_context or exporter is not None:
             context = Context(
                 self.function_name,
                 self.environment,
@@ -938,44 +1248,57 @@ class Server:
                 deadline,
                 headers.get("traceparent"),
                 headers.get("tracestate"),
+                None if exporter is None else f"{_random_bits(64) | 1:016x}",
             )
         else:
             context = None
-        self.load.begin()
-        conn.deadline = deadline
+        call = conn.call = new_call(headers, context, method)
+        _local.call = call
         try:
-            result = self.call(event, context)
-        except BaseException as exc:
-            with conn.lock:
-                if conn.abandoned:
-                    return False
-                conn.deadline = 0.0
-            self.load.end()
-            if self.stopping:
-                keep = False
-            reply = self._handler_failed(exc, method, path, headers, keep, is_head)
-        else:
-            with conn.lock:
-                if conn.abandoned:
-                    return False
-                conn.deadline = 0.0
-            self.load.end()
-            if self.stopping:
-                keep = False
+            if exporter is not None:
+                call[_START] = time.time_ns()
+            self.load.begin()
+            conn.deadline = deadline
             try:
-                reply = render_result(result, keep, is_head)
-            except Exception as exc:
-                reply = self._handler_failed(exc, method, path, headers, keep, is_head)
+                result = self.call(event, context)
+            except BaseException as exc:
+                with conn.lock:
+                    if conn.abandoned:
+                        return False
+                    conn.deadline = 0.0
+                self.load.end()
+                if self.stopping:
+                    keep = False
+                reply = self._handler_failed(exc, call, method, path, keep, is_head)
+                error = describe_exception(exc)
+            else:
+                with conn.lock:
+                    if conn.abandoned:
+                        return False
+                    conn.deadline = 0.0
+                self.load.end()
+                if self.stopping:
+                    keep = False
+                error = None
+                try:
+                    reply = render_result(result, keep, is_head)
+                except Exception as exc:
+                    reply = self._handler_failed(exc, call, method, path, keep, is_head)
+                    error = describe_exception(exc)
+            if exporter is not None:
+                exporter.add(call, int(reply[9:12]), error)
+        finally:
+            end_call(call)
         sock.sendall(reply)
         return keep
 
     def _handler_failed(
-        self, exc: BaseException, method: str, path: str, headers: dict, keep: bool, is_head: bool
+        self, exc: BaseException, call: list, method: str, path: str, keep: bool, is_head: bool
     ) -> bytes:
         """The 500 for a handler's exception, which is always in the log. Its text can
         hold what the caller sent or what the function knows, so the caller reads it only
         where details are shown; elsewhere, the request id that finds it in the log."""
-        request_id = headers.get("x-request-id") or _new_request_id()
+        request_id = _call_context(call).request_id  # the log tag's and the context's
         print_handler_exception(
             exc, f"[sless] the handler raised on {method} {path} (request {request_id}):"
         )
@@ -1205,6 +1528,9 @@ def main(started: float | None = None) -> int:
         timeout = parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
         function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
         replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
+        function_name = os.environ.get("SLESS_FUNCTION_NAME", "")
+        exporter = start_span_export(function_name or entrypoint, os.environ.get("SLESS_ENV", ""))
+        install_log_tags()
         handler = load_handler(entrypoint, function_dir)
         phases["handler"] = _monotonic()
         server = Server(
@@ -1212,7 +1538,7 @@ def main(started: float | None = None) -> int:
             host,
             port,
             timeout,
-            function_name=os.environ.get("SLESS_FUNCTION_NAME", ""),
+            function_name=function_name,
             environment=os.environ.get("SLESS_ENV", ""),
             entrypoint=entrypoint,
             replica_key=replica_key,
@@ -1247,6 +1573,8 @@ def main(started: float | None = None) -> int:
     if server.listener is not None:
         server.listener.close()
     server.drain(grace=server.timeout + 1)
+    if exporter is not None:
+        exporter.close()
     print(f"{RUNTIME} stopped", file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

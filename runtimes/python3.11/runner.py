@@ -5,6 +5,10 @@ handler named by ``SLESS_ENTRYPOINT`` and prints the JSON of its return value
 as one line on stdout. Whatever the handler prints goes to stderr, so stdout
 holds only the result.
 
+While the handler runs, each line written on stdout or stderr starts with the run's
+tag, ``[request_id=<SLESS_REQUEST_ID> trace_id=<SLESS_TRACEPARENT's trace id>] `` (a
+generated id, a new trace where they are not set), as the server tags a request's.
+
 Exit codes: 0 success, 1 the handler raised / cannot be loaded / returned
 something that is not JSON, 2 ``SLESS_EVENT`` is not a JSON object, 124 the
 call ran past ``SLESS_TIMEOUT_SEC``.
@@ -31,7 +35,12 @@ def _load_runtime():
     return _sless_server
 
 
+_calls: list = []  # the run's call, once it begins (its partial lines end at the exit)
+
+
 def _exit(code: int) -> None:
+    for call in _calls:
+        _load_runtime().end_call(call)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # do not wait for threads the handler left running
@@ -43,6 +52,7 @@ def main() -> None:
     fail = f"{rt.RUNTIME} runner: error:"
     result_out = sys.stdout
     sys.stdout = sys.stderr  # the handler's own prints, from import time on
+    rt.install_log_tags()
 
     raw_event = os.environ.get("SLESS_EVENT")
     if raw_event is None or raw_event.strip() == "":
@@ -68,22 +78,24 @@ def main() -> None:
         print(f"{fail} {exc}", file=sys.stderr)
         _exit(1)
 
-    call, needs_context = rt.make_caller(handler)
+    call_handler, _ = rt.make_caller(handler)
     deadline = time.monotonic() + timeout
-    context = None
-    if needs_context:
-        context = rt.Context(
-            os.environ.get("SLESS_FUNCTION_NAME", ""),
-            os.environ.get("SLESS_ENV", ""),
-            uuid.uuid4().hex,
-            deadline,
-            os.environ.get("SLESS_TRACEPARENT"),  # a run the reconciler traces
-        )
+    context = rt.Context(
+        os.environ.get("SLESS_FUNCTION_NAME", ""),
+        os.environ.get("SLESS_ENV", ""),
+        os.environ.get("SLESS_REQUEST_ID") or uuid.uuid4().hex,
+        deadline,
+        os.environ.get("SLESS_TRACEPARENT"),  # a run the reconciler traces
+    )
+    call = rt.new_call({}, context, "")
+    _calls.append(call)
+    rt.begin_call(call)  # the runner's own lines about the run are tagged too
     outcome: dict = {}
 
     def run() -> None:
+        rt.begin_call(call)
         try:
-            outcome["result"] = call(event, context)
+            outcome["result"] = call_handler(event, context)
         except BaseException as exc:
             outcome["error"] = exc
 
