@@ -7,6 +7,10 @@
  * line on stdout. Whatever the handler logs (console.log, console.info,
  * process.stdout.write) goes to stderr, so stdout holds only the result.
  *
+ * While the handler runs, each line it writes starts with the run's tag,
+ * `[request_id=<SLESS_REQUEST_ID> trace_id=<SLESS_TRACEPARENT's trace id>] ` (a generated
+ * id, a new trace where they are not set), as the server tags a request's.
+ *
  * Exit codes: 0 success, 1 the handler threw / cannot be loaded / returned
  * something that is not JSON, 2 SLESS_EVENT is not a JSON object, 124 the
  * call ran past SLESS_TIMEOUT_SEC (an async handler; a synchronous endless
@@ -25,8 +29,14 @@ process.stdout.write = toStderr;
 for (const method of ['log', 'info', 'debug']) {
   console[method] = (...args) => console.error(...args);
 }
+rt.installLogTags();
+// one stream, one partial line: what goes to stdout is stderr's, tagged there
+process.stdout.write = (chunk, encoding, callback) => process.stderr.write(chunk, encoding, callback);
+
+let runCall; // the run, once it begins: its partial lines end at the exit
 
 function exit(code, stdoutText) {
+  if (runCall !== undefined) rt.endPartialLines(runCall);
   const done = () => process.exit(code);
   if (stdoutText === undefined) {
     // stderr is synchronous for files and pipes on Linux; exit at once.
@@ -70,28 +80,31 @@ async function main() {
   const context = rt.makeContext(
     process.env.SLESS_FUNCTION_NAME || '',
     process.env.SLESS_ENV || '',
-    crypto.randomUUID().replace(/-/g, ''),
+    process.env.SLESS_REQUEST_ID || crypto.randomUUID().replace(/-/g, ''),
     performance.now() + timeoutMs,
     process.env.SLESS_TRACEPARENT, // a run the reconciler traces
   );
-  rt.invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
+  runCall = rt.newCall(context);
+  rt.runInCall(runCall, rt.invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
+    rt.endPartialLines(runCall);
+    const log = (text) => process.stderr.write(text); // tagged: the runner's lines about the run
     if (timedOut) {
-      toStderr(`function timed out after ${rt.formatSeconds(timeoutSec)}s\n`);
+      log(`function timed out after ${rt.formatSeconds(timeoutSec)}s\n`);
       return exit(124);
     }
     if (err) {
-      toStderr(`${FAIL} the handler threw ${rt.describeError(err)}\n${rt.errorStack(err)}\n`);
+      log(`${FAIL} the handler threw ${rt.describeError(err)}\n${rt.errorStack(err)}\n`);
       return exit(1);
     }
     let text;
     try {
       text = result === undefined ? 'null' : JSON.stringify(result);
     } catch (jsonErr) {
-      toStderr(`${FAIL} the handler's result is not JSON serialisable: ${rt.describeError(jsonErr)}\n`);
+      log(`${FAIL} the handler's result is not JSON serialisable: ${rt.describeError(jsonErr)}\n`);
       return exit(1);
     }
     if (text === undefined) {
-      toStderr(`${FAIL} the handler's result is not JSON serialisable: ${typeof result}\n`);
+      log(`${FAIL} the handler's result is not JSON serialisable: ${typeof result}\n`);
       return exit(1);
     }
     return exit(0, `${text}\n`);

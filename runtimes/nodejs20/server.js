@@ -13,6 +13,10 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  *                        error with the request id, the error only in the log (default: 1 in
  *                        a preview environment, `pr-*`, else 0)
  *   PORT, SLESS_HOST     where to listen (default 0.0.0.0:8080)
+ *   SLESS_OTLP_ENDPOINT  where set, each call is a span sent over OTLP/HTTP JSON to
+ *                        <endpoint>/v1/traces (with SLESS_OTLP_TOKEN as a bearer token and
+ *                        SLESS_OTLP_SERVICE as service.name); the three are taken out of
+ *                        process.env before the handler loads
  *   SLESS_READY_FD       an inherited pipe: once listening, one JSON line goes there, e.g.
  *                        {"port":8080,"t":{"start":..,"runtime":..,"handler":..,"listening":..}}
  *                        (CLOCK_MONOTONIC seconds at each phase of the start, as Python's
@@ -27,6 +31,10 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  * that never settles gets its 504, but a synchronous endless loop blocks the
  * whole process and cannot be interrupted (JavaScript is single-threaded).
  *
+ * While a call runs, each line written on stdout or stderr in its async context (console.*,
+ * process.stdout.write, process.stderr.write) starts with the call's tag,
+ * `[request_id=<id> trace_id=<32 hex>] `, the ids its context shows.
+ *
  * `runner.js` requires this file for the shared loading and calling code.
  */
 
@@ -34,6 +42,7 @@ const fs = require('node:fs');
 const http = require('node:http');
 const path = require('node:path');
 const crypto = require('node:crypto');
+const { AsyncLocalStorage } = require('node:async_hooks');
 const { pathToFileURL } = require('node:url');
 
 const RUNTIME = 'nodejs20';
@@ -128,13 +137,21 @@ class Context {
   #traceparent;
   #tracestate;
 
-  constructor(functionName, environment, requestId, deadline, traceparent, tracestate) {
+  #spanId;
+
+  constructor(functionName, environment, requestId, deadline, traceparent, tracestate, spanId) {
     this.functionName = functionName;
     this.environment = environment;
     this.#requestId = requestId;
     this.#deadline = deadline;
     this.#traceparent = traceparent;
     this.#tracestate = tracestate;
+    this.#spanId = spanId; // the call's own span, where spans are exported
+  }
+
+  /** The id of the span exported for this call (SLESS_OTLP_ENDPOINT), else undefined. */
+  get spanId() {
+    return this.#spanId;
   }
 
   /** The call's W3C traceparent (the proxy sends one; else a new trace, made on first use). */
@@ -152,10 +169,12 @@ class Context {
   }
 
   /** Headers that carry the call's trace on to a call it makes (its own span's id as the
-   *  parent): `fetch(url, { headers: context.traceHeaders() })`. */
+   *  parent): `fetch(url, { headers: context.traceHeaders() })`. Where spans are exported
+   *  (SLESS_OTLP_ENDPOINT), the parent is the span exported for this call. */
   traceHeaders() {
     const parent = this.traceparent;
-    const headers = { traceparent: `00-${parent.slice(3, 35)}-${randomHex(8)}-${parent.slice(53, 55)}` };
+    const span = this.#spanId || randomHex(8);
+    const headers = { traceparent: `00-${parent.slice(3, 35)}-${span}-${parent.slice(53, 55)}` };
     if (this.#tracestate) headers.tracestate = this.#tracestate;
     return headers;
   }
@@ -199,6 +218,267 @@ function randomHex(bytes) {
 
 function makeContext(functionName, environment, requestId, deadline, traceparent, tracestate) {
   return new Context(functionName, environment, requestId, deadline, traceparent, tracestate);
+}
+
+// ------------------------------------------------------------------ log tags
+
+/** The call a piece of code runs for: { context, tag, out, err } (newCall). */
+const calls = new AsyncLocalStorage();
+const streamEnds = []; // each tagged stream's end of a call's partial line
+
+function newCall(context) {
+  return { context, tag: null, out: '', err: '' };
+}
+
+/** `[request_id=<id> trace_id=<32 hex>] `: the ids the call's context shows. */
+function callTag(call) {
+  if (call.tag === null) call.tag = `[request_id=${call.context.requestId} trace_id=${call.context.traceId}] `;
+  return call.tag;
+}
+
+/** Run `fn(...args)` as the call's code: what it writes, now or later, is tagged. */
+function runInCall(call, fn, ...args) {
+  return calls.run(call, fn, ...args);
+}
+
+/** The call's partial lines (written without their newline), ended. */
+function endPartialLines(call) {
+  if (call !== undefined && (call.out !== '' || call.err !== '')) {
+    for (const end of streamEnds) end(call);
+  }
+}
+
+function chunkText(chunk, encoding) {
+  if (typeof chunk === 'string') {
+    return typeof encoding === 'string' && !/^utf-?8$/i.test(encoding) ? Buffer.from(chunk, encoding).toString() : chunk;
+  }
+  if (chunk instanceof Uint8Array) return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength).toString();
+  return null;
+}
+
+function tagStream(stream, slot) {
+  const write = stream.write;
+  stream.write = function taggedWrite(chunk, encoding, callback) {
+    const call = calls.getStore();
+    const text = call === undefined ? null : chunkText(chunk, encoding);
+    if (text === null) return write.apply(this, arguments);
+    if (typeof encoding === 'function') callback = encoding;
+    const all = call[slot] + text;
+    const cut = all.lastIndexOf('\n');
+    if (cut < 0) {
+      call[slot] = all;
+      if (typeof callback === 'function') process.nextTick(callback);
+      return true;
+    }
+    call[slot] = all.slice(cut + 1);
+    const tag = callTag(call);
+    const lines = all.slice(0, cut).split('\n');
+    return write.call(this, `${tag}${lines.join(`\n${tag}`)}\n`, callback);
+  };
+  streamEnds.push((call) => {
+    const rest = call[slot];
+    if (rest === '') return;
+    call[slot] = '';
+    write.call(stream, `${callTag(call)}${rest}\n`);
+  });
+}
+
+let logTagsInstalled = false;
+
+/** Tag the lines of process.stdout and process.stderr (console.* writes through them). */
+function installLogTags() {
+  if (logTagsInstalled) return;
+  logTagsInstalled = true;
+  tagStream(process.stdout, 'out');
+  tagStream(process.stderr, 'err');
+}
+
+// ------------------------------------------------------------------ spans
+
+const SPAN_BATCH = 256; // sent at once when this many wait, else every SPAN_INTERVAL_MS
+const SPAN_INTERVAL_MS = 1000;
+const SPAN_QUEUE = 2048; // beyond it the oldest are dropped
+const SPAN_FLUSH_MS = 2000; // what is waiting at SIGTERM is sent for at most this long
+const SPAN_SCOPE = 'gitops-sless-runtime';
+const DEFAULT_SPAN_SERVICE = 'gitops-sless-function';
+const EPOCH_NS = BigInt(Date.now()) * 1000000n - process.hrtime.bigint();
+
+const nowNs = () => process.hrtime.bigint() + EPOCH_NS;
+
+function attribute(key, value) {
+  return { key, value: typeof value === 'number' ? { intValue: String(value) } : { stringValue: value } };
+}
+
+/** Each call's span, sent in batches over OTLP/HTTP JSON from an unref'd timer. A call only
+ *  appends to a bounded queue: it never waits for the receiver. */
+class SpanExporter {
+  constructor(endpoint, token, service, name, environment) {
+    let url = endpoint.replace(/\/+$/, '');
+    if (!url.endsWith('/v1/traces')) url += '/v1/traces';
+    let parsed;
+    try {
+      parsed = new URL(url);
+    } catch {
+      parsed = null;
+    }
+    if (parsed === null || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:')) {
+      throw new StartupError(`SLESS_OTLP_ENDPOINT=${JSON.stringify(endpoint)} is not an http(s) URL`);
+    }
+    this.url = url;
+    this.parsed = parsed;
+    this.headers = { 'Content-Type': 'application/json' };
+    if (token) this.headers.Authorization = `Bearer ${token}`;
+    this.name = name;
+    this.environment = environment;
+    this.resource = { attributes: [attribute('service.name', service), attribute('faas.name', name)] };
+    this.queue = [];
+    this.dropped = 0;
+    this.toldDropped = false;
+    this.timer = null;
+    this.sending = false;
+    this.onIdle = null;
+  }
+
+  /** The span of a call that was answered with `status`. */
+  add(call, start, status, error) {
+    const end = nowNs();
+    const context = call.context;
+    const traceparent = context.traceparent;
+    if (!(parseInt(traceparent.slice(53, 55), 16) & 1)) return; // the caller does not sample it
+    const sent = call.sent;
+    const parent = sent && sent === traceparent ? sent.slice(36, 52) : null;
+    if (this.queue.length >= SPAN_QUEUE) {
+      this.queue.shift();
+      this.dropped++;
+    }
+    this.queue.push([traceparent.slice(3, 35), context.spanId, parent, start, end, context.requestId, call.method, status, error]);
+    this.schedule(this.queue.length >= SPAN_BATCH ? 0 : SPAN_INTERVAL_MS);
+  }
+
+  schedule(ms) {
+    if (this.sending) return; // the send in flight looks again when it ends
+    if (this.timer !== null) {
+      if (ms > 0) return;
+      clearTimeout(this.timer);
+    }
+    // outside any call: the exporter's own lines are not a call's
+    this.timer = calls.exit(() => setTimeout(() => this.sendWaiting(), ms));
+    this.timer.unref();
+  }
+
+  sendWaiting() {
+    this.timer = null;
+    if (this.dropped > 0 && !this.toldDropped) {
+      this.toldDropped = true;
+      process.stderr.write(
+        `[sless] span export: more than ${SPAN_QUEUE} spans waited; the oldest are dropped (${this.dropped} so far)\n`,
+      );
+    }
+    const batch = this.queue.splice(0, SPAN_BATCH);
+    if (batch.length === 0) {
+      if (this.onIdle) this.onIdle();
+      return;
+    }
+    this.sending = true;
+    const body = JSON.stringify(this.body(batch));
+    this.post(body, batch.length, 2, () => {
+      this.sending = false;
+      if (this.onIdle || this.queue.length >= SPAN_BATCH) this.sendWaiting();
+      else if (this.queue.length > 0) this.schedule(SPAN_INTERVAL_MS);
+    });
+  }
+
+  /** Send what is waiting, for at most SPAN_FLUSH_MS; then `done()`. */
+  flush(done) {
+    let finished = false;
+    const finish = () => {
+      if (finished) return;
+      finished = true;
+      done();
+    };
+    setTimeout(finish, SPAN_FLUSH_MS);
+    this.onIdle = finish;
+    if (this.timer !== null) clearTimeout(this.timer);
+    if (!this.sending) calls.exit(() => this.sendWaiting());
+  }
+
+  body(batch) {
+    return {
+      resourceSpans: [
+        { resource: this.resource, scopeSpans: [{ scope: { name: SPAN_SCOPE }, spans: batch.map((s) => this.span(s)) }] },
+      ],
+    };
+  }
+
+  span([traceId, spanId, parent, start, end, requestId, method, status, error]) {
+    const encoded = {
+      traceId,
+      spanId,
+      name: this.name,
+      kind: 2, // SERVER
+      startTimeUnixNano: String(start),
+      endTimeUnixNano: String(end),
+      attributes: [
+        attribute('faas.invocation_id', requestId),
+        attribute('faas.name', this.name),
+        attribute('sless.environment', this.environment),
+        attribute('http.request.method', method),
+        attribute('http.response.status_code', status),
+      ],
+    };
+    if (parent) encoded.parentSpanId = parent;
+    if (error !== null) encoded.status = { code: 2, message: error }; // ERROR
+    return encoded;
+  }
+
+  /** One POST, tried `tries` times; a batch that fails them all is dropped with one line. */
+  post(body, count, tries, done) {
+    const client = this.parsed.protocol === 'https:' ? require('node:https') : http;
+    let answered = false;
+    const failed = (problem) => {
+      if (answered) return;
+      answered = true;
+      if (tries > 1) {
+        this.post(body, count, tries - 1, done);
+        return;
+      }
+      process.stderr.write(`[sless] span export to ${this.url} failed (${problem}): ${count} spans dropped\n`);
+      done();
+    };
+    const req = client.request(this.parsed, {
+      method: 'POST',
+      headers: { ...this.headers, 'Content-Length': Buffer.byteLength(body) },
+      timeout: 5000,
+    });
+    req.on('response', (res) => {
+      res.resume();
+      res.on('end', () => {
+        if (res.statusCode < 200 || res.statusCode > 299) {
+          failed(`HTTP ${res.statusCode}`);
+          return;
+        }
+        if (answered) return;
+        answered = true;
+        done();
+      });
+      res.on('error', (err) => failed(err.message));
+    });
+    req.on('timeout', () => req.destroy(new Error('timed out')));
+    req.on('error', (err) => failed(err.code || err.message));
+    req.end(body);
+  }
+}
+
+/** SLESS_OTLP_ENDPOINT, _TOKEN and _SERVICE, taken out of process.env (not the handler's to
+ *  see); the exporter where an endpoint is set, else null. */
+function startSpanExport(name, environment) {
+  const endpoint = (process.env.SLESS_OTLP_ENDPOINT || '').trim();
+  const token = process.env.SLESS_OTLP_TOKEN || '';
+  const service = process.env.SLESS_OTLP_SERVICE || DEFAULT_SPAN_SERVICE;
+  delete process.env.SLESS_OTLP_ENDPOINT;
+  delete process.env.SLESS_OTLP_TOKEN;
+  delete process.env.SLESS_OTLP_SERVICE;
+  return endpoint ? new SpanExporter(endpoint, token, service, name, environment) : null;
 }
 
 function describeError(err) {
@@ -282,6 +562,7 @@ function showsErrorDetail(setting, environment) {
  * shown; elsewhere, the request id that finds it in the log.
  */
 function handlerFailed(res, err, method, path, requestId, errorDetail) {
+  endPartialLines(calls.getStore()); // the heading starts a line of its own
   process.stderr.write(`[sless] the handler raised on ${method} ${path} (request ${requestId}):\n${errorStack(err)}\n`);
   if (errorDetail) sendJsonError(res, 500, describeError(err));
   else send(res, 500, JSON_TYPE, JSON.stringify({ error: GENERIC_ERROR, requestId }), null);
@@ -451,7 +732,7 @@ function healthBody(state) {
 }
 
 function createServer(handler, options) {
-  const { timeoutSec, functionName = '', environment = '', replicaKey = null } = options;
+  const { timeoutSec, functionName = '', environment = '', replicaKey = null, exporter = null } = options;
   const errorDetail = options.errorDetail ?? showsErrorDetail(undefined, environment);
   // set where others share the network (the local backend): a call without it did not
   // come through the proxy, and skipped its limits and its record
@@ -485,10 +766,14 @@ function createServer(handler, options) {
     const headers = event._headers;
     const context = new Context(
       functionName, environment, headers['x-request-id'], deadline, headers.traceparent, headers.tracestate,
+      exporter === null ? undefined : randomHex(8),
     );
+    const call = newCall(context);
+    const start = exporter === null ? 0n : nowNs();
     track(1);
-    invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
+    calls.run(call, invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
       track(-1);
+      endPartialLines(call); // the runtime's lines about the call start lines of their own
       state.requests++;
       if (state.stopping) res.setHeader('Connection', 'close');
       if (timedOut) {
@@ -504,6 +789,13 @@ function createServer(handler, options) {
           if (!res.headersSent) sendJsonError(res, 500, describeError(sendErr));
           else res.destroy();
         }
+      }
+      endPartialLines(call);
+      if (exporter !== null) {
+        call.sent = headers.traceparent;
+        call.method = req.method;
+        const error = timedOut ? timeoutText : err ? describeError(err) : null;
+        exporter.add(call, start, res.statusCode, error);
       }
       if (state.stopping) maybeExit();
     });
@@ -582,7 +874,7 @@ function createServer(handler, options) {
     const finish = () => {
       if (finished) return;
       finished = true;
-      onDone();
+      calls.exit(onDone); // the last call's answer may be what ends the wait: not its lines
     };
     maybeExit = () => {
       if (state.busy <= 0) finish();
@@ -656,6 +948,7 @@ async function main() {
   let handler;
   let timeoutSec;
   let replicaKey;
+  let exporter = null;
   let readyFd = null;
   try {
     readyFd = takeReadyFd();
@@ -664,6 +957,8 @@ async function main() {
     const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
     replicaKey = process.env.SLESS_REPLICA_KEY || null;
     delete process.env.SLESS_REPLICA_KEY; // not the handler's to see
+    exporter = startSpanExport(process.env.SLESS_FUNCTION_NAME || entrypoint, process.env.SLESS_ENV || '');
+    installLogTags();
     handler = await loadHandler(entrypoint, functionDir);
     phases.handler = monotonicSeconds();
   } catch (err) {
@@ -677,6 +972,7 @@ async function main() {
     functionName: process.env.SLESS_FUNCTION_NAME || '',
     environment: process.env.SLESS_ENV || '',
     replicaKey,
+    exporter,
     errorDetail: showsErrorDetail(process.env.SLESS_ERROR_DETAIL, process.env.SLESS_ENV),
   });
   server.once('error', (err) => {
@@ -695,8 +991,12 @@ async function main() {
     process.on('SIGTERM', () => {});
     process.on('SIGINT', () => {});
     server.shutdown(() => {
-      process.stderr.write(`${RUNTIME} stopped\n`);
-      process.exit(0);
+      const exit = () => {
+        process.stderr.write(`${RUNTIME} stopped\n`);
+        process.exit(0);
+      };
+      if (exporter !== null) exporter.flush(exit);
+      else exit();
     });
   };
   process.on('SIGTERM', stop);
@@ -710,6 +1010,10 @@ module.exports = {
   formatSeconds,
   loadHandler,
   makeContext,
+  newCall,
+  runInCall,
+  endPartialLines,
+  installLogTags,
   describeError,
   errorStack,
   invoke,

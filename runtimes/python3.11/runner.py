@@ -51,8 +51,8 @@ def main() -> None:
     rt = _load_runtime()
     fail = f"{rt.RUNTIME} runner: error:"
     result_out = sys.stdout
-    sys.stdout = sys.stderr  # the handler's own prints, from import time on
     rt.install_log_tags()
+    sys.stdout = sys.stderr  # the handler's own prints, from import time on (one partial line)
 
     raw_event = os.environ.get("SLESS_EVENT")
     if raw_event is None or raw_event.strip() == "":
