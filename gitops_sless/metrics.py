@@ -208,6 +208,15 @@ class Registry:
             "Rollbacks and unpins asked for, by environment, function, action (rollback, "
             "unpin: by hand; unpinned: by a commit that changed the function) and who.",
         )
+        self.notifications = Counter(
+            "sless_notifications_total",
+            "Notification messages by provider and result: delivered, retried (tried again "
+            "later), dropped (refused by the receiver, or too many waiting).",
+        )
+        self.notification_events = Counter(
+            "sless_notification_events_total",
+            "Events queued for a notification provider, by provider and event.",
+        )
         self.last_success = Gauge(
             "sless_last_successful_sync_timestamp_seconds",
             "When the last pass that fetched and converged finished (Unix time), by environment.",
@@ -239,6 +248,8 @@ class Registry:
                 self.async_invocations,
                 self.async_oldest,
                 self.revision_switches,
+                self.notifications,
+                self.notification_events,
             ]
             return "\n".join(line for part in parts for line in part.render()) + "\n"
 

@@ -172,6 +172,18 @@ def add_async_flags(serve: argparse.ArgumentParser) -> None:
     )
 
 
+def add_notify_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--notify-config",
+        default=os.environ.get("SLESS_NOTIFY_CONFIG") or None,
+        metavar="FILE",
+        help="notifications of deploys and failures: a YAML file of providers (webhook, "
+        "slack, teams, forge), the events each receives and the environments and functions "
+        "it hears of (schemas/notify.schema.json) (default: $SLESS_NOTIFY_CONFIG; none: "
+        "rollouts are reported to the forge, as without it)",
+    )
+
+
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")
 
 

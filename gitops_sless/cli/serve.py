@@ -27,6 +27,7 @@ from .flaggroups import (
     TRUST_LEVELS,
     add_async_flags,
     add_kube_flags,
+    add_notify_flags,
     add_preview_flags,
     add_scaling_flags,
     duration,
@@ -134,6 +135,7 @@ def add_parser(commands: Any) -> None:
     add_preview_flags(serve)
     add_scaling_flags(serve)
     add_async_flags(serve)
+    add_notify_flags(serve)
     serve.add_argument(
         "--fetch-timeout",
         type=float,
@@ -409,6 +411,19 @@ def _preview_secrets_dir(value: str | None, secrets_dir: str | None) -> Path | N
     return path
 
 
+def _notify_config(value: str | None, secrets_dir: str | None) -> Path | None:
+    """The file, once it is known to be usable: a bad one is a usage error, not a crash."""
+    if not value:
+        return None
+    from ..notify import NotifyConfigError, load
+
+    try:
+        load(Path(value), Path(secrets_dir) if secrets_dir else None)
+    except NotifyConfigError as exc:
+        raise UsageError(f"--notify-config: {exc}") from None
+    return Path(value)
+
+
 def _kube_settings(args: argparse.Namespace) -> Any:
     from ..kube.settings import KubeSettings
 
@@ -554,6 +569,7 @@ def _start(args: argparse.Namespace) -> int:
         invocation_retention=duration("--invocation-retention", args.invocation_retention),
         callback_allow=_networks("--callback-allow", args.callback_allow),
         error_details=_error_details(args.error_details),
+        notify_config=_notify_config(args.notify_config, args.secrets_dir),
     )
     logs.configure(config.log_format, config.log_level)
     if config.backend == "local":

@@ -181,6 +181,10 @@ class Invocations:
         found = self._counts.get((env, function))
         return dict(found[0]) if found else dict.fromkeys(STATUSES, 0)
 
+    def dead_letters(self) -> dict[tuple[str, str], int]:
+        """(env, function) -> its dead invocations, as last counted (every few seconds)."""
+        return {key: found[0].get("dead", 0) for key, found in self._counts.items()}
+
     def _engine(self) -> Engine:
         if self.engine is None:
             raise LookupError("asynchronous invocations are off")

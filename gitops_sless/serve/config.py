@@ -69,6 +69,7 @@ class ServeConfig:
     invocation_retention: float = 86400.0  # ended invocations are kept this long
     callback_allow: tuple[str, ...] = ()  # CIDRs a callback URL may resolve to after all
     error_details: ErrorDetails = DEFAULT_ERROR_DETAILS  # whose callers read an exception
+    notify_config: Path | None = None  # notifications' providers (gitops_sless.notify)
 
     @property
     def public_url(self) -> str:

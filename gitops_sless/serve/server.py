@@ -33,6 +33,7 @@ from ..local.backend import LocalBackend
 from ..local.secrets import SecretsDir
 from ..manifests import runtimes
 from ..metrics import METRICS
+from ..notify import notifications
 from ..plan.backend import Backend
 from ..previews.environments import PinnedSource, PreviewConfig, Previews
 from ..previews.reporter import reporting
@@ -111,6 +112,7 @@ class Server:
             config.instance_name,
             required=config.previews,
         )
+        self.notify = notifications(config, self.store, self.reporter, self.mirror)
         self.reconciler = Reconciler(
             self.mirror,
             self.backend,
@@ -125,8 +127,7 @@ class Server:
             after_pass=self._after_pass,
             work=self.work,
             keep_revisions=config.keep_revisions,
-            # a rollout's start and verdict become its commit's status (and a PR comment)
-            on_verdict=self.reporter.report_rollout if self.reporter else None,
+            on_verdict=self.notify.on_verdict,  # the forge's commit status, a rollback's event
         )
         if adopted:  # their routes before the first call: the restore adopts them
             self.reconciler.restore_serving()
@@ -145,6 +146,7 @@ class Server:
         )
         # attempts go through the proxy, in this process: every rule of a call applies
         self.async_calls = queue.invocations(config, self.routes, ProxyCaller(self.proxy))
+        self.notify.watch_dead_letters(self.async_calls.dead_letters)
         api = create_api(
             self.reconciler,
             self.store,
@@ -167,6 +169,7 @@ class Server:
             invocations=self.async_calls,
             routes=self.routes,
             fn_url=config.fn_url,
+            notifications=self.notify.status,
         )
         if self.elector is not None:
             share_sign_outs(api.state.access, self.elector.members)
@@ -274,6 +277,7 @@ class Server:
             self.previews.request()  # its pass looks at the replicas again
 
     def _after_pass(self) -> None:
+        self.notify.wake()
         previews = getattr(self, "previews", None)  # the first pass may end before it exists
         if previews is not None:
             previews.request()
@@ -482,6 +486,7 @@ class Server:
             self.previews.stop()
         if self.reporter is not None:
             self.reporter.close()
+        self.notify.close()
         if self.elector is not None:
             self.followers.stop()
             self.elector.stop()  # hands the lease over at once

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from .notifyrows import NOTIFY_TABLE
+
 __all__ = ["create_or_upgrade"]
 
 TABLES = """
@@ -212,7 +214,7 @@ _BUILD_COLUMNS = (
 
 def create_or_upgrade(db: sqlite3.Connection) -> None:
     """Every table, as this release writes them, in ``db`` (autocommit mode)."""
-    db.executescript(TABLES + BUILDS_TABLE)
+    db.executescript(TABLES + BUILDS_TABLE + NOTIFY_TABLE)
     for table, column, definition in _ADDED_COLUMNS:
         if column not in _columns(db, table):
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")

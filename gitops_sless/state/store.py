@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import schema
+from .notifyrows import NotifyRows
 from .revisionrows import RevisionRows
 
 __all__ = ["BUILD_PHASES", "FUNCTION_PHASES", "JOB_PHASES", "Store"]
@@ -84,7 +85,7 @@ def _row(cursor: sqlite3.Cursor, values: tuple[Any, ...]) -> dict[str, Any]:
     return row
 
 
-class Store(RevisionRows):
+class Store(RevisionRows, NotifyRows):
     """One SQLite database; safe to share between threads (one connection, one lock)."""
 
     def __init__(self, path: Path) -> None:

@@ -62,6 +62,7 @@ from .models import (
     SyncAccepted,
     WebhookReply,
 )
+from .notifications import router as notifications_router
 from .revisions import router as revisions_router
 
 __all__ = ["DOCS_ASSETS", "MAX_WEBHOOK_BYTES", "create_api"]
@@ -138,6 +139,7 @@ def create_api(
     invocations: Invocations | None = None,
     routes: RouteTable | None = None,
     fn_url: str = "",
+    notifications: Callable[[], list[dict[str, Any]]] | None = None,
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -152,6 +154,7 @@ def create_api(
     ``invocations``: asynchronous invocations, started and stopped with the app (its
     workers run on the loop that serves it). ``routes``: the proxy's table (how warm each
     kept revision is); ``fn_url``: where functions are called (revisions' own URLs).
+    ``notifications()``: each notification provider's last delivery (none: no providers).
     """
 
     def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -555,6 +558,7 @@ def create_api(
 
     if invocations is not None:
         app.include_router(invocations_router(invocations, authorize))
+    app.include_router(notifications_router(notifications or list))
     app.include_router(
         revisions_router(reconciler, store, routes or RouteTable(), authorize, fn_url)
     )

@@ -79,6 +79,7 @@ OPERATIONS = [
     ("GET", "/api/v1/environments/{env}/functions/{name}/revisions"),
     ("POST", "/api/v1/environments/{env}/functions/{name}/rollback"),
     ("POST", "/api/v1/environments/{env}/functions/{name}/unpin"),
+    ("GET", "/api/v1/notifications"),
 ]
 # path parameters that name what the store holds, so answers are not all empty or 404
 KNOWN = {"env": "prod", "name": "fn0", "forge": "github", "tag": "python3.11-0"}

@@ -1,0 +1,103 @@
+"""What each kind of provider is sent for a batch of events, as bytes and headers.
+
+- ``webhook``: ``{"source": "gitops-sless", "events": [...]}`` (each event's
+  :meth:`~.events.Event.fields`), signed as Flux's ``generic-hmac`` provider signs:
+  ``X-Signature: sha256=<hex HMAC-SHA256 of the body>`` with the provider's key.
+- ``slack``: an incoming webhook's Block Kit message: ``text`` (the notification's
+  fallback) and ``blocks``, a section of mrkdwn per event.
+- ``teams``: a message with one Adaptive Card (1.4) attachment, a TextBlock per event.
+
+No payload carries the provider's address; a cause is cut to a thousand characters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .events import Event
+
+__all__ = ["SIGNATURE_HEADER", "body", "sign"]
+
+SIGNATURE_HEADER = "X-Signature"
+SOURCE = "gitops-sless"
+MAX_SLACK_BLOCKS = 50  # Slack refuses more
+MAX_SLACK_TEXT = 3000  # characters of one section's text
+
+
+def sign(payload: bytes, key: bytes) -> str:
+    return "sha256=" + hmac.new(key, payload, hashlib.sha256).hexdigest()
+
+
+def body(
+    kind: str, events: Sequence[Event], key: bytes | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """The request body and headers that tell a ``kind`` provider of ``events``."""
+    if kind == "slack":
+        data: dict[str, Any] = slack(events)
+    elif kind == "teams":
+        data = teams(events)
+    else:
+        data = {"source": SOURCE, "events": [event.fields() for event in events]}
+    raw = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers[SIGNATURE_HEADER] = sign(raw, key)
+    return raw, headers
+
+
+def headline(events: Sequence[Event]) -> str:
+    if len(events) == 1:
+        return events[0].line()
+    failed = sum(1 for event in events if event.failure)
+    return f"gitops-sless: {len(events)} events" + (f", {failed} failures" if failed else "")
+
+
+def _mrkdwn(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack(events: Sequence[Event]) -> dict[str, Any]:
+    blocks: list[dict[str, Any]] = []
+    shown = list(events[: MAX_SLACK_BLOCKS - 1])
+    for event in shown:
+        text = f"*{_mrkdwn(event.line())}*"
+        cause = event.short_cause()
+        if cause:
+            text += "\n```" + _mrkdwn(cause) + "```"
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": text[:MAX_SLACK_TEXT]}}
+        )
+    if len(events) > len(shown):
+        more = f"and {len(events) - len(shown)} more"
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": more}]})
+    return {"text": headline(events)[:MAX_SLACK_TEXT], "blocks": blocks}
+
+
+def teams(events: Sequence[Event]) -> dict[str, Any]:
+    card_body: list[dict[str, Any]] = [
+        {"type": "TextBlock", "text": headline(events), "weight": "Bolder", "wrap": True}
+    ]
+    for event in events:
+        if len(events) > 1:
+            card_body.append({"type": "TextBlock", "text": event.line(), "wrap": True})
+        cause = event.short_cause()
+        if cause:
+            card_body.append(
+                {"type": "TextBlock", "text": cause, "wrap": True, "fontType": "Monospace"}
+            )
+    card = {
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "type": "AdaptiveCard",
+        "version": "1.4",
+        "body": card_body,
+    }
+    return {
+        "type": "message",
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "content": card}
+        ],
+    }

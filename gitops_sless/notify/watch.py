@@ -1,0 +1,258 @@
+"""What is worth telling each provider now: the store's records compared with what the
+provider was last told (``notified`` rows, kept across restarts).
+
+Events are derived, not caught in flight: each look reads every function's phase,
+every job's latest run, the previews and the dead letters, and says what changed for
+the provider since it was last told. So a function that fails pass after pass is one
+incident (one ``buildFailed``, ``startFailed`` or ``jobFailed`` message), ended by one
+``resolved`` message that says how long it lasted once the function is Ready (or the
+job's run succeeds, or the function is gone); and a reconciler that restarts in the
+middle of it says neither again. ``deployed`` is said once per revision a function
+serves; a function that already served before the provider first looked is not
+announced (its ``serving`` row is older than the provider's first look).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..state.store import Store
+from .config import Provider
+from .events import Event
+
+__all__ = ["Watcher"]
+
+HEALTHY = ("Ready", "Disabled")
+
+
+@dataclass(frozen=True)
+class _Function:
+    env: str
+    name: str
+    failing: str | None  # buildFailed | startFailed | None
+    healthy: bool
+    cause: str | None
+    served: str | None  # what it serves now (revision and build), Ready only
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class _Job:
+    env: str
+    name: str
+    failing: bool
+    healthy: bool
+    cause: str | None
+
+
+@dataclass(frozen=True)
+class _Facts:
+    functions: tuple[_Function, ...]
+    jobs: tuple[_Job, ...]
+    previews: tuple[Mapping[str, Any], ...]
+    dead: Mapping[tuple[str, str], int]
+
+
+class Watcher:
+    """Reads the store once per look and tells each provider only what is news to it."""
+
+    def __init__(
+        self,
+        store: Store,
+        public_url: str,
+        author: Callable[[str], str | None] = lambda commit: None,
+        dead_letters: Callable[[], Mapping[tuple[str, str], int]] = dict,
+    ) -> None:
+        self.store, self.public_url = store, public_url.rstrip("/")
+        self.author = author
+        self.dead_letters = dead_letters
+        self.started = time.time()  # a provider's first look counts from here
+
+    def look(self, providers: Iterable[Provider]) -> dict[str, list[Event]]:
+        """provider name -> its new events; what they say is written down at once."""
+        facts = self._facts()
+        return {p.name: _Told(self, p).news(facts) for p in providers}
+
+    def _facts(self) -> _Facts:
+        functions: list[_Function] = []
+        jobs: list[_Job] = []
+        for env in self.store.environments():
+            functions += [self._function(env, r) for r in self.store.functions(env)]
+            latest: dict[str, dict[str, Any]] = {}
+            for run in self.store.jobs(env):  # newest run first, by name
+                latest.setdefault(run["name"], run)
+            jobs += [
+                _Job(env, n, r["phase"] == "Failed", r["phase"] == "Succeeded", r["error"])
+                for n, r in latest.items()
+            ]
+        previews = tuple(self.store.previews())
+        return _Facts(tuple(functions), tuple(jobs), previews, dict(self.dead_letters()))
+
+    def _function(self, env: str, record: Mapping[str, Any]) -> _Function:
+        phase = record["phase"]
+        failing = None
+        if phase == "Failed":
+            build = self.store.build_of(dict(record))
+            failing = "buildFailed" if build and build["phase"] == "Failed" else "startFailed"
+        served = None
+        if phase == "Ready":
+            served = record.get("serving_revision") or record.get("build_tag")
+        return _Function(
+            env, record["name"], failing, phase in HEALTHY, record["message"], served, record
+        )
+
+
+class _Told:
+    """One provider's look: its rows, read once, and the events that differ from them."""
+
+    def __init__(self, watcher: Watcher, provider: Provider) -> None:
+        self.w, self.p, self.store = watcher, provider, watcher.store
+        self.now = time.time()
+        meta = self.store.notified(provider.name, "meta").get("started")
+        if meta is None:
+            self.store.set_notified(provider.name, "meta", "started", "", watcher.started)
+        self.started = meta["since"] if meta else watcher.started
+        self.events: list[Event] = []
+
+    def news(self, facts: _Facts) -> list[Event]:
+        self._incidents(facts)
+        self._deployed(facts.functions)
+        self._previews(facts.previews)
+        self._dead(facts.dead)
+        return self.events
+
+    def _set(self, kind: str, subject: str, value: str, since: float | None = None) -> None:
+        self.store.set_notified(self.p.name, kind, subject, value, since or self.now)
+
+    def _forget(self, kind: str, subject: str) -> None:
+        self.store.forget_notified(self.p.name, kind, subject)
+
+    # --- failures and their end ----------------------------------------------------------
+
+    def _incidents(self, facts: _Facts) -> None:
+        open_ = self.store.notified(self.p.name, "incident")
+        seen: set[str] = set()
+        for fn in facts.functions:
+            subject = f"{fn.env}/{fn.name}"
+            seen.add(subject)
+            self._incident(subject, open_, fn.failing, fn.healthy, fn.env, fn.name, fn.cause)
+        for job in facts.jobs:
+            subject = f"{job.env}/job/{job.name}"
+            seen.add(subject)
+            failing = "jobFailed" if job.failing else None
+            self._incident(subject, open_, failing, job.healthy, job.env, job.name, job.cause)
+        for subject, row in open_.items():
+            if subject not in seen:  # removed from the repository, or its preview closed
+                env, _, rest = subject.partition("/")
+                job = rest.startswith("job/")
+                name = rest.removeprefix("job/") if job else rest
+                cause = "no longer declared"
+                self._resolve(subject, row, Event("resolved", env, name, job, cause=cause))
+
+    def _incident(
+        self,
+        subject: str,
+        open_: Mapping[str, Mapping[str, Any]],
+        failing: str | None,
+        healthy: bool,
+        env: str,
+        name: str,
+        cause: str | None,
+    ) -> None:
+        job = failing == "jobFailed" or subject.startswith(f"{env}/job/")
+        if failing and subject not in open_ and self.p.wants(failing, env, name):
+            self.events.append(Event(failing, env, name, job, cause=cause))
+            self._set("incident", subject, failing)
+        elif healthy and subject in open_:
+            self._resolve(subject, open_[subject], Event("resolved", env, name, job))
+
+    def _resolve(self, subject: str, row: Mapping[str, Any], event: Event) -> None:
+        self._forget("incident", subject)
+        if self.p.hears_of(event.env, event.function):
+            resolved = Event(
+                "resolved",
+                event.env,
+                event.function,
+                event.job,
+                cause=event.cause,
+                was=row["value"],
+                since=row["since"],
+                at=self.now,
+            )
+            self.events.append(resolved)
+
+    # --- deploys, previews, dead letters ------------------------------------------------
+
+    def _deployed(self, functions: Iterable[_Function]) -> None:
+        told = self.store.notified(self.p.name, "deployed")
+        since: dict[str, dict[str, float]] = {}  # env -> function -> when it was deployed
+        present: set[str] = set()
+        for fn in functions:
+            subject = f"{fn.env}/{fn.name}"
+            present.add(subject)
+            if fn.served is None or not self.p.wants("deployed", fn.env, fn.name):
+                continue
+            if told.get(subject, {}).get("value") == fn.served:
+                continue
+            if subject not in told:
+                if fn.env not in since:
+                    rows = self.store.serving(fn.env)
+                    since[fn.env] = {r["name"]: r["deployed"] for r in rows}
+                if since[fn.env].get(fn.name, self.now) < self.started:
+                    self._set("deployed", subject, fn.served)  # served before we looked
+                    continue
+            self._set("deployed", subject, fn.served)
+            self.events.append(self._deploy_event(fn))
+        for subject in set(told) - present:
+            self._forget("deployed", subject)
+
+    def _deploy_event(self, fn: _Function) -> Event:
+        record = fn.record
+        commit = record.get("revision")
+        try:
+            author = self.w.author(commit) if commit else None
+        except Exception:  # the mirror is being fetched into, or the commit is gone
+            author = None
+        return Event(
+            "deployed",
+            fn.env,
+            fn.name,
+            revision=record.get("serving_revision") or record.get("build_tag"),
+            commit=commit,
+            author=author,
+            url=record.get("url"),
+        )
+
+    def _previews(self, previews: Iterable[Mapping[str, Any]]) -> None:
+        told = self.store.notified(self.p.name, "preview")
+        for row in previews:
+            env = f"pr-{row['number']}"
+            if row["state"] == "Ready":
+                kind, value = "previewReady", f"Ready {row['head']}"
+            elif row["state"] in ("Closed", "TearingDown"):
+                kind, value = "previewClosed", "Closed"
+            else:
+                continue
+            if told.get(env, {}).get("value") == value or not self.p.wants(kind, env, None):
+                continue
+            self._set("preview", env, value)
+            if env not in told and row["updated"] < self.started:
+                continue  # so before we first looked
+            url = f"{self.w.public_url}/fn/{env}/" if kind == "previewReady" else None
+            self.events.append(Event(kind, env, commit=row["head"], url=url))
+
+    def _dead(self, dead: Mapping[tuple[str, str], int]) -> None:
+        told = self.store.notified(self.p.name, "dead")
+        for (env, name), count in sorted(dead.items()):
+            subject = f"{env}/{name}"
+            before = int(told.get(subject, {}).get("value", "0"))
+            if count == before or not self.p.wants("deadLettered", env, name):
+                continue
+            self._set("dead", subject, str(count))
+            if count > before:
+                self.events.append(
+                    Event("deadLettered", env, name, count=count - before, total=count)
+                )
