@@ -259,14 +259,28 @@ def _random_bits(bits: int) -> int:
 
 # --------------------------------------------------------------------------- log tags
 
-# A call being served, as the thread serving it sees it (_local.call) and the watchdog
-# (its connection's ``call``): a list, the cheapest thing to make per request.
+# A call being served: a list, the cheapest thing to make per request,
+# [headers, context, tag, stdout's partial line, stderr's, start (ns), method]. A thread
+# finds it in ``_local.serving.call``: its connection's (set once per connection, so a
+# call only sets and clears a slot) or, in the runner, a _Serving's.
 _HEADERS, _CONTEXT, _TAG, _OUT, _ERR, _START, _METHOD = range(7)
 _local = threading.local()
 
 
 def new_call(headers: dict, context: Context | None, method: str) -> list:
     return [headers, context, None, "", "", 0, method]
+
+
+class _Serving:
+    __slots__ = ("call",)
+
+    def __init__(self, call: list | None = None):
+        self.call = call
+
+
+def _current_call() -> list | None:
+    serving = getattr(_local, "serving", None)
+    return None if serving is None else serving.call
 
 
 def _call_context(call: list) -> Context:
@@ -299,7 +313,7 @@ class _TaggedStream:
         self._slot = slot
 
     def write(self, text):
-        call = getattr(_local, "call", None)
+        call = _current_call()
         if call is None or type(text) is not str:
             return self._stream.write(text)
         slot = self._slot
@@ -345,12 +359,13 @@ def install_log_tags() -> None:
 
 
 def begin_call(call: list) -> None:
-    _local.call = call
+    """``call`` is this thread's (the runner's; the server sets its connection's)."""
+    _local.serving = _Serving(call)
 
 
 def end_call(call: list) -> None:
     """No longer this thread's call; its partial lines are written out."""
-    _local.call = None
+    _local.serving = None
     end_partial_lines(call)
 
 
@@ -650,7 +665,7 @@ def print_handler_exception(exc: BaseException, heading: str) -> None:
     while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _RUNTIME_DIR:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-    end_partial_lines(getattr(_local, "call", None))  # the heading starts a line of its own
+    end_partial_lines(_current_call())  # the heading starts a line of its own
     sys.stderr.write(f"{heading}\n{text}")
     sys.stderr.flush()
 
@@ -1128,9 +1143,9 @@ class Server:
             if not conn.deadline or conn.abandoned:
                 return
             conn.abandoned = True
+            call = conn.call  # before its thread, which sees it abandoned, clears it
         self.load.end()
         self.connections.discard(conn)
-        call = conn.call
         tag = "" if call is None else _tag(call)
         print(
             f"{tag}[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True
@@ -1146,6 +1161,7 @@ class Server:
 
     def _serve(self, conn: _Connection, first: bytes | None, more: bool) -> None:
         sock = conn.sock
+        _local.serving = conn  # where this thread's writes find the call it serves
         try:
             if first is not None:
                 sock.sendall(first)
@@ -1252,8 +1268,7 @@ class Server:
             )
         else:
             context = None
-        call = conn.call = new_call(headers, context, method)
-        _local.call = call
+        call = conn.call = [headers, context, None, "", "", 0, method]  # see new_call
         try:
             if exporter is not None:
                 call[_START] = time.time_ns()
@@ -1288,7 +1303,9 @@ class Server:
             if exporter is not None:
                 exporter.add(call, int(reply[9:12]), error)
         finally:
-            end_call(call)
+            conn.call = None
+            if call[_OUT] or call[_ERR]:
+                end_partial_lines(call)
         sock.sendall(reply)
         return keep
 
