@@ -54,8 +54,11 @@ class Notifications:
         send: Send = post,
         interval_sec: float = INTERVAL_SEC,
         backoff: float = 1.0,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
+        """``leading()``: whether this replica looks (the others' stores only follow)."""
         self.config = config
+        self.leading = leading
         self.reporter = reporter if config.forge else None
         self.providers = tuple(p for p in config.providers if p.kind != "forge")
         self.outboxes = {p.name: Outbox(p, send, backoff=backoff) for p in self.providers}
@@ -104,6 +107,8 @@ class Notifications:
 
     def look(self) -> None:
         """Tell each provider what is new (tests call it; the thread does after a pass)."""
+        if not self.leading():
+            return
         try:
             found = self.watcher.look(self.providers)
         except Exception:  # a bug must never stop the notifications' thread
@@ -140,10 +145,11 @@ class Notifications:
 
 
 def notifications(
-    settings: _Settings, store: Store, reporter: _Reporter | None, mirror: Any
+    settings: _Settings, store: Store, reporter: _Reporter | None, mirror: Any, elector: Any
 ) -> Notifications:
     """A server's notifications, from ``settings.notify_config`` (NotifyConfigError when it
-    cannot be used); the author of a deployed commit is read from ``mirror``."""
+    cannot be used); the author of a deployed commit is read from ``mirror``; with an
+    ``elector`` (Kubernetes), only the replica that leads looks and sends."""
     config = load(settings.notify_config, settings.secrets_dir)
     if config.providers and settings.notify_config is not None:
         names = ", ".join(f"{p.name} ({p.kind})" for p in config.providers)
@@ -154,5 +160,10 @@ def notifications(
         return str(found.name) if found is not None else None
 
     return Notifications(
-        config, store, public_url=settings.fn_url, reporter=reporter, author=author
+        config,
+        store,
+        public_url=settings.fn_url,
+        reporter=reporter,
+        author=author,
+        leading=elector.is_leader if elector is not None else lambda: True,
     )

@@ -112,7 +112,7 @@ class Server:
             config.instance_name,
             required=config.previews,
         )
-        self.notify = notifications(config, self.store, self.reporter, self.mirror)
+        self.notify = notifications(config, self.store, self.reporter, self.mirror, self.elector)
         self.reconciler = Reconciler(
             self.mirror,
             self.backend,
