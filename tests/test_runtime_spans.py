@@ -18,6 +18,7 @@ from .test_runtimes import (  # noqa: F401 (fixtures)
     Server,
     function_dirs,
     log_dir,
+    run_runner,
     runtime,
 )
 
@@ -231,3 +232,17 @@ def test_a_failed_post_is_tried_twice_then_dropped_with_one_line(runtime, log_di
         ]
     finally:
         receiver.close()
+
+
+def test_the_runner_leaves_no_otlp_settings_to_the_handler(runtime):  # noqa: F811
+    result = run_runner(
+        runtime,
+        "handlers.main",
+        json.dumps({"_path": "/env-keys"}),
+        SLESS_OTLP_ENDPOINT="http://127.0.0.1:9",
+        SLESS_OTLP_TOKEN=TOKEN,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert "SLESS_ENTRYPOINT" in seen
+    assert [key for key in seen if key.startswith("SLESS_OTLP")] == []

@@ -30,6 +30,9 @@ for (const method of ['log', 'info', 'debug']) {
   console[method] = (...args) => console.error(...args);
 }
 rt.installLogTags();
+for (const name of ['SLESS_OTLP_ENDPOINT', 'SLESS_OTLP_TOKEN', 'SLESS_OTLP_SERVICE']) {
+  delete process.env[name]; // a run exports no span of its own; nor the handler's to see
+}
 // one stream, one partial line: what goes to stdout is stderr's, tagged there
 process.stdout.write = (chunk, encoding, callback) => process.stderr.write(chunk, encoding, callback);
 

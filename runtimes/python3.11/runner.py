@@ -52,6 +52,8 @@ def main() -> None:
     fail = f"{rt.RUNTIME} runner: error:"
     result_out = sys.stdout
     rt.install_log_tags()
+    for name in ("SLESS_OTLP_ENDPOINT", "SLESS_OTLP_TOKEN", "SLESS_OTLP_SERVICE"):
+        os.environ.pop(name, None)  # a run exports no span of its own; nor the handler's to see
     sys.stdout = sys.stderr  # the handler's own prints, from import time on (one partial line)
 
     raw_event = os.environ.get("SLESS_EVENT")
