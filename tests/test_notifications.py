@@ -15,6 +15,7 @@ import yaml
 
 from . import chat_schemas, gitserver
 from .gitserver import AUTHOR
+from .test_rollouts import function as rolled_out
 from .test_serve import HTTP, handler, http_function, manifest, setup
 from .test_serve_failures import JOB_RAISES, PY_HANDLER, PY_SYNTAX
 from .webhook_receiver import WebhookReceiver
@@ -25,6 +26,7 @@ __all__ = ["setup"]  # the fixture, shared with test_serve
 
 KEY = b"a-notification-key-for-tests"
 NO_INDEX = {"PIP_NO_INDEX": "1"}  # a build that asks for a package fails at once
+DOWN = "def main(event, context):\n    return {'statusCode': 500, 'body': 'down'}\n"
 
 
 def notify_args(setup, receiver: WebhookReceiver, providers: list[dict[str, Any]]) -> dict:
@@ -261,3 +263,48 @@ def test_a_notify_config_that_breaks_the_schema_stops_serve_with_its_field(tmp_p
     )  # fmt: skip
     assert found.returncode == 2, found.stderr
     assert "providers[0].kind: 'pager' is not one of" in found.stderr
+
+
+def test_a_rollback_and_dead_letters_reach_the_webhook_signed(setup):
+    receiver = WebhookReceiver()
+    try:
+        kwargs = notify_args(
+            setup,
+            receiver,
+            [{"name": "hook", "kind": "webhook", "events": ["rolledBack", "deadLettered"]}],
+        )
+        setup.push(
+            {
+                **rolled_out("v1"),
+                "orders/sless.yaml": manifest("orders", HTTP, "    async: {retries: 0}"),
+                "orders/handler.py": DOWN,
+            }
+        )
+        server = setup.serve(**kwargs)
+
+        # a candidate that cannot start is rolled back at once
+        broken = rolled_out("v2")
+        broken["hello/handler.py"] = "raise RuntimeError('no start')\n" + broken["hello/handler.py"]
+        setup.push(broken)
+        server.sync()
+        (rolled,) = receiver.wait(
+            lambda: of(receiver.events("/hook"), "rolledBack", "hello"), "the rollback"
+        )
+        assert rolled["revision"] == "r2" and "r1 takes every call" in rolled["cause"]
+
+        # two invocations whose only attempt fails: two dead letters
+        for _ in range(2):
+            answer = server.client.post(f"{server.base}/async/prod/orders/", json={})
+            assert answer.status_code == 202, answer.text
+
+        def dead() -> list[dict[str, Any]]:
+            server.sync()  # a pass wakes the notifications (the queue counts every 5 s)
+            found = of(receiver.events("/hook"), "deadLettered", "orders")
+            return found if sum(e["count"] for e in found) == 2 else []
+
+        found = server.wait(dead, "two dead letters said")
+        assert found[-1]["total"] == 2
+        assert not of(receiver.events("/hook"), "deployed")  # not asked for
+        assert all(d.signed_by(KEY) for d in receiver.accepted("/hook"))
+    finally:
+        receiver.close()

@@ -228,6 +228,11 @@ class _Told:
 
     def _previews(self, previews: Iterable[Mapping[str, Any]]) -> None:
         told = self.store.notified(self.p.name, "preview")
+        present = {f"pr-{row['number']}" for row in previews}
+        for env in set(told) - present:  # its row is gone: closed, whatever we said last
+            self._forget("preview", env)
+            if told[env]["value"] != "Closed" and self.p.wants("previewClosed", env, None):
+                self.events.append(Event("previewClosed", env))
         for row in previews:
             env = f"pr-{row['number']}"
             if row["state"] == "Ready":

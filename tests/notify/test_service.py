@@ -264,3 +264,16 @@ def test_events_that_wait_go_out_together_and_no_faster_than_the_rate_limit(tmp_
         assert bodies == [["pr-5"], ["pr-6", "pr-7", "pr-8"]]
     finally:
         fast.close()
+
+
+def test_a_ready_preview_whose_row_is_gone_is_said_closed(tmp_path, receiver):
+    store, notify = notifying(tmp_path, receiver)
+    try:
+        store.set_preview(9, state="Ready", head="a" * 40)
+        delivered(notify)
+        store.delete_preview(9)
+        delivered(notify)
+        delivered(notify)
+        assert kinds(receiver) == ["previewReady", "previewClosed"]
+    finally:
+        notify.close()
