@@ -70,13 +70,21 @@ class Watcher:
         self.author = author
         self.dead_letters = dead_letters
         self.started = time.time()  # a provider's first look counts from here
+        self._mark: tuple[Any, ...] | None = None  # what the last look saw
 
     def look(self, providers: Iterable[Provider]) -> dict[str, list[Event]]:
-        """provider name -> its new events; what they say is written down at once."""
-        facts = self._facts()
-        return {p.name: _Told(self, p).news(facts) for p in providers}
+        """provider name -> its new events; what they say is written down at once. A look
+        at a store that changed in nothing events are derived from reads no more of it."""
+        dead = dict(self.dead_letters())
+        mark = (self.store.notify_mark(), sorted(dead.items()))
+        if mark == self._mark:
+            return {}
+        facts = self._facts(dead)
+        found = {p.name: _Told(self, p).news(facts) for p in providers}
+        self._mark = mark
+        return found
 
-    def _facts(self) -> _Facts:
+    def _facts(self, dead: Mapping[tuple[str, str], int]) -> _Facts:
         functions: list[_Function] = []
         jobs: list[_Job] = []
         for env in self.store.environments():
@@ -89,7 +97,7 @@ class Watcher:
                 for n, r in latest.items()
             ]
         previews = tuple(self.store.previews())
-        return _Facts(tuple(functions), tuple(jobs), previews, dict(self.dead_letters()))
+        return _Facts(tuple(functions), tuple(jobs), previews, dead)
 
     def _function(self, env: str, record: Mapping[str, Any]) -> _Function:
         phase = record["phase"]

@@ -66,3 +66,14 @@ class NotifyRows:
                 "DELETE FROM notified WHERE provider = ? AND kind = ? AND subject = ?",
                 (provider, kind, subject),
             )
+
+    def notify_mark(self) -> tuple[Any, ...]:
+        """A cheap mark of what notifications are derived from (function records, job runs,
+        previews): equal marks, nothing to look at again."""
+        row = self._all(
+            "SELECT (SELECT COUNT(*) FROM functions) AS f, (SELECT MAX(updated) FROM functions)"
+            " AS fu, (SELECT COUNT(*) FROM jobs) AS j, (SELECT MAX(COALESCE(finished, started,"
+            " 0)) FROM jobs) AS ju, (SELECT COUNT(*) FROM previews) AS p,"
+            " (SELECT MAX(updated) FROM previews) AS pu"
+        )[0]
+        return tuple(row.values())
