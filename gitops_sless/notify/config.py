@@ -116,6 +116,8 @@ def check(data: Any) -> list[str]:
         said = f"{error.instance!r} {hint}" if hint else error.message
         if error.validator in ("oneOf", "not") and isinstance(error.instance, dict):
             said = _exclusive(error.instance)
+        elif list(error.absolute_path)[-1:] == ["url"]:  # an address is a secret: not echoed
+            said = hint or "must be an http:// or https:// URL"
         found.append(f"{where}: {said}" if where else said)
     return found
 

@@ -181,6 +181,11 @@ def write(tmp_path: Path, providers: list[dict]) -> Path:
             id="teams-with-a-key",
         ),
         pytest.param(
+            [{"name": "a", "kind": "slack", "url": "hooks.slack.example/T0/B0/SECRET"}],
+            "providers[0].url: must be an http:// or https:// URL",
+            id="not-a-url-and-not-echoed",
+        ),
+        pytest.param(
             [{"name": "a", "kind": "webhook", "urlSecret": "../outside"}],
             "providers[0].urlSecret: '../outside' must be a file's path inside --secrets-dir",
             id="secret-outside-the-folder",
@@ -210,6 +215,7 @@ def test_a_file_that_cannot_be_used_names_the_field_and_the_rule(tmp_path, provi
     with pytest.raises(NotifyConfigError) as caught:
         load(write(tmp_path, providers), tmp_path / "secrets")
     assert said in str(caught.value)
+    assert "SECRET" not in str(caught.value)
 
 
 def test_an_address_read_from_the_secrets_folder_is_kept_from_every_view(tmp_path):
