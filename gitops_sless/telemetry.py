@@ -38,6 +38,11 @@ Attributes = Mapping[str, str | int | float | bool]
 
 _tracer: Any = None  # an opentelemetry Tracer once configured
 _provider: Any = None
+_processor: Any = None  # the one batch (and its thread) every provider sends through
+# service name -> a Tracer under a resource of its own: spans recorded on behalf of
+# functions (their runtimes'), each under its function's service name
+_services: dict[str, Any] = {}
+MAX_SERVICES = 512  # past it, more functions' spans go under the reconciler's service
 _lock = threading.Lock()
 # whether spans are exported: read on the proxy's hot path, a module attribute and no call
 ON = False
@@ -64,13 +69,15 @@ def configure(endpoint: str, service_name: str = DEFAULT_SERVICE) -> None:
     provider = TracerProvider(
         resource=Resource.create({"service.name": service_name}), id_generator=_ids()
     )
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-    global ON
+    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=url))
+    provider.add_span_processor(processor)
+    global ON, _processor
     with _lock:
         if _provider is not None:
             _provider.shutdown()
-        _provider = provider
+        _provider, _processor = provider, processor
         _tracer = provider.get_tracer("gitops_sless")
+        _services.clear()
         ON = True
     log.info("traces are exported to %s as %s", url, service_name)
 
@@ -80,6 +87,7 @@ def shutdown() -> None:
     global _tracer, _provider, ON
     with _lock:
         provider, _provider, _tracer = _provider, None, None
+        _services.clear()
         ON = False
     if provider is not None:
         provider.shutdown()
@@ -176,37 +184,61 @@ def _ids() -> Any:
 
 def record(
     name: str,
-    traceparent: bytes,
-    parent_id: bytes | None,
-    start: float,
-    end: float,
+    ids: tuple[int, int, int | None, bool],
+    start_ns: int,
+    end_ns: int,
     attributes: Attributes,
     error: str | None = None,
+    server: bool = False,
+    service: str | None = None,
 ) -> None:
-    """A span that has happened already, with the ids a call sent on: ``traceparent`` is
-    the header that named it as the parent (its trace and span ids), ``parent_id`` the
-    caller's span id (None: the root of its trace); ``start`` and ``end`` in seconds since
-    the epoch. Nothing when no trace is exported, or the trace is not sampled."""
+    """A span that has happened already, with the ids it was known by: ``ids`` is (trace
+    id, span id, parent span id or None for the root of its trace, sampled); ``server``:
+    a span of a call received (kind SERVER); ``service``: the service it belongs to (a
+    function's), else the reconciler's. Nothing when no trace is exported, or the trace
+    is not sampled."""
     tracer = _tracer
     if tracer is None:
         return
     from opentelemetry import trace
 
-    text = traceparent.decode("ascii")
-    trace_id, span_id, flags = int(text[3:35], 16), int(text[36:52], 16), int(text[53:55], 16)
+    trace_id, span_id, parent_id, sampled = ids
+    if service is not None:
+        tracer = _service_tracer(service)
+    flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else 0)
     context = None
     if parent_id:
-        caller = trace.SpanContext(
-            trace_id, int(parent_id, 16), is_remote=True, trace_flags=trace.TraceFlags(flags)
-        )
+        caller = trace.SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
         context = trace.set_span_in_context(trace.NonRecordingSpan(caller))
+    elif not sampled:
+        return
     _preset.trace, _preset.span = trace_id, span_id
     try:
+        kind = trace.SpanKind.SERVER if server else trace.SpanKind.INTERNAL
         made = tracer.start_span(
-            name, context=context, attributes=dict(attributes), start_time=int(start * 1e9)
+            name, context=context, kind=kind, attributes=dict(attributes), start_time=start_ns
         )
     finally:
         _preset.trace = _preset.span = None
     if error is not None:
         made.set_status(trace.Status(trace.StatusCode.ERROR, error))
-    made.end(end_time=int(end * 1e9))
+    made.end(end_time=end_ns)
+
+
+def _service_tracer(service: str) -> Any:
+    """A tracer whose spans go out under ``service`` (through the one batch)."""
+    with _lock:
+        tracer = _services.get(service)
+        if tracer is not None or _processor is None:
+            return tracer or _tracer
+        if len(_services) >= MAX_SERVICES:
+            return _tracer
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": service}), id_generator=_ids()
+        )
+        provider.add_span_processor(_processor)
+        tracer = _services[service] = provider.get_tracer("gitops_sless.runtime")
+        return tracer

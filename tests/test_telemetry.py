@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import httpx
+
 from .otlp_receiver import OtlpReceiver, Span
 from .test_serve import HTTP, git_daemon, git_root, http_function, manifest, setup  # noqa: F401
 
@@ -184,3 +186,59 @@ def test_without_export_a_job_run_still_has_a_trace_of_its_own(setup):  # noqa: 
     traceparent = json.loads(run["result"])["traceparent"]
     # the same trace the reconciler's log names for the run
     assert f"backfill run 1, attempt 1, trace {traceparent[3:35]}" in server.output()
+
+
+SPAN = {
+    "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
+    "spanId": "00f067aa0ba902b7",
+    "startTimeUnixNano": "1",
+    "endTimeUnixNano": "2",
+}
+OWN_SPAN = """\
+def main(event, context):
+    if event["_path"] == "/fail":
+        raise RuntimeError("no")
+    return context.trace_headers()
+"""
+
+
+def test_the_functions_own_span_is_exported_on_its_behalf(setup):  # noqa: F811
+    receiver = OtlpReceiver()
+    try:
+        setup.push({"own/sless.yaml": manifest("own", HTTP), "own/handler.py": OWN_SPAN})
+        server = setup.serve(args=["--otlp-endpoint", receiver.url], env=FAST_EXPORT)
+        reply = server.call("own", "/x", headers={"traceparent": CALLER})
+        assert reply.status_code == 200, reply.text
+        onward = reply.json()["traceparent"]  # what a call the handler makes carries
+
+        def function_spans(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.service == "prod/own"]
+
+        (own,) = receiver.wait(function_spans, "the function's span")
+        (proxy,) = [s for s in receiver.spans if s.name == "GET /fn/prod/own"]
+        # caller -> the proxy's span -> the function's span -> what the function calls
+        assert proxy.parent_id == CALLER[36:52]
+        assert (own.trace_id, own.parent_id) == (CALLER[3:35], proxy.span_id)
+        assert onward[3:35] == own.trace_id and onward[36:52] == own.span_id
+        assert own.attributes["faas.invocation_id"] == reply.headers["x-request-id"]
+        assert own.attributes["faas.name"] == "own" and not own.error
+
+        failed = server.call("own", "/fail")
+        assert failed.status_code == 500
+
+        def failed_spans(spans: list[Span]) -> list[Span]:
+            return [s for s in function_spans(spans) if s.error]
+
+        (bad,) = receiver.wait(failed_spans, "the failed call's span")
+        assert bad.trace_id == failed.headers["x-request-id"]
+
+        # the relay takes spans from replicas only: a guessed key, or none, is refused
+        forged = {"resourceSpans": [{"scopeSpans": [{"spans": [dict(SPAN, name="forged")]}]}]}
+        relay = f"{server.base}/internal/otlp/v1/traces"
+        for headers in ({"authorization": "Bearer guessed"}, {}):
+            assert httpx.post(relay, json=forged, headers=headers).status_code == 401
+        server.call("own", "/after")
+        receiver.wait(lambda spans: len(function_spans(spans)) >= 3, "the next call's span")
+        assert "forged" not in {s.name for s in receiver.spans}
+    finally:
+        receiver.close()

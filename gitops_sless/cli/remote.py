@@ -86,6 +86,10 @@ def add_parsers(commands: Any) -> None:
     what = logs_cmd.add_mutually_exclusive_group()
     what.add_argument("--build", action="store_true", help="the log of its current build")
     what.add_argument("--job", metavar="JOB", help="the runs of one of its jobs: result or error")
+    what.add_argument(
+        "--request", metavar="ID", help="only what it printed serving one request (X-Request-Id)"
+    )
+    what.add_argument("--trace", metavar="TRACE_ID", help="only what it printed in one trace")
     logs_cmd.add_argument(
         "-f", "--follow", action="store_true", help="keep printing what is added (Ctrl-C stops)"
     )
@@ -362,11 +366,12 @@ def _print_diff(answer: dict[str, Any], what: str) -> None:
 # --- logs -----------------------------------------------------------------------------------------
 
 
-def _chunks(client: Client, path: str, follow: bool) -> Iterator[dict[str, Any]]:
-    """Pages of a log from its start; with ``follow``, new ones as they are written."""
+def _chunks(client: Client, path: str, follow: bool, **only: str) -> Iterator[dict[str, Any]]:
+    """Pages of a log from its start; with ``follow``, new ones as they are written;
+    ``only``: the API's filters (``request``, ``trace``)."""
     offset = 0
     while True:
-        chunk = client.get(path, offset=offset)
+        chunk = client.get(path, offset=offset, **only)
         yield chunk
         progressed = chunk["reset"] or chunk["nextOffset"] != offset
         offset = chunk["nextOffset"]
@@ -377,8 +382,8 @@ def _chunks(client: Client, path: str, follow: bool) -> Iterator[dict[str, Any]]
         time.sleep(POLL_SEC)
 
 
-def _print_log(client: Client, path: str, follow: bool) -> int:
-    for chunk in _chunks(client, path, follow):
+def _print_log(client: Client, path: str, follow: bool, **only: str) -> int:
+    for chunk in _chunks(client, path, follow, **only):
         if chunk["reset"]:
             print("--- the log was cut; reading from its start ---", file=sys.stderr, flush=True)
         if chunk["text"]:
@@ -445,7 +450,8 @@ def _logs(args: argparse.Namespace) -> int:
             if not args.build and detail["url"] is None:
                 return _print_no_replicas(env, detail)
             if not args.build:
-                return _print_log(client, f"{where}/logs", args.follow)
+                only = {k: getattr(args, k) for k in ("request", "trace") if getattr(args, k)}
+                return _print_log(client, f"{where}/logs", args.follow, **only)
             # the build of what the repository asks for (a failed one too), else what runs
             tag = (detail.get("build") or {}).get("tag") or detail["buildTag"]
             if not tag:

@@ -437,6 +437,7 @@ def _kube_settings(args: argparse.Namespace) -> Any:
         os.environ,
         build_timeout=int(args.build_timeout),
         error_details=_error_details(args.error_details),
+        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
         **overrides,
     )
     s3_values = {k: v for k, v in s3.items() if v}

@@ -113,6 +113,8 @@ class RenderConfig:
     reconciler_service: str = "gitops-sless"
     # whose callers read a handler's exception (serve --error-details)
     error_details: ErrorDetails = DEFAULT_ERROR_DETAILS
+    # the OTLP/HTTP collector (serve --otlp-endpoint): the runtimes send their spans there
+    otlp_endpoint: str | None = None
 
     def namespace(self, environment: str) -> str:
         return f"{self.namespace_prefix}{environment}"
@@ -221,10 +223,20 @@ class _EnvironmentRenderer:
             "SLESS_FUNCTION_NAME": fn.name,
             "SLESS_TIMEOUT_SEC": str(fn.timeout_sec),
             **self.config.error_details.runtime_env(self.environment),
+            **self._otlp(fn),
             **extra,
             **env_vars,
         }
         return [_env_var(k, v) for k, v in sorted(values.items())]
+
+    def _otlp(self, fn: Function) -> dict[str, str]:
+        """Where the runtime sends its spans, as what service (serve --otlp-endpoint)."""
+        if not self.config.otlp_endpoint:
+            return {}
+        return {
+            "SLESS_OTLP_ENDPOINT": self.config.otlp_endpoint,
+            "SLESS_OTLP_SERVICE": f"{self.environment}/{fn.name}",
+        }
 
     def pod_spec(
         self,

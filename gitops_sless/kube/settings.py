@@ -58,6 +58,7 @@ class KubeSettings:
     gateway: tuple[str, str] | None = None  # (namespace, name): --gateway, SLESS_GATEWAY
     reconciler_service: str = "gitops-sless"  # where --gateway routes idle functions
     error_details: ErrorDetails = DEFAULT_ERROR_DETAILS  # serve --error-details
+    otlp_endpoint: str | None = None  # serve --otlp-endpoint: the runtimes' spans go there
     kubeconfig: str | None = None
     context: str | None = None
 
@@ -115,6 +116,7 @@ class KubeSettings:
             gateway=self.gateway,
             reconciler_service=self.reconciler_service,
             error_details=self.error_details,
+            otlp_endpoint=self.otlp_endpoint,
         )
 
 

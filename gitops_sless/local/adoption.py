@@ -144,5 +144,9 @@ def restore(
             sandbox.uids.claim(uid)
         child = Child(process, limit, spec, sandbox, Command([], {}, Path("/"), uid))
         log_path = Path(entry["log"])
-        replicas.append(Replica(child, entry["port"], log_path, output.attach(stdout, log_path)))
+        replicas.append(
+            Replica(
+                child, entry["port"], log_path, output.attach(stdout, log_path, str(entry["port"]))
+            )
+        )
     return Unit(spec, spec_hash, wanted, replicas, adopted=True)

@@ -29,6 +29,7 @@ one-shot runs of the runner (``oneshot``).
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import http.client
 import logging
 import os
@@ -95,6 +96,8 @@ class Supervisor(Recovery):
         self._on_replica_event = on_replica_event
         self._units: dict[tuple[str, str], Unit] = {}
         self._keys: dict[tuple[str, str], str] = {}  # replica_key of each function
+        # the reconciler's span relay (/internal/otlp) when spans are exported, else None
+        self.span_relay: str | None = None
         self.version = 0  # moves whenever a unit or its replicas change: status() may differ
         self._children: dict[int, Child] = {}  # every process started and not yet reaped
         self._spawning = 0  # Popen calls under way
@@ -484,6 +487,27 @@ class Supervisor(Recovery):
         with self._lock:
             return self._keys.setdefault((env, function), secrets.token_urlsafe(24))
 
+    def key_owner(self, key: str) -> tuple[str, str] | None:
+        """(environment, function) whose replicas hold ``key``, if any: who sent spans."""
+        with self._lock:
+            keys = list(self._keys.items())
+        given = key.encode()
+        for (env, unit), known in keys:
+            if hmac.compare_digest(given, known.encode()):
+                return env, unit.partition("@")[0]
+        return None
+
+    def _span_relay(self, spec: ProcessSpec) -> dict[str, str]:
+        """Where the runtime sends its spans (the reconciler, which exports them), when
+        spans are exported: see ``spanrelay``."""
+        if self.span_relay is None:
+            return {}
+        return {
+            "SLESS_OTLP_ENDPOINT": self.span_relay,
+            "SLESS_OTLP_TOKEN": self.replica_key(spec.env_name, spec.unit),
+            "SLESS_OTLP_SERVICE": f"{spec.env_name}/{spec.function}",
+        }
+
     def _start_healthy(self, spec: ProcessSpec) -> Replica:
         port = free_port(self.host)
         log_dir = self.logs / spec.env_name
@@ -506,6 +530,7 @@ class Supervisor(Recovery):
                         "SLESS_HOST": self.host,
                         "SLESS_REPLICA_KEY": self.replica_key(spec.env_name, spec.unit),
                         "SLESS_READY_FD": str(write_fd),
+                        **self._span_relay(spec),
                     }
                 ),
                 stdin=subprocess.DEVNULL,
@@ -519,7 +544,7 @@ class Supervisor(Recovery):
         finally:
             os.close(write_fd)
         assert child.process.stdout is not None
-        output = self.output.attach(child.process.stdout, log_path)
+        output = self.output.attach(child.process.stdout, log_path, str(port))
         ready = ReadyLine(ready_fd)
         deadline = time.monotonic() + HEALTH_TIMEOUT_SEC
         try:

@@ -6,9 +6,10 @@ put a time on every line. One thread reads the pipes of all replicas
 (``selectors``), so 200 replicas cost one thread and no polling: it sleeps
 until a pipe has something, or a partial line or a note is due.
 
-Every line of a log file is ``<RFC 3339 UTC, ms> <line>``; the reconciler's
-own lines (a replica killed for its memory, one that ended) read
-``<time> [gitops-sless] <what>``. A line that has no newline yet is written
+Every line of a log file is ``<RFC 3339 UTC, ms> [replica <id>] <line>``, the id
+the replica's port (replicas of a function share its log: the id tells them
+apart); the reconciler's own lines (a replica killed for its memory, one that
+ended) read ``<time> [gitops-sless] <what>``. A line that has no newline yet is written
 once it has waited ``PARTIAL_SEC`` (a prompt, a progress bar), and what
 follows it is a line of its own; a line longer than ``MAX_LINE`` is written
 in pieces. Nothing is lost at exit: a pipe is read to its end, and a note
@@ -46,7 +47,9 @@ PARTIAL_SEC = 0.5
 NOTE_WAIT_SEC = 2.0  # a note waits this long for the pipe's last lines (leftovers may hold it)
 MAX_LINE = 64 * 1024
 READ_BYTES = 64 * 1024
-_STAMPED = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", re.MULTILINE)
+_STAMPED = re.compile(
+    rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (?:\[replica [^\]\n]*\] )?", re.MULTILINE
+)
 
 
 def stamp() -> str:
@@ -55,7 +58,7 @@ def stamp() -> str:
 
 
 def unstamped(data: bytes) -> bytes:
-    """``data`` from a log file without the timestamps, as the replica printed it."""
+    """``data`` from a log file without the timestamps and replica ids, as printed."""
     return _STAMPED.sub(b"", data)
 
 
@@ -65,6 +68,7 @@ class Stream:
 
     pipe: IO[bytes]
     path: Path
+    prefix: bytes = b""  # b"[replica <id>] ": which replica printed the line
     ended: threading.Event = field(default_factory=threading.Event)
     _partial: bytearray = field(default_factory=bytearray)
     _partial_since: float | None = None
@@ -96,10 +100,11 @@ class LogPump:
         self._thread = threading.Thread(target=self._run, name="sless-replica-logs", daemon=True)
         self._thread.start()
 
-    def attach(self, pipe: IO[bytes], path: Path) -> Stream:
-        """Read ``pipe`` into ``path`` from now on; the pump closes it at its end."""
+    def attach(self, pipe: IO[bytes], path: Path, replica: str = "") -> Stream:
+        """Read ``pipe`` into ``path`` from now on, each line marked with the ``replica``
+        that printed it (if given); the pump closes the pipe at its end."""
         os.set_blocking(pipe.fileno(), False)
-        stream = Stream(pipe, path)
+        stream = Stream(pipe, path, f"[replica {replica}] ".encode() if replica else b"")
         with self._lock:
             self._new.append(stream)
         self._wake()
@@ -217,8 +222,8 @@ class LogPump:
 
     def _write(self, stream: Stream, lines: list[bytes]) -> None:
         if lines:
-            now = stamp().encode()
-            self._append(stream.path, b"".join(now + b" " + line + b"\n" for line in lines))
+            now = stamp().encode() + b" " + stream.prefix
+            self._append(stream.path, b"".join(now + line + b"\n" for line in lines))
 
     def _flush(self, stream: Stream) -> None:
         partial, stream._partial, stream._partial_since = bytes(stream._partial), bytearray(), None

@@ -32,15 +32,18 @@ def record_span(call: Call, status: int, routes: RouteTable) -> None:
         "http.response.status_code": status,
         "sless.cold_start": call.cold is not None,
     }
+    text = forwarded.decode("ascii")
+    sampled = bool(int(text[53:55], 16) & 1)
+    ids = (int(text[3:35], 16), int(text[36:52], 16), int(caller, 16) if caller else None, sampled)
     try:
         telemetry.record(
             f"{call.method} /fn/{call.env}/{name}",
-            forwarded,
-            caller,
-            call.wall,
-            time.time(),
+            ids,
+            int(call.wall * 1e9),
+            time.time_ns(),
             attributes,
             error=f"HTTP {status}" if status >= 500 else None,
+            server=True,
         )
     except Exception:  # a span lost must not break the call it describes
         _log.exception("recording the span of %s failed", call.request_id.decode())

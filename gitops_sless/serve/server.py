@@ -47,6 +47,7 @@ from ..state.routes import RouteTable
 from ..state.store import Store
 from ..web import listeners
 from ..web.api import create_api
+from ..web.otlp import relay_local_spans
 from . import queue
 from .config import ServeConfig
 from .restart import Restart, take_handoff
@@ -171,6 +172,8 @@ class Server:
             fn_url=config.fn_url,
             notifications=self.notify.status,
         )
+        if telemetry.enabled() and isinstance(self.backend, LocalBackend):  # runtimes' spans
+            relay_local_spans(api, self.backend.supervisor, config.public_url)
         if self.elector is not None:
             share_sign_outs(api.state.access, self.elector.members)
         if config.fn_listen:

@@ -73,8 +73,9 @@ SESSION_SEC = 12 * 3600
 MAX_SIGNED_OUT = 10_000  # nonces of sessions signed out before they expire
 SHARED_SIGNED_OUT = 2_000  # of them, the newest told to the other replicas (~80 KB)
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/signin", "/signout"})
-# webhooks verify their own signatures; the assets are the dashboard's CSS and JS, no data
-PUBLIC_PREFIXES = ("/api/v1/webhooks/", "/dashboard/assets/")
+# webhooks verify their own signatures; the assets are the dashboard's CSS and JS, no data;
+# the runtimes' spans are taken with a replica's key (web.otlp)
+PUBLIC_PREFIXES = ("/api/v1/webhooks/", "/dashboard/assets/", "/internal/otlp/")
 BEARER_NEEDED = "a valid 'Authorization: Bearer <token>' header is required"
 READ_REFUSED = f"{BEARER_NEEDED} to read (the read token or the API token), or sign in at /signin"
 SESSION_NOT_API = (

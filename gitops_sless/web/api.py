@@ -106,6 +106,11 @@ _DIFF_BODY = {
 }
 
 _OFFSET = Query(ge=0, description="byte offset to read from (nextOffset of the last read)")
+_REQUEST = Query(
+    pattern=r"^[!-~]{1,200}$",
+    description="only the lines tagged with this request id (its X-Request-Id)",
+)
+_TRACE = Query(pattern=r"^[0-9a-f]{32}$", description="only the lines tagged with this trace id")
 _LIMIT = Query(ge=1, le=MAX_LOG_CHUNK, description=f"bytes to read, at most {MAX_LOG_CHUNK}")
 
 _bearer = HTTPBearer(
@@ -526,14 +531,22 @@ def create_api(
         name: str,
         offset: Annotated[int, _OFFSET] = 0,
         limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
+        request: Annotated[str | None, _REQUEST] = None,
+        trace: Annotated[str | None, _TRACE] = None,
     ) -> LogChunk:
-        """What the function's replicas printed (one file for all of them), page by page."""
+        """What the function's replicas printed (one file for all of them), page by page;
+        with ``request`` or ``trace``, only the lines printed while serving that request
+        (or trace): the runtimes tag them ``[request_id=ID trace_id=TRACE]``."""
         known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
         if not known:
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
-        return replies.read_log(
-            state_dir / "logs" / env / f"{name}.log", offset, limit, finished=False
-        )
+        path = state_dir / "logs" / env / f"{name}.log"
+        needles = [b"[request_id=%s trace_id=" % request.encode()] if request else []
+        if trace:
+            needles.append(b" trace_id=%s]" % trace.encode())
+        if needles:
+            return replies.read_log_lines(path, offset, limit, needles)
+        return replies.read_log(path, offset, limit, finished=False)
 
     @app.get(
         "/api/v1/builds/{tag}/log",

@@ -27,6 +27,7 @@ __all__ = [
     "log_chunk",
     "read_capped",
     "read_log",
+    "read_log_lines",
     "text_log",
 ]
 
@@ -117,15 +118,40 @@ def log_chunk(data: bytes, size: int, start: int, reset: bool, finished: bool) -
 
 def read_log(path: Path, offset: int, limit: int, finished: bool) -> LogChunk:
     """At most ``limit`` bytes of ``path`` from ``offset``; from 0 when the file got shorter."""
+    data, size, start = _read(path, offset, limit)
+    return log_chunk(data, size, start, offset > size, finished)
+
+
+def read_log_lines(path: Path, offset: int, limit: int, needles: list[bytes]) -> LogChunk:
+    """As :func:`read_log`, whole lines only, and only those that hold every one of
+    ``needles`` (a request's tag): paged and followed the same way, by ``nextOffset``."""
+    data, size, start = _read(path, offset, limit)
+    read = data.rfind(b"\n") + 1  # a line still being written is read when it ends
+    if read == 0 and len(data) == limit:
+        read = limit  # a line longer than a page: passed over
+    lines = data[:read].splitlines(keepends=True)
+    kept = b"".join(line for line in lines if all(n in line for n in needles))
+    return LogChunk(
+        text=kept.decode("utf-8", "replace"),
+        offset=start,
+        next_offset=start + read,
+        size=size,
+        reset=offset > size,
+        finished=False,
+    )
+
+
+def _read(path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
+    """(at most ``limit`` bytes from ``offset``, or from 0 when the file got shorter; its
+    size; where they start); nothing when there is no file."""
     try:
         with path.open("rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
             start = offset if offset <= size else 0
             log_file.seek(start)
-            data = log_file.read(min(limit, size - start))
+            return log_file.read(min(limit, size - start)), size, start
     except (FileNotFoundError, NotADirectoryError):
-        return log_chunk(b"", 0, 0, offset > 0, finished)
-    return log_chunk(data, size, start, offset > size, finished)
+        return b"", 0, 0
 
 
 def text_log(text: str, offset: int, limit: int, finished: bool) -> LogChunk:

@@ -147,6 +147,21 @@ def test_env_is_sorted_and_secrets_are_references(sample_objects):
     }
 
 
+def test_with_an_otlp_endpoint_every_runtime_sends_its_spans_there(sample_objects):
+    def otlp(objects: list[dict], name: str) -> dict[str, str]:
+        deployment = next(o for o in objects if _id(o) == f"Deployment/{name}")
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        return {e["name"]: e["value"] for e in env if e["name"].startswith("SLESS_OTLP")}
+
+    assert otlp(sample_objects, "notes-py") == {}  # not exported: nothing set
+    config = RenderConfig(otlp_endpoint="http://collector.tracing:4318")
+    traced = _render(SAMPLE, config=config, job_results=SAMPLE_JOB_RESULTS).objects
+    assert otlp(traced, "notes-py") == {
+        "SLESS_OTLP_ENDPOINT": "http://collector.tracing:4318",
+        "SLESS_OTLP_SERVICE": "prod/notes-py",
+    }
+
+
 def test_preview_environment_uses_overrides_and_own_namespace():
     objects = _render(SAMPLE, env="pr-7", job_results=SAMPLE_JOB_RESULTS).objects
     by_id = {_id(o): o for o in objects}

@@ -1,7 +1,8 @@
 """A replica's log file: every line timestamped, and the reconciler's own lines in it.
 
 Each line a replica prints (stdout or stderr, ``print()`` or a raw write) is
-``<RFC 3339 UTC ms> <line>``. A kill for memory and a replica that ended are
+``<RFC 3339 UTC ms> [replica <port>] <line>``: the replicas of a function share
+its log, and the id tells whose line it is. A kill for memory and a replica that ended are
 lines of the log too, after the replica's last line, so the log read alone
 (``gitops-sless logs``, or the file) explains why the output stops and starts
 again.
@@ -70,8 +71,16 @@ def _lines(log: Path) -> list[str]:
 
 
 def _text(line: str) -> str:
+    """The line as printed: without its time, the replica that printed it and the ids
+    of the request it was serving."""
     assert re.match(rf"{STAMP} ", line), line
-    return line.split(" ", 1)[1]
+    tags = r"^\[replica \d+\] (\[request_id=\S+ trace_id=[0-9a-f]{32}\] )?"
+    return re.sub(tags, "", line.split(" ", 1)[1])
+
+
+def _replica(line: str) -> str | None:
+    found = re.match(rf"{STAMP} \[replica (\d+)\] ", line)
+    return found and found.group(1)
 
 
 def test_every_line_a_replica_prints_is_timestamped(served):
@@ -103,11 +112,14 @@ def test_a_replica_that_dies_leaves_its_last_line_then_why_it_ended(served):
     server.wait(lambda: "ended: exited with code 3" in log.read_text(), "the exit in the log", 30)
     texts = [_text(line) for line in _lines(log)]
     last = texts.index("last words")
-    assert re.fullmatch(
-        r"\[gitops-sless\] replica pid \d+ on port \d+ ended: exited with code 3; "
+    ended = re.fullmatch(
+        r"\[gitops-sless\] replica pid \d+ on port (\d+) ended: exited with code 3; "
         r"restarting in [\d.]+s",
         texts[last + 1],
-    ), texts
+    )
+    assert ended, texts
+    # its lines name the replica that printed them: the one the note says ended
+    assert _replica(_lines(log)[last]) == ended.group(1)
 
     # the log goes on across the restart: the new replica's lines follow
     def restarted() -> bool:
