@@ -57,15 +57,12 @@ __all__ = ["Server", "local_sandbox", "resolve_repository", "share_sign_outs"]
 log = logging.getLogger("gitops_sless")
 
 FLUSH_SEC = 0.5
-
 ANNOUNCE_WAIT_SEC = 60.0
 
 
 def local_sandbox(mode: str) -> sandbox_mod.Sandbox:
-    """The local backend's sandbox for ``mode``, checked against every runtime's interpreter.
-
-    SandboxUnavailable when ``bubblewrap`` was asked for and cannot run.
-    """
+    """The local backend's sandbox for ``mode``, checked against every runtime's interpreter
+    (SandboxUnavailable when ``bubblewrap`` was asked for and cannot run)."""
     interpreters = tuple(sorted({r.interpreter for r in runtimes.available().values()}))
     return sandbox_mod.resolve(mode, interpreters)
 
@@ -172,8 +169,7 @@ class Server:
             fn_url=config.fn_url,
             notifications=self.notify.status,
         )
-        if telemetry.enabled() and isinstance(self.backend, LocalBackend):  # runtimes' spans
-            relay_local_spans(api, self.backend.supervisor, config.public_url)
+        relay_local_spans(api, self.backend, config.public_url)  # with --otlp-endpoint
         if self.elector is not None:
             share_sign_outs(api.state.access, self.elector.members)
         if config.fn_listen:

@@ -12,15 +12,20 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from .. import spanrelay
-from ..local.processes import Supervisor
+from .. import spanrelay, telemetry
+from ..local.backend import LocalBackend
+from ..plan.backend import Backend
 from . import replies
 
 __all__ = ["otlp_router", "relay_local_spans"]
 
 
-def relay_local_spans(api: FastAPI, supervisor: Supervisor, public_url: str) -> None:
-    """The local backend's runtimes send their spans to ``api``, which exports them."""
+def relay_local_spans(api: FastAPI, backend: Backend, public_url: str) -> None:
+    """With spans exported, the local backend's runtimes send theirs to ``api`` (at
+    ``public_url``), which exports them; nothing otherwise."""
+    if not telemetry.enabled() or not isinstance(backend, LocalBackend):
+        return
+    supervisor = backend.supervisor
     supervisor.span_relay = f"{public_url}/internal/otlp"
     api.include_router(otlp_router(supervisor.key_owner))
 

@@ -7,9 +7,9 @@
  * line on stdout. Whatever the handler logs (console.log, console.info,
  * process.stdout.write) goes to stderr, so stdout holds only the result.
  *
- * While the handler runs, each line it writes starts with the run's tag,
- * `[request_id=<SLESS_REQUEST_ID> trace_id=<SLESS_TRACEPARENT's trace id>] ` (a generated
- * id, a new trace where they are not set), as the server tags a request's.
+ * The run's ids are the context's: SLESS_REQUEST_ID and SLESS_TRACEPARENT (a generated
+ * id, a new trace where they are not set). Its lines are not tagged with them, as a
+ * server's requests are: all of a run's output is that run's (its job's error).
  *
  * Exit codes: 0 success, 1 the handler threw / cannot be loaded / returned
  * something that is not JSON, 2 SLESS_EVENT is not a JSON object, 124 the
@@ -29,17 +29,11 @@ process.stdout.write = toStderr;
 for (const method of ['log', 'info', 'debug']) {
   console[method] = (...args) => console.error(...args);
 }
-rt.installLogTags();
 for (const name of ['SLESS_OTLP_ENDPOINT', 'SLESS_OTLP_TOKEN', 'SLESS_OTLP_SERVICE']) {
   delete process.env[name]; // a run exports no span of its own; nor the handler's to see
 }
-// one stream, one partial line: what goes to stdout is stderr's, tagged there
-process.stdout.write = (chunk, encoding, callback) => process.stderr.write(chunk, encoding, callback);
-
-let runCall; // the run, once it begins: its partial lines end at the exit
 
 function exit(code, stdoutText) {
-  if (runCall !== undefined) rt.endPartialLines(runCall);
   const done = () => process.exit(code);
   if (stdoutText === undefined) {
     // stderr is synchronous for files and pipes on Linux; exit at once.
@@ -87,27 +81,24 @@ async function main() {
     performance.now() + timeoutMs,
     process.env.SLESS_TRACEPARENT, // a run the reconciler traces
   );
-  runCall = rt.newCall(context);
-  rt.runInCall(runCall, rt.invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
-    rt.endPartialLines(runCall);
-    const log = (text) => process.stderr.write(text); // tagged: the runner's lines about the run
+  rt.invoke(handler, event, context, timeoutMs, (err, result, timedOut) => {
     if (timedOut) {
-      log(`function timed out after ${rt.formatSeconds(timeoutSec)}s\n`);
+      toStderr(`function timed out after ${rt.formatSeconds(timeoutSec)}s\n`);
       return exit(124);
     }
     if (err) {
-      log(`${FAIL} the handler threw ${rt.describeError(err)}\n${rt.errorStack(err)}\n`);
+      toStderr(`${FAIL} the handler threw ${rt.describeError(err)}\n${rt.errorStack(err)}\n`);
       return exit(1);
     }
     let text;
     try {
       text = result === undefined ? 'null' : JSON.stringify(result);
     } catch (jsonErr) {
-      log(`${FAIL} the handler's result is not JSON serialisable: ${rt.describeError(jsonErr)}\n`);
+      toStderr(`${FAIL} the handler's result is not JSON serialisable: ${rt.describeError(jsonErr)}\n`);
       return exit(1);
     }
     if (text === undefined) {
-      log(`${FAIL} the handler's result is not JSON serialisable: ${typeof result}\n`);
+      toStderr(`${FAIL} the handler's result is not JSON serialisable: ${typeof result}\n`);
       return exit(1);
     }
     return exit(0, `${text}\n`);

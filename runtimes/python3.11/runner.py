@@ -5,9 +5,9 @@ handler named by ``SLESS_ENTRYPOINT`` and prints the JSON of its return value
 as one line on stdout. Whatever the handler prints goes to stderr, so stdout
 holds only the result.
 
-While the handler runs, each line written on stdout or stderr starts with the run's
-tag, ``[request_id=<SLESS_REQUEST_ID> trace_id=<SLESS_TRACEPARENT's trace id>] `` (a
-generated id, a new trace where they are not set), as the server tags a request's.
+The run's ids are the context's: ``SLESS_REQUEST_ID`` and ``SLESS_TRACEPARENT`` (a
+generated id, a new trace where they are not set). Its lines are not tagged with them,
+as a server's requests are: all of a run's output is that run's (its job's error).
 
 Exit codes: 0 success, 1 the handler raised / cannot be loaded / returned
 something that is not JSON, 2 ``SLESS_EVENT`` is not a JSON object, 124 the
@@ -35,12 +35,7 @@ def _load_runtime():
     return _sless_server
 
 
-_calls: list = []  # the run's call, once it begins (its partial lines end at the exit)
-
-
 def _exit(code: int) -> None:
-    for call in _calls:
-        _load_runtime().end_call(call)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # do not wait for threads the handler left running
@@ -51,10 +46,9 @@ def main() -> None:
     rt = _load_runtime()
     fail = f"{rt.RUNTIME} runner: error:"
     result_out = sys.stdout
-    rt.install_log_tags()
     for name in ("SLESS_OTLP_ENDPOINT", "SLESS_OTLP_TOKEN", "SLESS_OTLP_SERVICE"):
         os.environ.pop(name, None)  # a run exports no span of its own; nor the handler's to see
-    sys.stdout = sys.stderr  # the handler's own prints, from import time on (one partial line)
+    sys.stdout = sys.stderr  # the handler's own prints, from import time on
 
     raw_event = os.environ.get("SLESS_EVENT")
     if raw_event is None or raw_event.strip() == "":
@@ -89,13 +83,9 @@ def main() -> None:
         deadline,
         os.environ.get("SLESS_TRACEPARENT"),  # a run the reconciler traces
     )
-    call = rt.new_call({}, context, "")
-    _calls.append(call)
-    rt.begin_call(call)  # the runner's own lines about the run are tagged too
     outcome: dict = {}
 
     def run() -> None:
-        rt.begin_call(call)
         try:
             outcome["result"] = call_handler(event, context)
         except BaseException as exc:

@@ -676,9 +676,11 @@ def test_bash_completes_commands_options_choices_and_names_from_the_server(stack
         "--follow",
         "--help",
         "--job",
+        "--request",
         "--server",
         "--state-dir",
         "--token",
+        "--trace",
     ]
     assert bash_complete("gitops-sless status -o ") == ["json", "table"]
     assert bash_complete("gitops-sless completion ") == ["bash", "zsh"]
