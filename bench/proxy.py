@@ -14,6 +14,10 @@ at the same runtime server:
     split    the same, with the route in a rollout: 10 % of its calls to a canary
              route (issue 29), whose upstream is the same runtime server, so that
              only the proxy's cost of the split differs from ``fast``
+    traced   the same, exporting spans (issue 31: ``serve --otlp-endpoint``) to a
+             sink process that answers every OTLP/HTTP post 200: one span per call,
+             batched off the request path by the SDK (this checkout only, not
+             ``--baseline``'s; the runtime's own spans are not part of it)
     asgi     uvloop + httptools, ProxyApp called as a plain ASGI app
     asyncio  the fast path on the standard asyncio loop (no uvloop)
     h11      ProxyApp as ASGI on asyncio + h11: neither uvloop nor httptools
@@ -29,8 +33,8 @@ proxy, and a table: requests/s, p50, p99, CPU per request of the proxy
 process, the ratio to nginx and the p50 added over direct. Every process is
 stopped at the end. Needs nginx and wrk: ``bench/setup`` installs them.
 
-``--smoke`` runs that path in seconds (proxies fast, split and asgi, 4 connections, 1 s each, no
-warm-up), for tests/test_bench.py: its figures mean nothing.
+``--smoke`` runs that path in seconds (proxies fast, split, traced and asgi, 4
+connections, 1 s each, no warm-up), for tests/test_bench.py: its figures mean nothing.
 
 ``--instructions N`` measures something else, and needs valgrind instead: the
 machine instructions each proxy variant runs per request, counted by
@@ -61,7 +65,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_SERVER = ROOT / "runtimes" / "python3.11" / "server.py"
-VARIANTS = ("fast", "split", "asgi", "asyncio", "h11", "httpx")
+VARIANTS = ("fast", "split", "traced", "asgi", "asyncio", "h11", "httpx")
 # the runtime answers only calls that carry its replica key, as every local replica does:
 # the current proxy adds it itself (Route.proof) and drops the client's; for the other
 # targets (direct, nginx, a base checkout from before the key) the client sends it
@@ -126,10 +130,18 @@ class Result:
 # --------------------------------------------------------------------------- the proxies
 
 
-def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
+def serve(variant: str, port: int, upstream: int, root: Path = ROOT, otlp: str = "") -> None:
     """Run one proxy variant, with the code of the checkout ``root``, until terminated."""
     sys.path.insert(0, str(root))
     import uvicorn
+
+    if variant == "traced":
+        import atexit
+
+        from gitops_sless import telemetry
+
+        telemetry.configure(otlp, "bench")
+        atexit.register(telemetry.shutdown)  # what is queued is encoded and sent: counted
 
     from gitops_sless.proxy import ProxyApp, config
     from gitops_sless.state.routes import Route, RouteTable
@@ -159,12 +171,33 @@ def serve(variant: str, port: int, upstream: int, root: Path = ROOT) -> None:
         overrides = {
             "fast": {},
             "split": {},
+            "traced": {},
             "asgi": {"http": "httptools"},
             "asyncio": {"loop": "asyncio"},
             "h11": {"loop": "asyncio", "http": "h11"},
         }[variant]
         server_config = config(proxy, "127.0.0.1", port, **overrides)
     uvicorn.Server(server_config).run()
+
+
+def sink(port: int) -> None:
+    """An OTLP/HTTP collector that takes every post and keeps nothing, until terminated."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Take(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as a collector is
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Take).serve_forever()
 
 
 def _httpx_app(upstream: int):
@@ -353,6 +386,13 @@ def _roots(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return roots
 
 
+def _start_sink(tmp: str, procs: list[subprocess.Popen]) -> str:
+    """The span sink (see :func:`sink`); its URL."""
+    port = _free_port()
+    procs.append(_spawn([sys.executable, __file__, "--sink", str(port)], tmp, "sink"))
+    return f"http://127.0.0.1:{port}"
+
+
 def _start_runtime(tmp: str, procs: list[subprocess.Popen]) -> int:
     """The runtime server with the hello handler; its port."""
     fn_dir = Path(tmp, "fn")
@@ -406,11 +446,14 @@ def run(args: argparse.Namespace) -> Runs:
             ("nginx", f"http://127.0.0.1:{nginx_port}/", worker),
             ("nginx plain", f"http://127.0.0.1:{plain_port}/", worker),
         ]
+        otlp = _start_sink(tmp, procs) if "traced" in variants else ""
         for variant in variants:
             for suffix, root in _roots(args):
+                if variant == "traced" and suffix:
+                    continue  # a span exporter is this checkout's own
                 port = _free_port()
                 serve_args = ["--serve", variant, "--port", str(port), "--upstream", str(upstream)]
-                serve_args += ["--root", str(root)]
+                serve_args += ["--root", str(root), "--otlp", otlp]
                 label = f"{variant}{suffix}"
                 log_name = label.replace(" ", "").replace("(", "-").replace(")", "")
                 proc = _spawn([sys.executable, __file__, *serve_args], tmp, log_name)
@@ -449,9 +492,14 @@ def instructions(args: argparse.Namespace) -> list[tuple[str, float]]:
     results = []
     with tempfile.TemporaryDirectory(prefix="sless-bench-") as tmp, processes() as procs:
         upstream = _start_runtime(tmp, procs)
+        otlp = _start_sink(tmp, procs) if "traced" in _variants(args) else ""
         for variant in _variants(args):
             for suffix, root in _roots(args):
-                counts = [_count(valgrind, variant, root, upstream, n, tmp) for n in (small, big)]
+                if variant == "traced" and suffix:
+                    continue  # a span exporter is this checkout's own
+                counts = [
+                    _count(valgrind, variant, root, upstream, n, tmp, otlp) for n in (small, big)
+                ]
                 per_request = (counts[1] - counts[0]) / (big - small)
                 target = f"/fn/ {variant}{suffix}"
                 print(f"{target:<20} {per_request:>9.0f} instructions/req", file=sys.stderr)
@@ -459,13 +507,16 @@ def instructions(args: argparse.Namespace) -> list[tuple[str, float]]:
     return results
 
 
-def _count(valgrind: str, variant: str, root: Path, upstream: int, n: int, tmp: str) -> int:
-    """Instructions the proxy runs from start to exit when it serves ``n`` requests."""
+def _count(
+    valgrind: str, variant: str, root: Path, upstream: int, n: int, tmp: str, otlp: str
+) -> int:
+    """Instructions the proxy runs from start to exit when it serves ``n`` requests (its
+    threads' too: a traced proxy's spans are encoded and sent before it exits)."""
     port = _free_port()
     out = Path(tmp, f"cachegrind-{port}.out")
     cmd = [valgrind, "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}"]
     cmd += [sys.executable, __file__, "--serve", variant, "--port", str(port)]
-    cmd += ["--upstream", str(upstream), "--root", str(root)]
+    cmd += ["--upstream", str(upstream), "--root", str(root), "--otlp", otlp]
     proc = _spawn(cmd, tmp, f"valgrind-{port}", env={**os.environ, "PYTHONHASHSEED": "0"})
     try:
         _wait_http(port, "/fn/prod/hello/", proc, f"proxy {variant} under valgrind", 180)
@@ -586,11 +637,17 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--otlp", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--sink", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.duration, args.connections, args.rounds, args.proxies = 1, "4", 1, "fast,split,asgi"
+        args.duration, args.connections, args.rounds = 1, "4", 1
+        args.proxies = "fast,split,traced,asgi"
+    if args.sink:
+        sink(args.sink)
+        return
     if args.serve:
-        serve(args.serve, args.port, args.upstream, args.root)
+        serve(args.serve, args.port, args.upstream, args.root, args.otlp)
         return
     if args.baseline and not any(
         Path(args.baseline, "gitops_sless", path).is_file()

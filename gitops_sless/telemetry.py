@@ -10,6 +10,9 @@ A reconcile pass is one trace: a ``sync`` span with children ``fetch``, ``plan``
 ``apply`` and ``prune`` for each round, and ``build`` and ``job`` for the work it
 started, ended when that work ends (on another thread: :func:`current` is taken where
 the work starts and given to :func:`span` as its parent).
+
+Spans at the rate of calls (each call's, each function's own) are not the SDK's:
+:func:`record` queues them for :mod:`spanexport`, which costs a call microseconds.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from . import spanexport
+
 __all__ = [
     "DEFAULT_SERVICE",
     "ON",
@@ -27,6 +32,7 @@ __all__ = [
     "current",
     "enabled",
     "record",
+    "record_call",
     "shutdown",
     "span",
 ]
@@ -38,16 +44,10 @@ Attributes = Mapping[str, str | int | float | bool]
 
 _tracer: Any = None  # an opentelemetry Tracer once configured
 _provider: Any = None
-_processor: Any = None  # the one batch (and its thread) every provider sends through
-# service name -> a Tracer under a resource of its own: spans recorded on behalf of
-# functions (their runtimes'), each under its function's service name
-_services: dict[str, Any] = {}
-MAX_SERVICES = 512  # past it, more functions' spans go under the reconciler's service
+_batch: Any = None  # spanexport.SpanBatch: the spans recorded at the rate of calls
 _lock = threading.Lock()
 # whether spans are exported: read on the proxy's hot path, a module attribute and no call
 ON = False
-# the ids the next span made on this thread takes (record(): ids that were sent already)
-_preset = threading.local()
 
 
 def enabled() -> bool:
@@ -57,7 +57,7 @@ def enabled() -> bool:
 def configure(endpoint: str, service_name: str = DEFAULT_SERVICE) -> None:
     """Export spans to the OTLP/HTTP collector at ``endpoint`` (``http://host:4318``; the
     path ``/v1/traces`` is added unless it is there) from now on."""
-    global _tracer, _provider
+    global _tracer, _provider, _batch
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -66,31 +66,29 @@ def configure(endpoint: str, service_name: str = DEFAULT_SERVICE) -> None:
     url = endpoint.rstrip("/")
     if not url.endswith("/v1/traces"):
         url += "/v1/traces"
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name}), id_generator=_ids()
-    )
-    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=url))
-    provider.add_span_processor(processor)
-    global ON, _processor
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+    batch = spanexport.SpanBatch(url, service_name, spanexport.headers_from_env())
+    global ON
     with _lock:
         if _provider is not None:
             _provider.shutdown()
-        _provider, _processor = provider, processor
+            _batch.close()
+        _provider, _batch = provider, batch
         _tracer = provider.get_tracer("gitops_sless")
-        _services.clear()
         ON = True
     log.info("traces are exported to %s as %s", url, service_name)
 
 
 def shutdown() -> None:
     """Send what is batched and stop exporting (serve's stop)."""
-    global _tracer, _provider, ON
+    global _tracer, _provider, _batch, ON
     with _lock:
-        provider, _provider, _tracer = _provider, None, None
-        _services.clear()
+        provider, batch, _provider, _tracer, _batch = _provider, _batch, None, None, None
         ON = False
     if provider is not None:
         provider.shutdown()
+        batch.close()
 
 
 def current() -> Any:
@@ -160,26 +158,12 @@ def _exported(tracer: Any, name: str, attributes: Attributes | None, parent: Any
         yield _Span(found)
 
 
-def _ids() -> Any:
-    """The SDK's random ids, unless :func:`record` set the next ones on this thread."""
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-
-    class Preset(RandomIdGenerator):
-        def generate_span_id(self) -> int:
-            span_id = getattr(_preset, "span", None)
-            if span_id is None:
-                return super().generate_span_id()
-            _preset.span = None
-            return int(span_id)
-
-        def generate_trace_id(self) -> int:
-            trace_id = getattr(_preset, "trace", None)
-            if trace_id is None:
-                return super().generate_trace_id()
-            _preset.trace = None
-            return int(trace_id)
-
-    return Preset()
+def record_call(span: spanexport.CallSpan) -> None:
+    """The proxy's span of a call, as cheaply as it can be queued (see
+    ``spanexport.CallSpan``)."""
+    batch = _batch
+    if batch is not None:
+        batch.add(span)
 
 
 def record(
@@ -196,49 +180,12 @@ def record(
     id, span id, parent span id or None for the root of its trace, sampled); ``server``:
     a span of a call received (kind SERVER); ``service``: the service it belongs to (a
     function's), else the reconciler's. Nothing when no trace is exported, or the trace
-    is not sampled."""
-    tracer = _tracer
-    if tracer is None:
-        return
-    from opentelemetry import trace
-
+    is not sampled: queued, and posted in a batch off the caller's thread."""
+    batch = _batch
     trace_id, span_id, parent_id, sampled = ids
-    if service is not None:
-        tracer = _service_tracer(service)
-    flags = trace.TraceFlags(trace.TraceFlags.SAMPLED if sampled else 0)
-    context = None
-    if parent_id:
-        caller = trace.SpanContext(trace_id, parent_id, is_remote=True, trace_flags=flags)
-        context = trace.set_span_in_context(trace.NonRecordingSpan(caller))
-    elif not sampled:
+    if batch is None or not sampled:
         return
-    _preset.trace, _preset.span = trace_id, span_id
-    try:
-        kind = trace.SpanKind.SERVER if server else trace.SpanKind.INTERNAL
-        made = tracer.start_span(
-            name, context=context, kind=kind, attributes=dict(attributes), start_time=start_ns
-        )
-    finally:
-        _preset.trace = _preset.span = None
-    if error is not None:
-        made.set_status(trace.Status(trace.StatusCode.ERROR, error))
-    made.end(end_time=end_ns)
-
-
-def _service_tracer(service: str) -> Any:
-    """A tracer whose spans go out under ``service`` (through the one batch)."""
-    with _lock:
-        tracer = _services.get(service)
-        if tracer is not None or _processor is None:
-            return tracer or _tracer
-        if len(_services) >= MAX_SERVICES:
-            return _tracer
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": service}), id_generator=_ids()
-        )
-        provider.add_span_processor(_processor)
-        tracer = _services[service] = provider.get_tracer("gitops_sless.runtime")
-        return tracer
+    kind = spanexport.SERVER if server else spanexport.INTERNAL
+    batch.add(
+        (name, trace_id, span_id, parent_id, start_ns, end_ns, attributes, error, kind, service)
+    )

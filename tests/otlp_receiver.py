@@ -30,6 +30,8 @@ class Span:
     error: bool = False
     start_ns: int = 0
     end_ns: int = 0
+    kind: int = 0  # SpanKind: 1 internal, 2 server
+    message: str = ""  # the status message
 
 
 def _value(any_value: Any) -> Any:
@@ -41,6 +43,7 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self.paths: list[str] = []
+        self.headers: list[dict[str, str]] = []  # of each post, names in lower case
         self._lock = threading.Lock()
         receiver = self
 
@@ -52,6 +55,8 @@ class OtlpReceiver:
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 receiver._add(self.path, request)
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -84,6 +89,8 @@ class OtlpReceiver:
                             error=span.status.code == 2,  # STATUS_CODE_ERROR
                             start_ns=span.start_time_unix_nano,
                             end_ns=span.end_time_unix_nano,
+                            kind=span.kind,
+                            message=span.status.message,
                         )
                     )
         with self._lock:

@@ -335,6 +335,11 @@ class RouteTable:
         numbers = [int(ref[1:]) for ref in aliases if ref[:1] == "r" and ref[1:].isdigit()]
         return [f"r{n}" for n in sorted(numbers, reverse=True)]
 
+    def revision_aliases(self, env: str, name: str) -> Mapping[str, str] | None:
+        """The refs of ``name``'s kept revisions (as :meth:`set_revisions` was given
+        them); a new object whenever they change."""
+        return self._revisions.get((env, name))
+
     def revision_number(self, env: str, route_name: str) -> str | None:
         """The ``rN`` of the revision the route ``route_name`` serves (``name`` or
         ``name@id``); None when its function keeps no revisions."""
