@@ -1,4 +1,4 @@
-"""The exporter of spans at the rate of calls (``gitops_sless.spanexport``): the OTLP
+"""The exporter of spans at the rate of calls (``gitops_sless.telemetry.export``): the OTLP
 protobuf it writes by hand is what ``opentelemetry-proto`` reads, for a call's span
 and any other; its batches reach a real OTLP/HTTP receiver, a collector that answers
 503 is tried again, and a full queue drops its oldest spans, counted."""
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gitops_sless import spanexport
+from gitops_sless.telemetry import export as spanexport
 
 from .otlp_receiver import OtlpReceiver
 

@@ -1,11 +1,13 @@
 """The groups of ``gitops-sless serve``'s flags that belong to one part each: the
-Kubernetes backend, previews, autoscaling, asynchronous invocations."""
+Kubernetes backend, previews, autoscaling, asynchronous invocations, notifications,
+tracing."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+from urllib.parse import urlsplit
 
 from .common import UsageError
 
@@ -16,8 +18,11 @@ __all__ = [
     "add_kube_flags",
     "add_preview_flags",
     "add_scaling_flags",
+    "add_tracing_flags",
     "duration",
     "env_choice",
+    "otlp_endpoint",
+    "trace_url_template",
 ]
 
 # trust.TRUST_LEVELS, written again here: the server stack loads only for serve
@@ -182,6 +187,50 @@ def add_notify_flags(serve: argparse.ArgumentParser) -> None:
         "it hears of (schemas/notify.schema.json) (default: $SLESS_NOTIFY_CONFIG; none: "
         "rollouts are reported to the forge, as without it)",
     )
+
+
+def add_tracing_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--otlp-endpoint",
+        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
+        metavar="URL",
+        help="export OpenTelemetry traces of every call and reconcile pass over OTLP/HTTP to "
+        "URL (http://collector:4318; /v1/traces is added), named by $OTEL_SERVICE_NAME "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
+    )
+    serve.add_argument(
+        "--trace-url-template",
+        default=os.environ.get("SLESS_TRACE_URL_TEMPLATE", ""),
+        metavar="URL",
+        help="a trace viewer's URL with {trace_id} in it (e.g. "
+        "http://jaeger:16686/trace/{trace_id}): the dashboard links each call's trace "
+        "(default: $SLESS_TRACE_URL_TEMPLATE, else no links)",
+    )
+
+
+def otlp_endpoint(value: str | None) -> str | None:
+    """An OTLP/HTTP collector's http(s) URL; a bad one is refused before anything starts."""
+    if value is None:
+        return None
+    parsed = urlsplit(value.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise UsageError(
+            f"--otlp-endpoint {value!r}: not an http(s) URL (e.g. http://collector:4318)"
+        )
+    return value.strip()
+
+
+def trace_url_template(value: str) -> str:
+    """A trace viewer's http(s) URL with ``{trace_id}``; a bad one is refused at the start."""
+    if not value:
+        return ""
+    parsed = urlsplit(value.replace("{trace_id}", "0"))
+    if "{trace_id}" not in value or parsed.scheme not in ("http", "https"):
+        raise UsageError(
+            f"--trace-url-template {value!r}: an http(s) URL with {{trace_id}} in it "
+            "(e.g. http://jaeger:16686/trace/{trace_id})"
+        )
+    return value
 
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd]?)")

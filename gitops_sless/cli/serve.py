@@ -30,8 +30,11 @@ from .flaggroups import (
     add_notify_flags,
     add_preview_flags,
     add_scaling_flags,
+    add_tracing_flags,
     duration,
     env_choice,
+    otlp_endpoint,
+    trace_url_template,
 )
 
 __all__ = ["TRUST_LEVELS", "add_parser"]
@@ -163,14 +166,7 @@ def add_parser(commands: Any) -> None:
         default=env_choice("SLESS_LOG_LEVEL", "info"),
         help="least severe level logged (default: $SLESS_LOG_LEVEL or info)",
     )
-    serve.add_argument(
-        "--otlp-endpoint",
-        default=os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None,
-        metavar="URL",
-        help="export OpenTelemetry traces of every reconcile pass over OTLP/HTTP to URL "
-        "(http://collector:4318; /v1/traces is added), named by $OTEL_SERVICE_NAME "
-        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT, else none)",
-    )
+    add_tracing_flags(serve)
     serve.add_argument(
         "--keep-builds",
         type=int,
@@ -299,18 +295,6 @@ def _at_least_one(name: str, value: int) -> int:
     return value
 
 
-def _otlp_endpoint(value: str | None) -> str | None:
-    """An OTLP/HTTP collector's http(s) URL; a bad one is refused before anything starts."""
-    if value is None:
-        return None
-    parsed = urlsplit(value.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise UsageError(
-            f"--otlp-endpoint {value!r}: not an http(s) URL (e.g. http://collector:4318)"
-        )
-    return value.strip()
-
-
 def _choice(env: str, value: str, choices: Sequence[str]) -> str:
     """A choice from the environment (argparse has checked the command line's)."""
     if value not in choices:
@@ -437,7 +421,7 @@ def _kube_settings(args: argparse.Namespace) -> Any:
         os.environ,
         build_timeout=int(args.build_timeout),
         error_details=_error_details(args.error_details),
-        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
+        otlp_endpoint=otlp_endpoint(args.otlp_endpoint),
         **overrides,
     )
     s3_values = {k: v for k, v in s3.items() if v}
@@ -543,8 +527,9 @@ def _start(args: argparse.Namespace) -> int:
         log_level=_choice("SLESS_LOG_LEVEL", args.log_level, logs.LEVELS),
         keep_builds=_not_negative("--keep-builds", args.keep_builds),
         keep_revisions=_at_least_one("--keep-revisions", args.keep_revisions),
-        otlp_endpoint=_otlp_endpoint(args.otlp_endpoint),
+        otlp_endpoint=otlp_endpoint(args.otlp_endpoint),
         service_name=os.environ.get("OTEL_SERVICE_NAME") or "gitops-sless",
+        trace_url_template=trace_url_template(args.trace_url_template),
         gc_interval=positive("--gc-interval", args.gc_interval),
         gc_min_age=_seconds("--gc-min-age", args.gc_min_age),
         trusted_proxies=_networks("--trusted-proxies", args.trusted_proxies),

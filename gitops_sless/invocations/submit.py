@@ -21,7 +21,7 @@ from typing import Any
 from ..metrics import METRICS
 from ..proxy.http import HOP_BY_HOP, PREFIX, split_target
 from ..state.routes import RouteTable
-from ..tracecontext import child_traceparent
+from ..telemetry.tracecontext import child_traceparent
 from .engine import Engine, EngineUnavailable
 from .model import Callback, Invocation, new_id
 

@@ -41,7 +41,7 @@ from ..manifests import durations
 from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy
 from ..metrics import METRICS
 from ..state.routes import RouteTable
-from ..tracecontext import child_traceparent
+from ..telemetry.tracecontext import child_traceparent
 from .engine import Save
 from .model import (
     DEAD,

@@ -28,7 +28,7 @@ from ..plan.backend import (
 )
 from ..source.snapshot import Snapshot
 from ..state.routes import Canary, Route, RouteTable
-from ..tracecontext import child_traceparent
+from ..telemetry.tracecontext import child_traceparent
 from . import builder as local_builder
 from .processes import Supervisor
 from .revisions import RevisionUnits

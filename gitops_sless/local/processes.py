@@ -499,7 +499,7 @@ class Supervisor(Recovery):
 
     def _span_relay(self, spec: ProcessSpec) -> dict[str, str]:
         """Where the runtime sends its spans (the reconciler, which exports them), when
-        spans are exported: see ``spanrelay``."""
+        spans are exported: see ``telemetry.relay``."""
         if self.span_relay is None:
             return {}
         return {

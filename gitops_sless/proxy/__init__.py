@@ -11,7 +11,7 @@ Its modules, each importing only those before it:
 - :mod:`.app`: :class:`ProxyApp`, the proxy as an ASGI application, and
   :func:`config`, the uvicorn settings that put the fast path in front of it.
 
-``history`` buffers what the proxy did for the status store.
+``history`` is what the proxy did (:class:`Invocation`), buffered for the status store.
 
 May import: ``state``, ``plan`` and the shared top-level modules; the hot path
 (``fast``) as little as it can.

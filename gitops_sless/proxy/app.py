@@ -29,13 +29,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from ..metrics import METRICS
 from ..state.routes import Address, Route, RouteTable, Upstream
 from .activator import Activator, Refused
+from .history import Invocation
 from .http import (
     CHUNKED,
     LABEL_MAX,
@@ -63,20 +63,6 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Invocation:
-    """One call through the proxy, as recorded in the invocation history."""
-
-    env: str
-    name: str
-    method: str
-    path: str  # the sub-path and query sent to the function, as the client encoded it
-    status: int  # 499: the client left before the answer (nginx's code)
-    duration_ms: float
-    time: float  # wall clock at the start of the call, seconds since the epoch
-    request_id: str
 
 
 class ProxyApp:
@@ -285,6 +271,8 @@ class ProxyApp:
             (ended - call.started) * 1000.0,
             call.wall,
             call.request_id.decode("ascii"),
+            call.trace_id.decode("ascii"),
+            None if call.cold is None else (call.cold[0] - call.started) * 1000.0,
         )
         try:
             self.record(invocation)

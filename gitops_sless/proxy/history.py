@@ -5,14 +5,30 @@ from __future__ import annotations
 
 import collections
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..metrics import METRICS
 from ..plan.backend import CronRun
 from ..state.store import Store
-from .app import Invocation
 
-__all__ = ["InvocationBuffer"]
+__all__ = ["Invocation", "InvocationBuffer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """One call through the proxy, as recorded in the invocation history."""
+
+    env: str
+    name: str
+    method: str
+    path: str  # the sub-path and query sent to the function, as the client encoded it
+    status: int  # 499: the client left before the answer (nginx's code)
+    duration_ms: float
+    time: float  # wall clock at the start of the call, seconds since the epoch
+    request_id: str
+    trace_id: str = ""  # "": the request id is the trace's (the proxy started it)
+    cold_ms: float | None = None  # how long it waited for a replica to start; None: warm
 
 
 class InvocationBuffer:
@@ -33,6 +49,8 @@ class InvocationBuffer:
                 inv.duration_ms,
                 inv.time,
                 inv.request_id,
+                inv.trace_id,
+                inv.cold_ms,
             )
         )
 
@@ -49,6 +67,8 @@ class InvocationBuffer:
                 run.duration_ms,
                 run.at or time.time(),
                 f"cron-{run.index}",
+                "",
+                None,
             )
         )
 

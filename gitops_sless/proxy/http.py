@@ -1,9 +1,8 @@
 """HTTP details of the invoke proxy shared by its ASGI path and its fast path.
 
-Which function a path names, the request head sent upstream (hop-by-hop
-headers removed, ``X-Forwarded-*``, ``Forwarded`` and ``X-Request-Id`` set),
-the response headers passed back, the proxy's own JSON errors, and the
-:class:`Limits` of the server in front of it.
+Which function a path names, the request head sent upstream (hop-by-hop headers
+removed, ``X-Forwarded-*``, ``Forwarded`` and ``X-Request-Id`` set), the response
+headers passed back, the proxy's own JSON errors, and the :class:`Limits` of the edge.
 
 Forwarding headers: by default the proxy is the edge. Whatever the client
 sent as ``Forwarded``, ``X-Real-IP`` or ``X-Forwarded-*`` is dropped, and the
@@ -39,7 +38,7 @@ from urllib.parse import unquote_to_bytes
 
 from .. import telemetry
 from ..state.routes import Gateway
-from ..tracecontext import TRACEPARENT
+from ..telemetry.tracecontext import TRACEPARENT
 
 __all__ = [
     "HOP_BY_HOP",
@@ -251,6 +250,7 @@ class Call:
         "started",
         "status",
         "trace",
+        "trace_id",
         "wall",
     )
 
@@ -272,6 +272,7 @@ class Call:
         # with spans exported (telemetry.ON): (the traceparent the call went on with, naming
         # the proxy's span; the caller's span id, None for a new trace)
         self.trace: tuple[bytes, bytes | None] | None = None
+        self.trace_id = b""  # when it is not its request id (b"": it is, as for most)
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:
@@ -327,24 +328,24 @@ def trace_context(
     random bits serve as the trace id, and its last 64 as the parent id (never zero: the
     uuid's variant bits are set); no more randomness is drawn on the hot path.
 
-    With spans exported (``telemetry.ON``), the proxy's own span is the function's
-    parent: a caller's trace goes on with a new parent id, and ``call.trace`` keeps what
-    the span is made of when the call ends (``ProxyApp.finish``)."""
+    ``call.trace_id`` is its trace id. With spans exported (``telemetry.ON``), the proxy's
+    span is the function's parent: a caller's trace goes on with a new parent id, and
+    ``call.trace`` keeps what the span is made of for ``ProxyApp.finish``."""
     if traceparent and TRACEPARENT.fullmatch(traceparent):
-        if telemetry.ON and call is not None:
-            caller = traceparent[36:52]
-            traceparent = b"00-%s-%016x-%s" % (
-                traceparent[3:35],
-                _getrandbits(64) | 1,
-                traceparent[53:55],
-            )
-            call.trace = (traceparent, caller)
+        if call is not None:
+            call.trace_id = traceparent[3:35]
+            if telemetry.ON:
+                caller, span = traceparent[36:52], _getrandbits(64) | 1
+                traceparent = b"00-%s-%016x-%s" % (call.trace_id, span, traceparent[53:55])
+                call.trace = (traceparent, caller)
         if tracestate:
             return (b"traceparent: ", traceparent, b"\r\ntracestate: ", tracestate, b"\r\n")
         return (b"traceparent: ", traceparent, b"\r\n")
     trace_id = b"%032x" % (_getrandbits(128) | 1)
-    if telemetry.ON and call is not None:
-        call.trace = (b"00-" + trace_id + b"-" + trace_id[16:] + b"-01", None)
+    if call is not None:
+        call.trace_id = trace_id
+        if telemetry.ON:
+            call.trace = (b"00-" + trace_id + b"-" + trace_id[16:] + b"-01", None)
     return (b"traceparent: 00-", trace_id, b"-", trace_id[16:], b"-01\r\n")
 
 

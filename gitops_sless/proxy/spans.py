@@ -8,7 +8,7 @@ calls, are its children. Nothing of this runs without ``telemetry.ON``.
 A call's span costs it about a microsecond: its name and attributes are encoded once
 for each function, method, status and revision (remembered), its ids are handed over
 as the hex they were sent in, and everything else happens in the exporter's thread
-(:mod:`gitops_sless.spanexport`).
+(:mod:`gitops_sless.telemetry.export`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import spanexport, telemetry
+from .. import telemetry
 from ..state.routes import RouteTable
+from ..telemetry import export as spanexport
 from .http import Call
 
 __all__ = ["record_span"]

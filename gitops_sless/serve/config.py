@@ -41,6 +41,7 @@ class ServeConfig:
     keep_revisions: int = 5  # revisions of each function kept runnable (state.revisions)
     otlp_endpoint: str | None = None  # OpenTelemetry traces go there (gitops_sless.telemetry)
     service_name: str = "gitops-sless"  # OTEL_SERVICE_NAME
+    trace_url_template: str = ""  # a trace viewer's URL with {trace_id}: the dashboard links it
     gc_interval: float = 3600.0  # seconds between garbage collections (state folder, cluster)
     gc_min_age: float = 3600.0  # kubernetes: nothing younger is collected (kube/gc.py)
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose forwarding headers are kept

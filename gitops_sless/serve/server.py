@@ -168,6 +168,7 @@ class Server:
             routes=self.routes,
             fn_url=config.fn_url,
             notifications=self.notify.status,
+            trace_url=config.trace_url_template,
         )
         relay_local_spans(api, self.backend, config.public_url)  # with --otlp-endpoint
         if self.elector is not None:

@@ -195,6 +195,9 @@ _ADDED_COLUMNS = (
     # the revision serving (r3), and the one a rollback pins it at (state/revisions.py)
     ("functions", "serving_revision", "TEXT"),
     ("functions", "pinned", "TEXT"),
+    # a call's trace when it is not its request id's, and how long it waited for a start
+    ("invocations", "trace_id", "TEXT NOT NULL DEFAULT ''"),
+    ("invocations", "cold_ms", "REAL"),
 )
 
 # the columns of a build row before trust scopes (all of them, _ADDED_COLUMNS included)

@@ -477,7 +477,8 @@ class Store(RevisionRows, NotifyRows):
     # --- invocations ------------------------------------------------------------------------
 
     def record_invocations(self, rows: Iterable[tuple[Any, ...]]) -> None:
-        """Rows of (env, name, method, path, status, duration_ms, time, request_id).
+        """Rows of (env, name, method, path, status, duration_ms, time, request_id[,
+        trace_id or "" when it is the request id, cold_ms or None when warm]).
 
         A path longer than MAX_STORED_PATH bytes is cut there and marked
         truncated; each function keeps its last MAX_INVOCATIONS_PER_FUNCTION calls.
@@ -488,7 +489,8 @@ class Store(RevisionRows, NotifyRows):
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO invocations (env, name, method, path, status, duration_ms, time,"
-                " request_id, truncated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " request_id, trace_id, cold_ms, truncated)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 stored,
             )
             for env, name in {(row[0], row[1]) for row in stored}:
@@ -528,8 +530,22 @@ def _cut(text: str, limit: int) -> tuple[str, bool]:
 
 
 def _bounded_invocation(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    env, name, method, path, status, duration_ms, at, request_id = row
+    env, name, method, path, status, duration_ms, at, request_id, *more = row
+    trace_id, cold_ms = (*more, "", None)[:2]  # a row of before traces: neither
     path, cut = _cut(str(path), MAX_STORED_PATH)
     method, _ = _cut(str(method), 32)
     request_id, _ = _cut(str(request_id), 200)
-    return (env, name, method, path, status, duration_ms, at, request_id, int(cut))
+    trace_id = str(trace_id)[:32]
+    return (
+        env,
+        name,
+        method,
+        path,
+        status,
+        duration_ms,
+        at,
+        request_id,
+        trace_id,
+        cold_ms,
+        int(cut),
+    )

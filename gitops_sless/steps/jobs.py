@@ -12,7 +12,7 @@ from ..manifests.model import Function, Job
 from ..plan.backend import JobFailed, SecretUnavailable, deployment_for
 from ..plan.diff import FINISHED, job_results
 from ..plan.planner import Plan
-from ..tracecontext import child_traceparent
+from ..telemetry.tracecontext import child_traceparent
 from .context import Context, PassState, log
 
 __all__ = ["MAX_JOB_ATTEMPTS", "Jobs"]

@@ -145,6 +145,7 @@ def create_api(
     routes: RouteTable | None = None,
     fn_url: str = "",
     notifications: Callable[[], list[dict[str, Any]]] | None = None,
+    trace_url: str = "",
 ) -> FastAPI:
     """``readiness() -> (ready, reason)`` answers /readyz (default: a first pass ran).
 
@@ -160,6 +161,7 @@ def create_api(
     workers run on the loop that serves it). ``routes``: the proxy's table (how warm each
     kept revision is); ``fn_url``: where functions are called (revisions' own URLs).
     ``notifications()``: each notification provider's last delivery (none: no providers).
+    ``trace_url``: a trace viewer's URL with ``{trace_id}``, linked from the dashboard.
     """
 
     def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -588,6 +590,7 @@ def create_api(
             invocations,
             routes,
             fn_url,
+            trace_url,
         )
     )
     return app

@@ -243,6 +243,10 @@ class Invocation(ApiModel):
     duration_ms: float = Field(description="milliseconds, to one decimal")
     time: Timestamp
     request_id: str
+    trace_id: str = Field(description="the trace the call belongs to (W3C trace id)")
+    cold_start_ms: float | None = Field(
+        description="how long it waited for a replica to start; null when one was ready"
+    )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Invocation:
@@ -255,6 +259,9 @@ class Invocation(ApiModel):
             duration_ms=round(row["duration_ms"], 1),
             time=rfc3339(row["time"]),
             request_id=row["request_id"],
+            # the proxy's own trace is named by the request id (the one it made)
+            trace_id=row.get("trace_id") or row["request_id"],
+            cold_start_ms=None if row.get("cold_ms") is None else round(row["cold_ms"], 1),
         )
 
 

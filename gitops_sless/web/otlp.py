@@ -1,6 +1,6 @@
 """``POST /internal/otlp/v1/traces``: the local backend's runtimes send their spans here
 (OTLP/HTTP JSON, the replica's key as a bearer token), and the reconciler exports them
-as the function's (see :mod:`gitops_sless.spanrelay`). Not for callers: 401 without a
+as the function's (see :mod:`gitops_sless.telemetry.relay`). Not for callers: 401 without a
 replica's key, whatever the API tokens."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from .. import spanrelay, telemetry
+from .. import telemetry
 from ..local.backend import LocalBackend
 from ..plan.backend import Backend
+from ..telemetry import relay as spanrelay
 from . import replies
 
 __all__ = ["otlp_router", "relay_local_spans"]

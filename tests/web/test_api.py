@@ -281,7 +281,18 @@ def test_function_detail_has_its_build_jobs_and_latest_calls(api):
     api.store.record_invocations(
         [
             ("prod", "greet", "GET", "/short", 200, 1.2466789012345, DEC_1_2025, "req-1"),
-            ("prod", "greet", "POST", "/" + "p" * 1000, 502, 3.0, DEC_1_2025 + 1.5, "req-2"),
+            (
+                "prod",
+                "greet",
+                "POST",
+                "/" + "p" * 1000,
+                502,
+                3.0,
+                DEC_1_2025 + 1.5,
+                "req-2",
+                "ab" * 16,
+                812.34,
+            ),
         ]
     )
 
@@ -310,12 +321,15 @@ def test_function_detail_has_its_build_jobs_and_latest_calls(api):
         "durationMs": 1.2,  # one decimal, not the clock's twelve
         "time": "2025-12-01T10:00:00.000Z",
         "requestId": "req-1",
+        "traceId": "req-1",  # a trace the proxy started is named by the request id
+        "coldStartMs": None,
     }
     assert (newest["status"], newest["requestId"], newest["time"]) == (
         502,
         "req-2",
         "2025-12-01T10:00:01.500Z",
     )
+    assert (newest["traceId"], newest["coldStartMs"]) == ("ab" * 16, 812.3)
     assert newest["pathTruncated"] is True and len(newest["path"]) == 256
 
 

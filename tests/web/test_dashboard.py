@@ -472,3 +472,51 @@ def test_the_header_says_when_the_next_poll_is_due_and_a_gone_function_says_so(t
     gone = _get(unpolled, "/functions/prod/nothing")
     assert gone.status_code == 404
     assert "No function nothing in prod" in gone.text
+
+
+TRACED = """\
+def main(event, context):
+    print("serving", event["_path"])
+    return {"ok": True}
+"""
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+VIEWER = "http://traces.example/trace/{trace_id}"
+
+
+def test_each_call_links_its_log_lines_and_its_trace_and_says_if_it_was_cold(setup, tabs):
+    setup.push(
+        {
+            "zero/sless.yaml": manifest("zero", HTTP, "    scale: {min: 0, max: 1, idle: 1s}"),
+            "zero/handler.py": TRACED,
+        }
+    )
+    fast = ["--scale-window", "3s", "--scale-panic-window", "1s", "--scale-tick", "0.2s"]
+    server = setup.serve(args=[*fast, "--trace-url-template", VIEWER], env=OFFLINE)
+    server.wait(lambda: (server.function("zero") or {}).get("phase") == "Idle", "zero idle")
+    cold = server.call("zero", "/first", headers={"traceparent": CALLER, "x-request-id": "req-1"})
+    assert cold.status_code == 200 and "x-sless-cold-start" in cold.headers
+    assert server.call("zero", "/second").status_code == 200
+
+    def calls() -> list[dict[str, Any]]:
+        return (server.function("zero") or {}).get("invocations") or []
+
+    server.wait(lambda: len(calls()) >= 2, "both calls in the history")
+    page = tabs.open(server.base)
+    page.goto("/functions/prod/zero")
+    rows = page.locator("#calls tbody tr")
+    expect(rows).to_have_count(2)
+    warm, first = rows.nth(0), rows.nth(1)
+    expect(first).to_contain_text("cold,")
+    expect(warm).not_to_contain_text("cold")
+    # the trace viewer's link names the caller's trace; the second call's trace is its own
+    trace = first.locator("a", has_text="trace")
+    expect(trace).to_have_attribute("href", VIEWER.replace("{trace_id}", CALLER[3:35]))
+    own = warm.locator("a", has_text="trace")
+    second_id = calls()[0]["requestId"]
+    expect(own).to_have_attribute("href", VIEWER.replace("{trace_id}", second_id))
+    # the request id opens the lines the handler printed serving it, and no other
+    link = first.locator("a", has_text="req-1")
+    expect(link).to_have_attribute("href", re.compile(r"/logs\?request=req-1$"))
+    link.click()
+    expect(page.locator("body")).to_contain_text(f"trace_id={CALLER[3:35]}] serving /first")
+    expect(page.locator("body")).not_to_contain_text("/second")

@@ -73,6 +73,7 @@ def router(
     invocations: Invocations | None = None,
     routes: RouteTable | None = None,
     fn_url: str = "",
+    trace_url: str = "",
 ) -> APIRouter:
     """The dashboard's routes: ``/``, ``/functions/{env}/{name}``, its two assets, sign-in.
 
@@ -81,14 +82,15 @@ def router(
     (else guessed from the repository's URL) links a preview to its pull request.
     ``scaling(env, name)``: an autoscaled function's replicas and cold starts.
     ``invocations``: asynchronous invocations, whose counts and dead letters a function's
-    page shows (and the overview a function's dead ones).
+    page shows (and the overview a function's dead ones). ``trace_url``: a trace viewer's
+    URL with ``{trace_id}`` in it (``--trace-url-template``), linked from each call.
     """
     access = access or Access(None)
     pages = Pages(reconciler, store, repository, branch, poll_interval, forge)
     pages.scaling = scaling
     pages.queue = QueueReader(invocations)
     pages.routes = routes or RouteTable()
-    pages.fn_url = fn_url
+    pages.fn_url, pages.trace_url = fn_url, trace_url
     routes = APIRouter(include_in_schema=False)
 
     def signout(request: Request) -> Html:

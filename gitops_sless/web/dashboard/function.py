@@ -8,6 +8,7 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi.responses import HTMLResponse
 
@@ -91,7 +92,7 @@ class FunctionPage(Site):
                 self._build(fn, now, self._built_with(env, row)),
                 self._jobs([job for job in fn.jobs if job.function == name], now),
                 section(env, name, queue, now),
-                self._calls(fn.invocations, now),
+                self._calls(env, name, fn.invocations, now),
             ],
             "\n",
         )
@@ -241,9 +242,10 @@ class FunctionPage(Site):
         )
         return _section("jobs", "Jobs", _table(_JOB_COLUMNS, rows))
 
-    def _calls(self, calls: list[Invocation], now: float) -> Html:
+    def _calls(self, env: str, name: str, calls: list[Invocation], now: float) -> Html:
         if not calls:
             return _section("calls", "Recent calls", Html('<p class="muted">No calls yet.</p>'))
+        logs = f"/api/v1/environments/{quote(env)}/functions/{quote(name)}/logs?request="
         rows = (
             _tr(
                 _CALL_COLUMNS,
@@ -257,11 +259,28 @@ class FunctionPage(Site):
                         s=call.status,
                     ),
                     _ms(call.duration_ms),
+                    DASH if call.cold_start_ms is None else f"cold, {_ms(call.cold_start_ms)}",
+                    self._request(call, logs),
                 ],
             )
             for call in calls[:RECENT_CALLS]
         )
         return _section("calls", "Recent calls", Html(_chart(calls) + _table(_CALL_COLUMNS, rows)))
+
+    def _request(self, call: Invocation, logs: str) -> Html:
+        """The call's request id, linked to its log lines; and its trace, where a trace
+        viewer is known (``--trace-url-template``)."""
+        parts = [
+            _h(
+                '<a href="{href}" data-api title="its log lines"><code>{id}</code></a>',
+                href=logs + quote(call.request_id, safe=""),
+                id=call.request_id,
+            )
+        ]
+        if self.trace_url and call.method != "CRON":
+            url = self.trace_url.replace("{trace_id}", quote(call.trace_id, safe=""))
+            parts.append(_h(' · <a href="{href}" rel="noopener">trace</a>', href=url))
+        return _join(parts)
 
 
 LOG_TAIL_LINES = 40

@@ -65,7 +65,7 @@ _SYNC_COLUMNS = (
     "Error",
 )
 _JOB_COLUMNS = ("Job", "runId", "Phase", "Attempts", "Result or error", "Finished")
-_CALL_COLUMNS = ("Time", "Method", "Path", "Status", "Latency")
+_CALL_COLUMNS = ("Time", "Method", "Path", "Status", "Latency", "Start", "Request")
 
 
 # --- markup -----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class Site:
         # the proxy's table (how warm each kept revision is) and where functions answer
         self.routes = RouteTable()
         self.fn_url = ""
+        self.trace_url = ""  # --trace-url-template: where a call's trace is shown
 
     def _mirror_path(self) -> Path | None:
         path = getattr(getattr(self.reconciler, "source", None), "path", None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import telemetry
+from . import record
 
 __all__ = ["MAX_BODY_BYTES", "BadSpans", "relay"]
 
@@ -49,7 +49,7 @@ def relay(body: bytes, env: str, function: str) -> int:
         error = (status.get("message") or "failed") if status.get("code") == 2 else None
         attributes = {**_attributes(span.get("attributes")), "sless.environment": env}
         attributes["faas.name"] = function
-        telemetry.record(
+        record(
             str(span.get("name") or function)[:200],
             ids,
             start,

@@ -12,7 +12,12 @@ started, ended when that work ends (on another thread: :func:`current` is taken 
 the work starts and given to :func:`span` as its parent).
 
 Spans at the rate of calls (each call's, each function's own) are not the SDK's:
-:func:`record` queues them for :mod:`spanexport`, which costs a call microseconds.
+:func:`record` queues them for :mod:`.export`, which costs a call microseconds.
+
+Its modules: :mod:`.tracecontext`, what a valid W3C ``traceparent`` is (for the proxy,
+the queue and the runners); :mod:`.export`, the spans at the rate of calls, encoded and
+posted by one thread; :mod:`.relay`, the local runtimes' spans, exported on their
+behalf. May import: nothing else of ``gitops_sless`` (every layer uses it).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import spanexport
+from . import export
 
 __all__ = [
     "DEFAULT_SERVICE",
@@ -44,7 +49,7 @@ Attributes = Mapping[str, str | int | float | bool]
 
 _tracer: Any = None  # an opentelemetry Tracer once configured
 _provider: Any = None
-_batch: Any = None  # spanexport.SpanBatch: the spans recorded at the rate of calls
+_batch: Any = None  # export.SpanBatch: the spans recorded at the rate of calls
 _lock = threading.Lock()
 # whether spans are exported: read on the proxy's hot path, a module attribute and no call
 ON = False
@@ -68,7 +73,7 @@ def configure(endpoint: str, service_name: str = DEFAULT_SERVICE) -> None:
         url += "/v1/traces"
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-    batch = spanexport.SpanBatch(url, service_name, spanexport.headers_from_env())
+    batch = export.SpanBatch(url, service_name, export.headers_from_env())
     global ON
     with _lock:
         if _provider is not None:
@@ -158,9 +163,9 @@ def _exported(tracer: Any, name: str, attributes: Attributes | None, parent: Any
         yield _Span(found)
 
 
-def record_call(span: spanexport.CallSpan) -> None:
+def record_call(span: export.CallSpan) -> None:
     """The proxy's span of a call, as cheaply as it can be queued (see
-    ``spanexport.CallSpan``)."""
+    ``export.CallSpan``)."""
     batch = _batch
     if batch is not None:
         batch.add(span)
@@ -185,7 +190,7 @@ def record(
     trace_id, span_id, parent_id, sampled = ids
     if batch is None or not sampled:
         return
-    kind = spanexport.SERVER if server else spanexport.INTERNAL
+    kind = export.SERVER if server else export.INTERNAL
     batch.add(
         (name, trace_id, span_id, parent_id, start_ns, end_ns, attributes, error, kind, service)
     )
