@@ -33,10 +33,11 @@ from .jobs import JobRunner, finished_runs
 from .policy import RoutePolicy, initial_replicas, route_policy
 from .renderer import ENV_LABEL, MANAGED_BY, RenderConfig, render_function
 from .revisions import RevisionUnits
+from .runs import replica_logs
 from .runtimeload import RuntimeLoad
 from .starts import Starts
 from .status import available_replicas, health, rolled_out
-from .units import object_name, unit_of
+from .units import REVISION_OF, object_name, pod_selector, unit_of
 from .view import FUNCTION_KINDS, LISTED, View
 
 __all__ = ["KubeBackend"]
@@ -304,6 +305,15 @@ class KubeBackend(RevisionUnits, Backend):
 
     def job_runs(self, env: str) -> list[JobRecord]:
         return finished_runs(self.view(env))
+
+    def function_log(self, env: str, name: str) -> str:
+        namespace = self.config.namespace(env)
+        kept = {MANAGED_BY: "gitops-sless", ENV_LABEL: env, REVISION_OF: name}  # a candidate too
+        pods = [
+            *self.client.list("Pod", namespace, pod_selector(env, name)),
+            *self.client.list("Pod", namespace, kept),
+        ]
+        return replica_logs(self.client, namespace, pods)
 
     # --- building ------------------------------------------------------------------------
 

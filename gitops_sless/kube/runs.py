@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import TransientError
-from .client import KubeClient
+from .client import Invalid, KubeClient, NotFound
 from .informer import Informer
 
 __all__ = ["JobGone", "JobTimedOut", "WaitStopped", "conditions", "ended", "log", "wait"]
@@ -86,3 +86,20 @@ def log(client: KubeClient, namespace: str, name: str, tail_lines: int | None = 
         return ""
     newest = max(found, key=lambda p: p["metadata"].get("creationTimestamp") or "")
     return client.pod_log(namespace, newest["metadata"]["name"], tail_lines)
+
+
+REPLICA_LOG_LINES = 5000  # of each pod: a function's log is read whole for a request's lines
+
+
+def replica_logs(client: KubeClient, namespace: str, pods: list[dict[str, Any]]) -> str:
+    """The logs of ``pods``, oldest pod first, each line marked ``[replica <pod>]``
+    (a pod that has not started says nothing)."""
+    out = []
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        name = pod["metadata"]["name"]
+        try:
+            text = client.pod_log(namespace, name, REPLICA_LOG_LINES)
+        except (Invalid, NotFound):  # not started yet, or gone meanwhile
+            continue
+        out += [f"[replica {name}] {line}\n" for line in text.splitlines()]
+    return "".join(out)

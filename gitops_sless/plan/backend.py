@@ -232,6 +232,11 @@ class Backend(ABC):
         """
         return None
 
+    def function_log(self, env: str, name: str) -> str | None:
+        """What ``name``'s replicas printed, each line naming its replica, where the
+        backend keeps it (None: the reconciler's log files are the record)."""
+        return None
+
     def job_runs(self, env: str) -> list[JobRecord]:
         """Finished job runs recorded by the backend itself (empty: the store is the record)."""
         return []

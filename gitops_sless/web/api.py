@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Query, Request, Response, Security
 from fastapi.responses import PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from fastapi_offline import FastAPIOffline
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -47,6 +47,7 @@ from .dashboard import router as dashboard_router
 from .dashboard import signin_page
 from .diffs import DiffReply
 from .invocations import router as invocations_router
+from .logs import logs_router
 from .models import (
     Environment,
     ErrorReply,
@@ -54,7 +55,6 @@ from .models import (
     FunctionDetail,
     Health,
     JobRun,
-    LogChunk,
     Readiness,
     Scaling,
     Status,
@@ -71,10 +71,7 @@ log = logging.getLogger(__name__)
 
 MAX_WEBHOOK_BYTES = 1 << 20
 MAX_DIFF_BYTES = 1 << 20
-MAX_LOG_CHUNK = 256 << 10  # bytes of a log per answer
 KEPT_REVISIONS = 8  # desired states of deployed revisions kept for diffs
-_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
-_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 MAX_WAIT_SEC = 600
 DOCS_ASSETS = "/docs/assets"  # Swagger UI's JavaScript and CSS, from the fastapi-offline package
 CLIENT_CLOSED = 499  # nginx's code for a client that went away before the answer
@@ -105,20 +102,8 @@ _DIFF_BODY = {
     }
 }
 
-_OFFSET = Query(ge=0, description="byte offset to read from (nextOffset of the last read)")
-_REQUEST = Query(
-    pattern=r"^[!-~]{1,200}$",
-    description="only the lines tagged with this request id (its X-Request-Id)",
-)
-_TRACE = Query(pattern=r"^[0-9a-f]{32}$", description="only the lines tagged with this trace id")
-_LIMIT = Query(ge=1, le=MAX_LOG_CHUNK, description=f"bytes to read, at most {MAX_LOG_CHUNK}")
-
-_bearer = HTTPBearer(
-    auto_error=False,
-    description="the server's API token (--api-token); for reads, its read token "
-    "(--read-token) as well",
-)
-_READ = [Security(_bearer)]  # documents the token reads need; access.ReadGate checks it
+_bearer = replies.bearer
+_READ = replies.READ  # documents the token reads need; access.ReadGate checks it
 
 
 def create_api(
@@ -522,55 +507,7 @@ def create_api(
             raise HTTPException(422, str(exc)) from None
         return await run_in_threadpool(compare, env, desired, wanted.revision)
 
-    @app.get(
-        "/api/v1/environments/{env}/functions/{name}/logs",
-        tags=["logs"],
-        dependencies=_READ,
-        responses=replies.errors(401, 404, 422),
-    )
-    def function_logs(
-        env: str,
-        name: str,
-        offset: Annotated[int, _OFFSET] = 0,
-        limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
-        request: Annotated[str | None, _REQUEST] = None,
-        trace: Annotated[str | None, _TRACE] = None,
-    ) -> LogChunk:
-        """What the function's replicas printed (one file for all of them), page by page;
-        with ``request`` or ``trace``, only the lines printed while serving that request
-        (or trace): the runtimes tag them ``[request_id=ID trace_id=TRACE]``."""
-        known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
-        if not known:
-            raise HTTPException(404, f"no function {name!r} in environment {env!r}")
-        path = state_dir / "logs" / env / f"{name}.log"
-        needles = [b"[request_id=%s trace_id=" % request.encode()] if request else []
-        if trace:
-            needles.append(b" trace_id=%s]" % trace.encode())
-        if needles:
-            return replies.read_log_lines(path, offset, limit, needles)
-        return replies.read_log(path, offset, limit, finished=False)
-
-    @app.get(
-        "/api/v1/builds/{tag}/log",
-        tags=["logs"],
-        dependencies=_READ,
-        responses=replies.errors(401, 404, 422),
-    )
-    def build_log(
-        tag: str,
-        offset: Annotated[int, _OFFSET] = 0,
-        limit: Annotated[int, _LIMIT] = MAX_LOG_CHUNK,
-    ) -> LogChunk:
-        """The log of the last build of ``tag``; ``finished`` once that build has ended."""
-        build = store.build(tag) if _TAG.fullmatch(tag) else None
-        if build is None:
-            raise HTTPException(404, f"no build {tag!r}")
-        finished = build["phase"] != "Building"  # read before the file: never a short "finished"
-        path = state_dir / "artifacts" / f"{tag}.log"
-        if path.is_file():
-            return replies.read_log(path, offset, limit, finished)
-        return replies.text_log(build["log"] or "", offset, limit, finished)
-
+    app.include_router(logs_router(store, state_dir, getattr(reconciler, "backend", None)))
     if invocations is not None:
         app.include_router(invocations_router(invocations, authorize))
     app.include_router(notifications_router(notifications or list))

@@ -8,16 +8,26 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request, Response, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from .models import ErrorReply, LogChunk
 
+bearer = HTTPBearer(
+    auto_error=False,
+    description="the server's API token (--api-token); for reads, its read token "
+    "(--read-token) as well",
+)
+READ = [Security(bearer)]  # documents the token reads need; access.ReadGate checks it
+
 __all__ = [
     "ERROR_TEXT",
+    "READ",
+    "bearer",
     "error",
     "errors",
     "inline_refs",
@@ -29,6 +39,7 @@ __all__ = [
     "read_log",
     "read_log_lines",
     "text_log",
+    "text_log_lines",
 ]
 
 
@@ -126,6 +137,19 @@ def read_log_lines(path: Path, offset: int, limit: int, needles: list[bytes]) ->
     """As :func:`read_log`, whole lines only, and only those that hold every one of
     ``needles`` (a request's tag): paged and followed the same way, by ``nextOffset``."""
     data, size, start = _read(path, offset, limit)
+    return _lines(data, size, start, offset, limit, needles)
+
+
+def text_log_lines(text: str, offset: int, limit: int, needles: list[bytes]) -> LogChunk:
+    """:func:`read_log_lines` of a log held as text (the pods' logs, on Kubernetes)."""
+    data = text.encode("utf-8", "replace")
+    start = offset if offset <= len(data) else 0
+    return _lines(data[start : start + limit], len(data), start, offset, limit, needles)
+
+
+def _lines(
+    data: bytes, size: int, start: int, offset: int, limit: int, needles: list[bytes]
+) -> LogChunk:
     read = data.rfind(b"\n") + 1  # a line still being written is read when it ends
     if read == 0 and len(data) == limit:
         read = limit  # a line longer than a page: passed over

@@ -340,7 +340,9 @@ class FakeKube:
             if why in ("ErrImagePull", "ImagePullBackOff"):
                 why = "trying and failing to pull image"
             raise bad_request(f'container "{container}" in pod "{name}" is waiting to start: {why}')
-        log = self.kubelet.logs.get((namespace, name), "")
+        log = self.kubelet.runtimes.log(pod["metadata"]["uid"])  # a pod that runs a runtime
+        if log is None:
+            log = self.kubelet.logs.get((namespace, name), "")
         if query.get("tailLines", "").isdigit():
             n = int(query["tailLines"])
             log = "".join(log.splitlines(keepends=True)[-n:]) if n else ""

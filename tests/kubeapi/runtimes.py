@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ class PodRuntimes:
     def __init__(self) -> None:
         self._folders: dict[tuple[str, str], tuple[Path, str]] = {}
         self._running: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        self._logs: dict[str, Path] = {}  # pod uid -> what its process printed
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # one start at a time: a pod gets one process
 
@@ -50,9 +52,17 @@ class PodRuntimes:
                 if found is None or uid in self._running:
                     return
             folder, runtime = found
-            process, port = _spawn(folder, runtime, env)
+            log = Path(tempfile.mkstemp(prefix="sless-pod-", suffix=".log")[1])
+            process, port = _spawn(folder, runtime, env, log)
             with self._lock:
                 self._running[uid] = (process, port)
+                self._logs[uid] = log
+
+    def log(self, uid: str) -> str | None:
+        """What the pod's process printed (stdout and stderr), if it runs one."""
+        with self._lock:
+            path = self._logs.get(uid)
+        return None if path is None else path.read_text("utf-8", "replace")
 
     def port(self, uid: str) -> int | None:
         with self._lock:
@@ -62,17 +72,25 @@ class PodRuntimes:
     def stop(self, uid: str) -> None:
         with self._lock:
             running = self._running.pop(uid, None)
+            log = self._logs.pop(uid, None)
         if running is not None:
             _end(running[0])
+        if log is not None:
+            log.unlink(missing_ok=True)
 
     def close(self) -> None:
         with self._lock:
             running, self._running = list(self._running.values()), {}
+        logs, self._logs = list(self._logs.values()), {}
         for process, _ in running:
             _end(process)
+        for log in logs:
+            log.unlink(missing_ok=True)
 
 
-def _spawn(folder: Path, runtime: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+def _spawn(
+    folder: Path, runtime: str, env: dict[str, str], log: Path
+) -> tuple[subprocess.Popen[bytes], int]:
     read_fd, write_fd = os.pipe()
     environment = {
         **env,
@@ -81,15 +99,18 @@ def _spawn(folder: Path, runtime: str, env: dict[str, str]) -> tuple[subprocess.
         "SLESS_HOST": "127.0.0.1",
         "SLESS_FUNCTION_DIR": str(folder),
         "SLESS_READY_FD": str(write_fd),
+        "PYTHONUNBUFFERED": "1",  # as the runtime's image sets it (runtimes/*/Dockerfile)
     }
     server = ROOT / "runtimes" / runtime / "server.py"
     try:
-        process = subprocess.Popen(
-            [sys.executable, str(server)],
-            env=environment,
-            pass_fds=(write_fd,),
-            stdout=subprocess.DEVNULL,
-        )
+        with log.open("ab") as out:  # the container's log: stdout and stderr, as a kubelet's
+            process = subprocess.Popen(
+                [sys.executable, str(server)],
+                env=environment,
+                pass_fds=(write_fd,),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
     finally:
         os.close(write_fd)
     with os.fdopen(read_fd, "rb") as ready:

@@ -1,0 +1,78 @@
+"""Per-request logs on Kubernetes (issue 31): the function's log is its pods' logs, each
+line naming its pod (``[replica <pod>]``), and ``?request=`` / ``?trace=`` keep one
+call's lines, as on the local backend. Against the test API server, whose kubelet runs
+a real runtime server for each pod of the function (``FakeKube.run_runtime``) and keeps
+what it prints as the container's log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from gitops_sless.kube.client import KubeClient
+from gitops_sless.web.logs import logs_router
+
+from ..gitserver import WorkRepo
+from ..kube_harness import make, settings
+from ..kubeapi import FakeKube
+from ..s3server import S3Server
+from .test_runtime_load import PROD, api, serving, wait_for  # noqa: F401 (a fixture)
+
+TALK = (
+    "def handler(event, context):\n"
+    "    print('handling', event.get('word'))\n"
+    "    return {'requestId': context.request_id, 'traceId': context.trace_id}\n"
+)
+
+
+@pytest.fixture
+def harness(fake_kube: FakeKube, api: KubeClient, s3_server: S3Server, tmp_path: Path):  # noqa: F811
+    repo = WorkRepo(tmp_path / "repo")
+    files = {
+        "talk/sless.yaml": (
+            "functions:\n  - name: talk\n    runtime: python3.11\n    entrypoint: main.handler\n"
+            "    replicas: 2\n    triggers:\n      - type: http\n"
+        ),
+        "talk/main.py": TALK,
+    }
+    repo.commit("talk", files)
+    fake_kube.run_runtime(PROD, "talk", repo.path / "talk")
+    made = make(repo, tmp_path / "state", settings(fake_kube.kubeconfig, s3_server.config()))
+    try:
+        made.sync()
+        made.sync()
+        wait_for(lambda: len(serving(fake_kube, api)) == 2, "two pods that serve")
+        yield made
+    finally:
+        made.close()
+
+
+def call(api: KubeClient, pod: str, word: str) -> dict[str, Any]:  # noqa: F811
+    path = f"/api/v1/namespaces/{PROD}/pods/{pod}:8080/proxy/"
+    return json.loads(api.request("proxy", "Pod", "POST", path, body={"word": word}, attempts=1))
+
+
+def test_the_logs_are_the_pods_and_one_requests_lines_read_alone(harness, fake_kube, api):  # noqa: F811
+    first, second = sorted(serving(fake_kube, api))
+    apple, pear = call(api, first, "apple"), call(api, second, "pear")
+
+    text = harness.backend.function_log("prod", "talk")
+    tag = f"[request_id={apple['requestId']} trace_id={apple['traceId']}]"
+    assert f"[replica {first}] {tag} handling apple\n" in text
+    assert f"[replica {second}] [request_id={pear['requestId']}" in text
+
+    app = FastAPI()
+    app.include_router(logs_router(harness.store, Path("/nonexistent"), harness.backend))
+    client = TestClient(app)
+    where = "/api/v1/environments/prod/functions/talk/logs"
+    alone = client.get(where, params={"request": apple["requestId"]}).json()
+    assert alone["text"] == f"[replica {first}] {tag} handling apple\n"
+    by_trace = client.get(where, params={"trace": pear["traceId"]}).json()
+    assert by_trace["text"].endswith("handling pear\n") and "apple" not in by_trace["text"]
+    whole = client.get(where).json()["text"]
+    assert "handling apple" in whole and "handling pear" in whole
