@@ -196,6 +196,7 @@ SPAN = {
 }
 OWN_SPAN = """\
 def main(event, context):
+    print("serving", event["_path"])
     if event["_path"] == "/fail":
         raise RuntimeError("no")
     return context.trace_headers()
@@ -222,6 +223,10 @@ def test_the_functions_own_span_is_exported_on_its_behalf(setup):  # noqa: F811
         assert onward[3:35] == own.trace_id and onward[36:52] == own.span_id
         assert own.attributes["faas.invocation_id"] == reply.headers["x-request-id"]
         assert own.attributes["faas.name"] == "own" and not own.error
+        # the same trace in the function's log line, beside the request id
+        log = server.state_dir / "logs" / "prod" / "own.log"
+        tag = f"[request_id={reply.headers['x-request-id']} trace_id={CALLER[3:35]}] serving /x"
+        server.wait(lambda: tag in log.read_text(), "the call's tagged log line")
 
         failed = server.call("own", "/fail")
         assert failed.status_code == 500
