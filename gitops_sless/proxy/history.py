@@ -15,7 +15,7 @@ from ..state.store import Store
 __all__ = ["Invocation", "InvocationBuffer"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: its __init__ would set each field through object
 class Invocation:
     """One call through the proxy, as recorded in the invocation history."""
 
