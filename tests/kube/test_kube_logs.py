@@ -17,11 +17,9 @@ from fastapi.testclient import TestClient
 from gitops_sless.kube.client import KubeClient
 from gitops_sless.web.logs import logs_router
 
-from ..gitserver import WorkRepo
-from ..kube_harness import make, settings
 from ..kubeapi import FakeKube
 from ..s3server import S3Server
-from .test_runtime_load import PROD, api, serving, wait_for  # noqa: F401 (a fixture)
+from .test_runtime_load import PROD, api, served, serving  # noqa: F401 (a fixture)
 
 TALK = (
     "def handler(event, context):\n"
@@ -32,24 +30,8 @@ TALK = (
 
 @pytest.fixture
 def harness(fake_kube: FakeKube, api: KubeClient, s3_server: S3Server, tmp_path: Path):  # noqa: F811
-    repo = WorkRepo(tmp_path / "repo")
-    files = {
-        "talk/sless.yaml": (
-            "functions:\n  - name: talk\n    runtime: python3.11\n    entrypoint: main.handler\n"
-            "    replicas: 2\n    triggers:\n      - type: http\n"
-        ),
-        "talk/main.py": TALK,
-    }
-    repo.commit("talk", files)
-    fake_kube.run_runtime(PROD, "talk", repo.path / "talk")
-    made = make(repo, tmp_path / "state", settings(fake_kube.kubeconfig, s3_server.config()))
-    try:
-        made.sync()
-        made.sync()
-        wait_for(lambda: len(serving(fake_kube, api)) == 2, "two pods that serve")
+    with served(fake_kube, api, s3_server, tmp_path, "talk", TALK) as made:
         yield made
-    finally:
-        made.close()
 
 
 def call(api: KubeClient, pod: str, word: str) -> dict[str, Any]:  # noqa: F811

@@ -10,8 +10,10 @@ real runtime server for each pod of the function (``FakeKube.run_runtime``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -55,26 +57,36 @@ def api(fake_kube: FakeKube) -> KubeClient:
     return client
 
 
-@pytest.fixture
-def harness(fake_kube: FakeKube, api: KubeClient, s3_server: S3Server, tmp_path: Path):
+@contextlib.contextmanager
+def served(
+    kube: FakeKube, api: KubeClient, s3: S3Server, tmp_path: Path, name: str, handler: str
+) -> Iterator[Harness]:
+    """A reconciler serving the function ``name`` (two replicas, ``handler`` in main.py)
+    whose pods run real runtime servers, once both serve."""
     repo = WorkRepo(tmp_path / "repo")
     files = {
-        "slow/sless.yaml": (
-            "functions:\n  - name: slow\n    runtime: python3.11\n    entrypoint: main.handler\n"
-            "    replicas: 2\n    triggers:\n      - type: http\n"
+        f"{name}/sless.yaml": (
+            f"functions:\n  - name: {name}\n    runtime: python3.11\n"
+            "    entrypoint: main.handler\n    replicas: 2\n    triggers:\n      - type: http\n"
         ),
-        "slow/main.py": HANDLER,
+        f"{name}/main.py": handler,
     }
-    repo.commit("slow", files)
-    fake_kube.run_runtime(PROD, "slow", repo.path / "slow")
-    made = make(repo, tmp_path / "state", settings(fake_kube.kubeconfig, s3_server.config()))
+    repo.commit(name, files)
+    kube.run_runtime(PROD, name, repo.path / name)
+    made = make(repo, tmp_path / "state", settings(kube.kubeconfig, s3.config()))
     try:
         made.sync()  # creates the namespace; the next pass watches what is in it
         made.sync()
-        wait_for(lambda: len(serving(fake_kube, api)) == 2, "two pods that serve")
+        wait_for(lambda: len(serving(kube, api)) == 2, "two pods that serve")
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture
+def harness(fake_kube: FakeKube, api: KubeClient, s3_server: S3Server, tmp_path: Path):
+    with served(fake_kube, api, s3_server, tmp_path, "slow", HANDLER) as made:
+        yield made
 
 
 def pods(kube: FakeKube) -> list[dict[str, Any]]:
