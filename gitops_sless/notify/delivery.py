@@ -8,8 +8,11 @@ no more often than the provider's ``maxPerMinute`` allows (events that arrive me
 join the next message). A delivery that fails for a reason that may pass (no answer,
 a timeout, 408, 429, 5xx) is tried again with exponential backoff, up to
 ``MAX_BACKOFF_SEC`` apart; one the receiver refuses (another 4xx) is dropped and said in
-the log. Each outcome counts in ``sless_notifications_total`` and the provider's last
-delivery, success and error are in :meth:`Outbox.status`. Neither shows its address.
+the log. Only a delivered message is reported back (``on_delivered``: the watcher then
+writes down what it told); what is dropped (refused, past ``MAX_PENDING``, or waiting
+when the server stops) is not, so the next server sends it. Each outcome counts in
+``sless_notifications_total`` and the provider's last delivery, success and error are in
+:meth:`Outbox.status`. Neither shows its address.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Undeliverable(Exception):
 
 
 Send = Callable[[Provider, Sequence[Event]], None]
+Delivered = Callable[[Sequence[Event]], None]
 
 
 def post(provider: Provider, events: Sequence[Event]) -> None:
@@ -83,9 +87,11 @@ class Outbox:
         *,
         backoff: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        on_delivered: Delivered = lambda events: None,
     ) -> None:
         self.provider = provider
         self._send, self._backoff, self._clock = send, backoff, clock
+        self._on_delivered = on_delivered
         self._cond = threading.Condition()
         self._pending: list[Event] = []
         self._failures = 0
@@ -169,24 +175,43 @@ class Outbox:
 
     def _run(self) -> None:
         while (batch := self._next()) is not None:
-            outcome, error = self._deliver(batch)
-            now = time.time()
-            with self._cond:
-                self._busy = False
-                self._last.update(attempt=now, ok=outcome == "delivered", error=error)
-                if outcome == "retried":
-                    self._failures += 1
-                    delay = min(MAX_BACKOFF_SEC, self._backoff * 2 ** (self._failures - 1))
-                    self._resume_at = self._clock() + delay
-                else:
-                    self._failures = 0
-                    sent = {id(event) for event in batch}  # some may have been dropped
-                    self._pending = [e for e in self._pending if id(e) not in sent]
-                    self._resume_at = self._clock() + 60.0 / self.provider.max_per_minute
-                    if outcome == "delivered":
-                        self._last["delivered"] = now
-                self._count(outcome)
-                self._cond.notify_all()
+            try:
+                self._once(batch)
+            except Exception:  # a bug must never stop the provider's thread
+                log.exception("notify.failed: %s: delivering", self.provider.name)
+                with self._cond:
+                    self._busy = False
+                    self._resume_at = self._clock() + MAX_BACKOFF_SEC
+                    self._cond.notify_all()
+
+    def _once(self, batch: list[Event]) -> None:
+        outcome, error = self._deliver(batch)
+        if outcome == "delivered":
+            self._told(batch)  # before flush() may return
+        now = time.time()
+        with self._cond:
+            self._busy = False
+            self._last.update(attempt=now, ok=outcome == "delivered", error=error)
+            if outcome == "retried":
+                self._failures += 1
+                exponent = min(self._failures - 1, 30)  # 2**30 s is past any cap
+                delay = min(MAX_BACKOFF_SEC, self._backoff * 2**exponent)
+                self._resume_at = self._clock() + delay
+            else:
+                self._failures = 0
+                sent = {id(event) for event in batch}  # some may have been dropped
+                self._pending = [e for e in self._pending if id(e) not in sent]
+                self._resume_at = self._clock() + 60.0 / self.provider.max_per_minute
+                if outcome == "delivered":
+                    self._last["delivered"] = now
+            self._count(outcome)
+            self._cond.notify_all()
+
+    def _told(self, batch: list[Event]) -> None:
+        try:
+            self._on_delivered(batch)
+        except Exception:  # the store is gone: the next server says it again
+            log.exception("notify.failed: %s: recording a delivery", self.provider.name)
 
     def _deliver(self, batch: list[Event]) -> tuple[str, str | None]:
         name = self.provider.name

@@ -61,8 +61,11 @@ class Notifications:
         self.leading = leading
         self.reporter = reporter if config.forge else None
         self.providers = tuple(p for p in config.providers if p.kind != "forge")
-        self.outboxes = {p.name: Outbox(p, send, backoff=backoff) for p in self.providers}
         self.watcher = Watcher(store, public_url, author)
+        self.outboxes = {
+            p.name: Outbox(p, send, backoff=backoff, on_delivered=self.watcher.delivered)
+            for p in self.providers
+        }
         self.interval_sec = interval_sec
         self._wanted = threading.Event()
         self._closed = threading.Event()

@@ -10,10 +10,18 @@ job's run succeeds, or the function is gone); and a reconciler that restarts in 
 middle of it says neither again. ``deployed`` is said once per revision a function
 serves; a function that already served before the provider first looked is not
 announced (its ``serving`` row is older than the provider's first look).
+
+A row that an event stands for is written only once the event is delivered
+(:meth:`Watcher.delivered`, called by the provider's outbox): until then it is *pending*,
+and each look reads the stored rows with the pending ones laid over them, so an event
+that waits in an outbox (a receiver down, retries) is not queued again. An event never
+delivered (the server stopped, the outbox overflowed, the receiver refused it) has no
+row, so the next server derives and sends it once.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +34,9 @@ from .events import Event
 __all__ = ["Watcher"]
 
 HEALTHY = ("Ready", "Disabled")
+
+_Key = tuple[str, str, str]  # provider, kind, subject
+_Row = dict[str, Any] | None  # {"value", "since"}; None: the row is forgotten
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,48 @@ class Watcher:
         self.dead_letters = dead_letters
         self.started = time.time()  # a provider's first look counts from here
         self._mark: tuple[Any, ...] | None = None  # what the last look saw
+        self._lock = threading.Lock()
+        self._pending: dict[_Key, list[tuple[Event, _Row]]] = {}  # oldest first
+        self._waiting: dict[int, tuple[Event, _Key]] = {}  # id(event) -> its row's key
+
+    def rows(self, provider: str, kind: str) -> dict[str, dict[str, Any]]:
+        """What ``provider`` was told of each subject, or will have been once what waits
+        in its outbox is delivered."""
+        found = self.store.notified(provider, kind)
+        with self._lock:
+            for (name, k, subject), waiting in self._pending.items():
+                if name != provider or k != kind:
+                    continue
+                row = waiting[-1][1]
+                if row is None:
+                    found.pop(subject, None)
+                else:
+                    found[subject] = row
+        return found
+
+    def pend(self, event: Event, key: _Key, row: _Row) -> None:
+        """``row`` is written (None: forgotten) once ``event`` is delivered."""
+        with self._lock:
+            self._pending.setdefault(key, []).append((event, row))
+            self._waiting[id(event)] = (event, key)
+
+    def delivered(self, events: Iterable[Event]) -> None:
+        """The outbox delivered ``events``: write the rows they stand for."""
+        for event in events:
+            with self._lock:
+                event_, key = self._waiting.pop(id(event), (None, None))
+                if event_ is not event or key is None:
+                    continue  # not the watcher's (a rollback), or already written
+                waiting = self._pending[key]
+                row = next(r for e, r in waiting if e is event)
+                waiting[:] = [(e, r) for e, r in waiting if e is not event]
+                if not waiting:
+                    del self._pending[key]
+                provider, kind, subject = key
+                if row is None:
+                    self.store.forget_notified(provider, kind, subject)
+                else:
+                    self.store.set_notified(provider, kind, subject, row["value"], row["since"])
 
     def look(self, providers: Iterable[Provider]) -> dict[str, list[Event]]:
         """provider name -> its new events; what they say is written down at once. A look
@@ -132,16 +185,26 @@ class _Told:
         self._dead(facts.dead)
         return self.events
 
+    def _rows(self, kind: str) -> dict[str, dict[str, Any]]:
+        return self.w.rows(self.p.name, kind)
+
     def _set(self, kind: str, subject: str, value: str, since: float | None = None) -> None:
+        """A row no event stands for (what served before the first look): written now."""
         self.store.set_notified(self.p.name, kind, subject, value, since or self.now)
 
     def _forget(self, kind: str, subject: str) -> None:
         self.store.forget_notified(self.p.name, kind, subject)
 
+    def _say(self, event: Event, kind: str, subject: str, value: str | None) -> None:
+        """Queue ``event``; its row (``value``; None: forgotten) is written once delivered."""
+        row = None if value is None else {"value": value, "since": self.now}
+        self.w.pend(event, (self.p.name, kind, subject), row)
+        self.events.append(event)
+
     # --- failures and their end ----------------------------------------------------------
 
     def _incidents(self, facts: _Facts) -> None:
-        open_ = self.store.notified(self.p.name, "incident")
+        open_ = self._rows("incident")
         seen: set[str] = set()
         for fn in facts.functions:
             subject = f"{fn.env}/{fn.name}"
@@ -172,30 +235,30 @@ class _Told:
     ) -> None:
         job = failing == "jobFailed" or subject.startswith(f"{env}/job/")
         if failing and subject not in open_ and self.p.wants(failing, env, name):
-            self.events.append(Event(failing, env, name, job, cause=cause))
-            self._set("incident", subject, failing)
+            self._say(Event(failing, env, name, job, cause=cause), "incident", subject, failing)
         elif healthy and subject in open_:
             self._resolve(subject, open_[subject], Event("resolved", env, name, job))
 
     def _resolve(self, subject: str, row: Mapping[str, Any], event: Event) -> None:
-        self._forget("incident", subject)
-        if self.p.hears_of(event.env, event.function):
-            resolved = Event(
-                "resolved",
-                event.env,
-                event.function,
-                event.job,
-                cause=event.cause,
-                was=row["value"],
-                since=row["since"],
-                at=self.now,
-            )
-            self.events.append(resolved)
+        if not self.p.hears_of(event.env, event.function):
+            self._forget("incident", subject)
+            return
+        resolved = Event(
+            "resolved",
+            event.env,
+            event.function,
+            event.job,
+            cause=event.cause,
+            was=row["value"],
+            since=row["since"],
+            at=self.now,
+        )
+        self._say(resolved, "incident", subject, None)
 
     # --- deploys, previews, dead letters ------------------------------------------------
 
     def _deployed(self, functions: Iterable[_Function]) -> None:
-        told = self.store.notified(self.p.name, "deployed")
+        told = self._rows("deployed")
         since: dict[str, dict[str, float]] = {}  # env -> function -> when it was deployed
         present: set[str] = set()
         for fn in functions:
@@ -212,8 +275,7 @@ class _Told:
                 if since[fn.env].get(fn.name, self.now) < self.started:
                     self._set("deployed", subject, fn.served)  # served before we looked
                     continue
-            self._set("deployed", subject, fn.served)
-            self.events.append(self._deploy_event(fn))
+            self._say(self._deploy_event(fn), "deployed", subject, fn.served)
         for subject in set(told) - present:
             self._forget("deployed", subject)
 
@@ -235,12 +297,13 @@ class _Told:
         )
 
     def _previews(self, previews: Iterable[Mapping[str, Any]]) -> None:
-        told = self.store.notified(self.p.name, "preview")
+        told = self._rows("preview")
         present = {f"pr-{row['number']}" for row in previews}
         for env in set(told) - present:  # its row is gone: closed, whatever we said last
-            self._forget("preview", env)
             if told[env]["value"] != "Closed" and self.p.wants("previewClosed", env, None):
-                self.events.append(Event("previewClosed", env))
+                self._say(Event("previewClosed", env), "preview", env, None)
+            else:
+                self._forget("preview", env)
         for row in previews:
             env = f"pr-{row['number']}"
             if row["state"] == "Ready":
@@ -251,21 +314,21 @@ class _Told:
                 continue
             if told.get(env, {}).get("value") == value or not self.p.wants(kind, env, None):
                 continue
-            self._set("preview", env, value)
             if env not in told and row["updated"] < self.started:
+                self._set("preview", env, value)
                 continue  # so before we first looked
             url = f"{self.w.public_url}/fn/{env}/" if kind == "previewReady" else None
-            self.events.append(Event(kind, env, commit=row["head"], url=url))
+            self._say(Event(kind, env, commit=row["head"], url=url), "preview", env, value)
 
     def _dead(self, dead: Mapping[tuple[str, str], int]) -> None:
-        told = self.store.notified(self.p.name, "dead")
+        told = self._rows("dead")
         for (env, name), count in sorted(dead.items()):
             subject = f"{env}/{name}"
             before = int(told.get(subject, {}).get("value", "0"))
             if count == before or not self.p.wants("deadLettered", env, name):
                 continue
-            self._set("dead", subject, str(count))
             if count > before:
-                self.events.append(
-                    Event("deadLettered", env, name, count=count - before, total=count)
-                )
+                event = Event("deadLettered", env, name, count=count - before, total=count)
+                self._say(event, "dead", subject, str(count))
+            else:
+                self._set("dead", subject, str(count))

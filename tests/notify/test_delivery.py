@@ -1,0 +1,89 @@
+"""What is told and when: a row is written only once its event is delivered, so an
+event dropped at shutdown is sent by the next server, once; retries queue nothing twice;
+a provider's worker survives what it did not expect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gitops_sless.notify import Event, Notifications, NotifyConfig, Provider
+from gitops_sless.notify.delivery import Outbox
+from gitops_sless.state.store import Store
+
+from ..webhook_receiver import WebhookReceiver
+
+
+@pytest.fixture
+def receiver():
+    found = WebhookReceiver()
+    yield found
+    found.close()
+
+
+def notifying(store: Store, receiver: WebhookReceiver) -> Notifications:
+    provider = Provider("hook", "webhook", url=f"{receiver.url}/hook", max_per_minute=600)
+    config = NotifyConfig((provider,))
+    return Notifications(config, store, public_url="http://fn.example", backoff=0.05)
+
+
+def failures(receiver: WebhookReceiver) -> list[dict]:
+    return [e for e in receiver.events("/hook") if e["event"] == "startFailed"]
+
+
+def test_a_failure_not_delivered_before_shutdown_is_sent_once_by_the_next_server(
+    tmp_path: Path, receiver
+):
+    store = Store(tmp_path / "status.db")
+    store.set_function("prod", "greet", phase="Failed", message="ImportError: no module x")
+    receiver.answers = [503] * 1000
+    notify = notifying(store, receiver)
+    try:
+        notify.look()
+        receiver.wait(lambda: len(receiver.deliveries) >= 3, "three refused deliveries")
+        store.set_function("prod", "other", phase="Failed", message="boom")
+        notify.look()  # a look while the first failure waits: it is not queued again
+        assert notify.outboxes["hook"].status()["pending"] == 2
+    finally:
+        notify.close()
+    assert not failures(receiver)
+
+    receiver.answers = []
+    again = notifying(store, receiver)
+    try:
+        again.look()
+        assert again.outboxes["hook"].flush(30)
+        again.look()
+        store.set_function("prod", "third", phase="Ready")  # the store changed: look again
+        again.look()
+        assert again.outboxes["hook"].flush(30)
+    finally:
+        again.close()
+    assert sorted(e["function"] for e in failures(receiver)) == ["greet", "other"]
+
+    third = notifying(store, receiver)  # delivered and written down: never again
+    try:
+        third.look()
+        assert third.outboxes["hook"].flush(30)
+    finally:
+        third.close()
+    assert sorted(e["function"] for e in failures(receiver)) == ["greet", "other"]
+
+
+def test_a_provider_that_failed_very_often_still_retries(tmp_path: Path, receiver):
+    sent: list[int] = []
+
+    def send(provider, events):
+        sent.append(len(events))
+        if len(sent) == 1:
+            raise ConnectionError("HTTP 503")
+
+    outbox = Outbox(Provider("hook", "webhook", url="http://x.example"), send, backoff=0.0)
+    try:
+        outbox._failures = 5000  # 2 ** 4999 seconds is too large a float
+        outbox.put([Event("previewClosed", "pr-1")])
+        assert outbox.flush(10)
+        assert sent == [1, 1] and outbox.status()["delivered"] == 1
+    finally:
+        outbox.close()
