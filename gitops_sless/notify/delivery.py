@@ -30,9 +30,9 @@ from ..metrics import METRICS
 from ..timestamps import rfc3339
 from .config import Provider
 from .events import Event
-from .payloads import body
+from .payloads import body, fitting
 
-__all__ = ["MAX_BATCH", "Outbox", "Undeliverable"]
+__all__ = ["MAX_BATCH", "Outbox", "TooLarge", "Undeliverable"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,10 @@ _RETRIED_STATUSES = (408, 425, 429)
 
 class Undeliverable(Exception):
     """The receiver refused the message (a 4xx): sending it again cannot help."""
+
+
+class TooLarge(Undeliverable):
+    """The receiver refused the message as too large (413): fewer events may pass."""
 
 
 Send = Callable[[Provider, Sequence[Event]], None]
@@ -64,6 +68,8 @@ def post(provider: Provider, events: Sequence[Event]) -> None:
     status = answer.status_code
     if 200 <= status < 300:
         return
+    if status == 413:
+        raise TooLarge(f"HTTP {status}")
     if status < 500 and status not in _RETRIED_STATUSES:
         raise Undeliverable(f"HTTP {status}")
     raise ConnectionError(f"HTTP {status}")
@@ -95,6 +101,7 @@ class Outbox:
         self._cond = threading.Condition()
         self._pending: list[Event] = []
         self._failures = 0
+        self._most = MAX_BATCH  # events in the next message: fewer after a 413
         self._resume_at = 0.0  # backoff after a failure, or the rate limit after a success
         self._busy = False
         self._closed = False
@@ -158,6 +165,7 @@ class Outbox:
         self._thread.join(timeout)
 
     def _count(self, what: str, amount: int = 1) -> None:
+        what = "retried" if what == "split" else what
         self._counts[what] += amount
         if what != "events":
             METRICS.notifications.inc(amount, provider=self.provider.name, result=what)
@@ -170,7 +178,8 @@ class Outbox:
                 wait = self._resume_at - self._clock()
                 if self._pending and wait <= 0:
                     self._busy = True
-                    return list(self._pending[:MAX_BATCH])
+                    batch = self._pending[: self._most]
+                    return batch[: fitting(self.provider.kind, batch)]
                 self._cond.wait(wait if self._pending else None)
 
     def _run(self) -> None:
@@ -192,7 +201,9 @@ class Outbox:
         with self._cond:
             self._busy = False
             self._last.update(attempt=now, ok=outcome == "delivered", error=error)
-            if outcome == "retried":
+            if outcome == "split":  # the same events again at once, fewer in a message
+                self._most = max(1, len(batch) // 2)
+            elif outcome == "retried":
                 self._failures += 1
                 exponent = min(self._failures - 1, 30)  # 2**30 s is past any cap
                 delay = min(MAX_BACKOFF_SEC, self._backoff * 2**exponent)
@@ -201,6 +212,7 @@ class Outbox:
                 self._failures = 0
                 sent = {id(event) for event in batch}  # some may have been dropped
                 self._pending = [e for e in self._pending if id(e) not in sent]
+                self._most = self._most if self._pending else MAX_BATCH
                 self._resume_at = self._clock() + 60.0 / self.provider.max_per_minute
                 if outcome == "delivered":
                     self._last["delivered"] = now
@@ -217,6 +229,14 @@ class Outbox:
         name = self.provider.name
         try:
             self._send(self.provider, batch)
+        except TooLarge as exc:
+            if len(batch) > 1:
+                said = f"{name}: {len(batch)} event(s) too large for one message; splitting"
+                logs.event(log, "notify.split", said, level=logging.WARNING)
+                return "split", str(exc)
+            said = f"{name}: the receiver refused an event as too large ({exc}); dropped"
+            logs.event(log, "notify.refused", said, level=logging.ERROR)
+            return "dropped", str(exc)
         except Undeliverable as exc:
             said = f"{name}: the receiver refused {len(batch)} event(s) ({exc}); dropped"
             logs.event(log, "notify.refused", said, level=logging.ERROR)

@@ -7,7 +7,9 @@
   fallback) and ``blocks``, a section of mrkdwn per event.
 - ``teams``: a message with one Adaptive Card (1.4) attachment, a TextBlock per event.
 
-No payload carries the provider's address; a cause is cut to a thousand characters.
+No payload carries the provider's address; a cause is cut to a thousand characters, and
+a message to Slack or Teams is kept under ``MAX_BYTES`` (the outbox sends fewer events in
+one message when more would not fit; Teams refuses a message over 28 KB).
 """
 
 from __future__ import annotations
@@ -20,12 +22,28 @@ from typing import Any
 
 from .events import Event
 
-__all__ = ["SIGNATURE_HEADER", "body", "sign"]
+__all__ = ["MAX_BYTES", "SIGNATURE_HEADER", "body", "fitting", "sign"]
 
 SIGNATURE_HEADER = "X-Signature"
 SOURCE = "gitops-sless"
 MAX_SLACK_BLOCKS = 50  # Slack refuses more
 MAX_SLACK_TEXT = 3000  # characters of one section's text
+MAX_LINE = 2000  # characters of one event's line in a Teams card
+MAX_BYTES = {"teams": 24_000, "slack": 35_000, "webhook": 1_000_000}  # of one body
+
+
+def fitting(kind: str, events: Sequence[Event]) -> int:
+    """How many of ``events``, from the first, one message to ``kind`` carries within
+    ``MAX_BYTES`` (always at least one: a single event is cut to fit)."""
+    limit = MAX_BYTES.get(kind, MAX_BYTES["webhook"])
+    low, high = 1, len(events)
+    while low < high:  # the largest count whose body fits
+        middle = (low + high + 1) // 2
+        if len(body(kind, events[:middle])[0]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def sign(payload: bytes, key: bytes) -> str:
@@ -79,11 +97,11 @@ def slack(events: Sequence[Event]) -> dict[str, Any]:
 
 def teams(events: Sequence[Event]) -> dict[str, Any]:
     card_body: list[dict[str, Any]] = [
-        {"type": "TextBlock", "text": headline(events), "weight": "Bolder", "wrap": True}
+        {"type": "TextBlock", "text": headline(events)[:MAX_LINE], "weight": "Bolder", "wrap": True}
     ]
     for event in events:
         if len(events) > 1:
-            card_body.append({"type": "TextBlock", "text": event.line(), "wrap": True})
+            card_body.append({"type": "TextBlock", "text": event.line()[:MAX_LINE], "wrap": True})
         cause = event.short_cause()
         if cause:
             card_body.append(

@@ -87,3 +87,37 @@ def test_a_provider_that_failed_very_often_still_retries(tmp_path: Path, receive
         assert sent == [1, 1] and outbox.status()["delivered"] == 1
     finally:
         outbox.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "limit"),
+    [pytest.param("teams", 28_000, id="teams"), pytest.param("slack", 40_000, id="slack")],
+)
+def test_a_storm_of_failures_goes_out_in_messages_the_receiver_takes(receiver, kind, limit):
+    provider = Provider("chat", kind, url=f"{receiver.url}/chat", max_per_minute=6000)
+    outbox = Outbox(provider)
+    try:
+        causes = [f"cause-{n:02}: " + "Traceback line\n" * 70 for n in range(40)]
+        outbox.put([Event("startFailed", "prod", f"fn-{n}", cause=c) for n, c in enumerate(causes)])
+        assert outbox.flush(30)
+        bodies = [d.body for d in receiver.accepted("/chat")]
+        assert len(bodies) > 1 and all(len(b) < limit for b in bodies)
+        said = b"".join(bodies).decode()
+        assert all(f"cause-{n:02}" in said for n in range(40))  # none dropped
+        assert outbox.status()["dropped"] == 0
+    finally:
+        outbox.close()
+
+
+def test_a_message_refused_as_too_large_is_split_and_sent(receiver):
+    receiver.answers = [413]
+    provider = Provider("hook", "webhook", url=f"{receiver.url}/hook", max_per_minute=6000)
+    outbox = Outbox(provider)
+    try:
+        outbox.put([Event("previewClosed", f"pr-{n}") for n in range(4)])
+        assert outbox.flush(30)
+        bodies = [[e["environment"] for e in d.events] for d in receiver.accepted("/hook")]
+        assert [env for b in bodies for env in b] == [f"pr-{n}" for n in range(4)]
+        assert len(bodies) >= 2 and outbox.status()["dropped"] == 0
+    finally:
+        outbox.close()
