@@ -124,3 +124,21 @@ def test_headers_come_from_the_sdks_variables():
         "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-team=b,broken",
     }
     assert spanexport.headers_from_env(environ) == {"authorization": "Basic abc", "x-team": "b"}
+
+
+def test_a_span_that_cannot_be_encoded_is_left_out_and_the_rest_go_on():
+    receiver = OtlpReceiver()
+    batch = spanexport.SpanBatch(f"{receiver.url}/v1/traces", "svc")
+    try:
+        good = ("ok", 1 << 100, 5, None, 1, 2, {"n": 1}, None, 1, None)
+        batch.add(("past int64", 1 << 100, 6, None, 1, 2, {"n": 1 << 70}, None, 1, None))
+        batch.add(("negative time", 1 << 100, 7, None, -1, 2, {}, None, 1, None))
+        batch.add(("bad message", 1 << 100, 8, None, 1, 2, {}, 123, 1, None))
+        batch.add(good)
+        receiver.wait(lambda spans: spans, "the good span")
+        batch.add(("later", 1 << 100, 9, None, 1, 2, {}, None, 1, None))
+        receiver.wait(lambda spans: len(spans) == 2, "a later span: the thread goes on")
+        assert [s.name for s in receiver.spans] == ["ok", "later"]
+    finally:
+        batch.close()
+        receiver.close()

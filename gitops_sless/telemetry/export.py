@@ -98,7 +98,11 @@ class SpanBatch:
                 if not batch:
                     break
                 waiting -= len(batch)
-                self._post(encode(batch, self.service))
+                try:
+                    self._post(encode(batch, self.service))
+                except Exception:  # one bad span must not end the thread, and all after it
+                    self.dropped += len(batch)
+                    log.exception("%d spans could not be exported", len(batch))
             if stopping:
                 if self._connection is not None:
                     self._connection.close()
@@ -154,8 +158,12 @@ def headers_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
 
 
 def _varint(value: int) -> bytes:
+    """An int64 (or uint64) as a base-128 varint; ValueError outside them: no collector
+    decodes more than ten bytes."""
     if 0 <= value < 128:
         return _SMALL[value]
+    if not -(1 << 63) <= value < 1 << 64:
+        raise ValueError(f"{value} is out of int64")
     if value < 0:
         value += 1 << 64
     out = bytearray()
@@ -177,25 +185,14 @@ def _field(key: int, payload: bytes) -> bytes:
     return bytes((key,)) + _varint(size) + payload
 
 
-_KEY_VALUES: dict[tuple[str, Any, type], bytes] = {}
-_ATTRIBUTES: dict[tuple[str, Any, type], bytes] = {}
-
-
 def _attribute(key: str, value: Any) -> bytes:
-    """A span's attribute field (a KeyValue), remembered: most of a call's repeat."""
-    cached = _ATTRIBUTES.get((key, value, type(value)))
-    if cached is None:
-        if len(_ATTRIBUTES) >= 8192:
-            _ATTRIBUTES.clear()
-        cached = _ATTRIBUTES[(key, value, type(value))] = _field(0x4A, _key_value(key, value))
-    return cached
+    """A span's attribute field (a KeyValue)."""
+    return _field(0x4A, _key_value(key, value))
 
 
 def _key_value(key: str, value: Any) -> bytes:
-    """A KeyValue message, remembered."""
-    cached = _KEY_VALUES.get((key, value, type(value)))
-    if cached is not None:
-        return cached
+    """A KeyValue message. Not remembered: a call's span is encoded once for many calls
+    (:func:`call_fields`), and what the runtimes send differs from span to span."""
     if isinstance(value, bool):
         any_value = b"\x10" + _varint(int(value))
     elif isinstance(value, int):
@@ -203,19 +200,15 @@ def _key_value(key: str, value: Any) -> bytes:
     elif isinstance(value, float):
         any_value = b"\x21" + struct.pack("<d", value)
     else:
-        any_value = _field(0x0A, str(value).encode())
-    encoded = _field(0x0A, key.encode()) + _field(0x12, any_value)
-    if len(_KEY_VALUES) >= 8192:
-        _KEY_VALUES.clear()
-    _KEY_VALUES[(key, value, type(value))] = encoded
-    return encoded
+        any_value = _field(0x0A, str(value).encode("utf-8", "replace"))
+    return _field(0x0A, key.encode("utf-8", "replace")) + _field(0x12, any_value)
 
 
 def call_fields(name: str, values: Mapping[str, Any]) -> bytes:
     """The fields a call's span shares with many: its name, its kind (SERVER) and its
     attributes, encoded (a message's fields may come in any order)."""
     encoded = b"".join(_attribute(key, value) for key, value in values.items())
-    return _field(0x2A, name.encode()) + b"\x30\x02" + encoded
+    return _field(0x2A, name.encode("utf-8", "replace")) + b"\x30\x02" + encoded
 
 
 _pack_times = struct.Struct("<BQBQ").pack
@@ -229,12 +222,12 @@ def _span(span: Span) -> bytes:
     ]
     if parent_id:
         parts.append(b"\x22\x08" + parent_id.to_bytes(8, "big"))
-    parts.append(_field(0x2A, name.encode()))
+    parts.append(_field(0x2A, name.encode("utf-8", "replace")))
     parts.append(b"\x30" + _varint(kind))
     parts.append(_pack_times(0x39, start, 0x41, end))
     parts += [_attribute(key, value) for key, value in values.items()]
     if error is not None:  # Status{message = 2, code = 3: STATUS_CODE_ERROR}
-        parts.append(_field(0x7A, _field(0x12, error.encode()) + b"\x18\x02"))
+        parts.append(_field(0x7A, _field(0x12, error.encode("utf-8", "replace")) + b"\x18\x02"))
     return _field(0x12, b"".join(parts))  # ScopeSpans.spans
 
 
@@ -250,7 +243,7 @@ def _call_span(span: CallSpan) -> bytes:
         + shared
     )
     if error is not None:
-        encoded += _field(0x7A, _field(0x12, error.encode()) + b"\x18\x02")
+        encoded += _field(0x7A, _field(0x12, error.encode("utf-8", "replace")) + b"\x18\x02")
     return _field(0x12, encoded)
 
 
@@ -258,11 +251,18 @@ def encode(spans: list[Span | CallSpan], service: str) -> bytes:
     """An ExportTraceServiceRequest of ``spans``: one ResourceSpans per service (calls'
     spans are the reconciler's)."""
     by_service: dict[str, list[bytes]] = {service: []}
+    bad = 0
     for span in spans:
-        if len(span) == 6:
-            by_service[service].append(_call_span(span))  # type: ignore[arg-type]
-        else:
-            by_service.setdefault(span[9] or service, []).append(_span(span))  # type: ignore[arg-type,misc]
+        try:
+            if len(span) == 6:
+                by_service[service].append(_call_span(span))  # type: ignore[arg-type]
+            else:
+                encoded = _span(span)  # type: ignore[arg-type]
+                by_service.setdefault(span[9] or service, []).append(encoded)  # type: ignore[misc]
+        except (ValueError, TypeError, AttributeError, struct.error):
+            bad += 1  # left out: the batch goes without it
+    if bad:
+        log.warning("%d spans could not be encoded and were left out", bad)
     scope = _field(0x0A, _field(0x0A, b"gitops_sless"))  # ScopeSpans.scope
     out = []
     for name, encoded in by_service.items():

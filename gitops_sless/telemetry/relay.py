@@ -23,11 +23,22 @@ _HEX16 = frozenset("0123456789abcdef")
 
 
 class BadSpans(ValueError):
-    """The body is not OTLP/HTTP JSON spans: answered 400."""
+    """The body is not OTLP/HTTP JSON spans: answered 400, nothing of it exported."""
+
+
+MAX_SPANS = 2048  # in one post: a function cannot push the others' spans out of the queue
+MAX_KEY = 128  # an attribute's name
+MAX_VALUE = 1000  # an attribute's text, a name, a status message
+MAX_ATTRIBUTES = 64
+_INT64 = range(-(1 << 63), 1 << 63)
+_TIME = range(0, 1 << 64)
+# what a function says of itself cannot say it is another
+_OURS = ("faas.name", "sless.environment", "sless.function")
 
 
 def relay(body: bytes, env: str, function: str) -> int:
-    """Export the spans of ``body`` (OTLP/HTTP JSON) as ``env``/``function``'s; how many."""
+    """Export the spans of ``body`` (OTLP/HTTP JSON) as ``env``/``function``'s; how many.
+    Everything is checked before anything is exported: a bad span refuses the post."""
     try:
         document = json.loads(body)
         spans = [
@@ -36,34 +47,38 @@ def relay(body: bytes, env: str, function: str) -> int:
             for scope in resource.get("scopeSpans", ())
             for span in scope.get("spans", ())
         ]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise BadSpans(f"not OTLP/HTTP JSON spans: {exc}") from None
+        if len(spans) > MAX_SPANS:
+            raise ValueError(f"more than {MAX_SPANS} spans in one post")
+        checked = [_span(span, env, function) for span in spans]
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        raise BadSpans(f"not OTLP/HTTP JSON spans: {type(exc).__name__}: {exc}") from None
     service = f"{env}/{function}"
-    for span in spans:
-        try:
-            ids = _ids(span)
-            start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BadSpans(f"a span without valid ids or times: {exc}") from None
-        status = span.get("status") or {}
-        error = (status.get("message") or "failed") if status.get("code") == 2 else None
-        attributes = {**_attributes(span.get("attributes")), "sless.environment": env}
-        attributes["faas.name"] = function
-        record(
-            str(span.get("name") or function)[:200],
-            ids,
-            start,
-            end,
-            attributes,
-            error=error,
-            server=span.get("kind") == 2,
-            service=service,
-        )
-    return len(spans)
+    for name, ids, start, end, attributes, error, server in checked:
+        record(name, ids, start, end, attributes, error=error, server=server, service=service)
+    return len(checked)
+
+
+def _span(span: dict[str, Any], env: str, function: str) -> tuple[Any, ...]:
+    ids = _ids(span)
+    start, end = int(span["startTimeUnixNano"]), int(span["endTimeUnixNano"])
+    if start not in _TIME or end not in _TIME:
+        raise ValueError("times are nanoseconds since the epoch, 0 to 2**64")
+    status = span.get("status") or {}
+    if not isinstance(status, dict):
+        raise TypeError("status is an object")
+    error = None
+    if status.get("code") == 2:
+        error = str(status.get("message") or "failed")[:MAX_VALUE]
+    attributes = _attributes(span.get("attributes"))
+    attributes.update({"faas.name": function, "sless.environment": env, "sless.function": function})
+    name = str(span.get("name") or function)[:MAX_VALUE]
+    return name, ids, start, end, attributes, error, span.get("kind") == 2
 
 
 def _ids(span: dict[str, Any]) -> tuple[int, int, int | None, bool]:
     trace, own, parent = span["traceId"], span["spanId"], span.get("parentSpanId") or ""
+    if not all(isinstance(x, str) for x in (trace, own, parent)):
+        raise TypeError("ids are strings")
     if len(trace) != 32 or len(own) != 16 or (parent and len(parent) != 16):
         raise ValueError("traceId has 32 hex digits, spanId and parentSpanId 16")
     if not set(trace + own + parent) <= _HEX16:
@@ -76,18 +91,26 @@ def _ids(span: dict[str, Any]) -> tuple[int, int, int | None, bool]:
 
 
 def _attributes(raw: Any) -> dict[str, str | int | float | bool]:
-    """OTLP JSON attributes ([{key, value: {stringValue | intValue | ...}}]), plain."""
+    """OTLP JSON attributes ([{key, value: {stringValue | intValue | ...}}]), plain and
+    bounded (names, texts, how many); ints out of int64 and bad values refuse the post."""
     found: dict[str, str | int | float | bool] = {}
     for item in raw if isinstance(raw, list) else ():
+        if len(found) >= MAX_ATTRIBUTES:
+            break
         if not isinstance(item, dict) or not isinstance(item.get("key"), str):
             continue
-        value = item.get("value") or {}
+        key, value = item["key"][:MAX_KEY], item.get("value") or {}
+        if not isinstance(value, dict) or key in _OURS:
+            continue
         if "stringValue" in value:
-            found[item["key"]] = str(value["stringValue"])[:1000]
+            found[key] = str(value["stringValue"])[:MAX_VALUE]
         elif "intValue" in value:
-            found[item["key"]] = int(value["intValue"])
+            number = int(value["intValue"])
+            if number not in _INT64:
+                raise ValueError(f"attribute {key!r}: intValue out of int64")
+            found[key] = number
         elif "boolValue" in value:
-            found[item["key"]] = bool(value["boolValue"])
+            found[key] = bool(value["boolValue"])
         elif "doubleValue" in value:
-            found[item["key"]] = float(value["doubleValue"])
-    return dict(list(found.items())[:64])
+            found[key] = float(value["doubleValue"])
+    return found
