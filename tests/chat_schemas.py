@@ -10,7 +10,8 @@ message with an Adaptive Card, written from their documented shapes:
   ``message`` whose ``attachments`` hold a card of content type
   ``application/vnd.microsoft.card.adaptive``; the card per
   https://adaptivecards.io/schemas/adaptive-card.json (type ``AdaptiveCard``, a
-  ``version``, a ``body`` of elements; a ``TextBlock`` has a ``text``).
+  ``version``, a ``body`` of elements; a ``TextBlock`` has a ``text``, Markdown; a
+  ``RichTextBlock`` (1.2) has ``inlines``, TextRuns, whose ``text`` is not Markdown).
 """
 
 from __future__ import annotations
@@ -91,6 +92,32 @@ _TEXT_BLOCK = {
     "additionalProperties": False,
 }
 
+_RICH_TEXT_BLOCK = {  # TextRuns: no Markdown (adaptivecards.io/explorer/TextRun.html)
+    "type": "object",
+    "required": ["type", "inlines"],
+    "properties": {
+        "type": {"const": "RichTextBlock"},
+        "inlines": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["type", "text"],
+                "properties": {
+                    "type": {"const": "TextRun"},
+                    "text": {"type": "string"},
+                    "weight": {"enum": ["Default", "Lighter", "Bolder"]},
+                    "size": {"enum": ["Default", "Small", "Medium", "Large", "ExtraLarge"]},
+                    "fontType": {"enum": ["Default", "Monospace"]},
+                    "isSubtle": {"type": "boolean"},
+                },
+                "additionalProperties": False,
+            },
+        },
+    },
+    "additionalProperties": False,
+}
+
 TEAMS: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
@@ -115,7 +142,11 @@ TEAMS: dict[str, Any] = {
                             },
                             "type": {"const": "AdaptiveCard"},
                             "version": {"type": "string", "pattern": "^1\\.[0-6]$"},
-                            "body": {"type": "array", "minItems": 1, "items": _TEXT_BLOCK},
+                            "body": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {"oneOf": [_TEXT_BLOCK, _RICH_TEXT_BLOCK]},
+                            },
                         },
                         "additionalProperties": False,
                     },

@@ -5,7 +5,12 @@
   ``X-Signature: sha256=<hex HMAC-SHA256 of the body>`` with the provider's key.
 - ``slack``: an incoming webhook's Block Kit message: ``text`` (the notification's
   fallback) and ``blocks``, a section of mrkdwn per event.
-- ``teams``: a message with one Adaptive Card (1.4) attachment, a TextBlock per event.
+- ``teams``: a message with one Adaptive Card (1.4) attachment, a RichTextBlock per
+  event (a TextRun: no Markdown, so a repository's text cannot carry a link).
+
+Text from the repository (an author, a cause, a PR's head) is inert in each format: in
+Slack's mrkdwn ``&``, ``<``, ``>`` are escaped everywhere (``text`` too), ``*_~` ``
+get a zero-width space, and a cause cannot end its code block.
 
 No payload carries the provider's address; a cause is cut to a thousand characters, and
 a message to Slack or Teams is kept under ``MAX_BYTES`` (the outbox sends fewer events in
@@ -74,8 +79,22 @@ def headline(events: Sequence[Event]) -> str:
     return f"gitops-sless: {len(events)} events" + (f", {failed} failures" if failed else "")
 
 
+_ZWSP = "\u200b"  # a zero-width space: keeps a character from being read as markup
+
+
 def _mrkdwn(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """``text`` (from the repository: an author, a cause) inert in Slack's mrkdwn: no
+    <!channel>, no <url|link>, no *bold*, _italics_, ~strike~ or `code` of its own."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for mark in "*_~`":
+        text = text.replace(mark, mark + _ZWSP)
+    return text
+
+
+def _code(text: str) -> str:
+    """``text`` inert inside a ``` block: escaped, and no ``` of its own to end it."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("`", "`" + _ZWSP)
 
 
 def slack(events: Sequence[Event]) -> dict[str, Any]:
@@ -85,28 +104,31 @@ def slack(events: Sequence[Event]) -> dict[str, Any]:
         text = f"*{_mrkdwn(event.line())}*"
         cause = event.short_cause()
         if cause:
-            text += "\n```" + _mrkdwn(cause) + "```"
+            text += "\n```" + _code(cause) + "```"
         blocks.append(
             {"type": "section", "text": {"type": "mrkdwn", "text": text[:MAX_SLACK_TEXT]}}
         )
     if len(events) > len(shown):
         more = f"and {len(events) - len(shown)} more"
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": more}]})
-    return {"text": headline(events)[:MAX_SLACK_TEXT], "blocks": blocks}
+    return {"text": _mrkdwn(headline(events))[:MAX_SLACK_TEXT], "blocks": blocks}
+
+
+def _plain(text: str, **style: Any) -> dict[str, Any]:
+    """A RichTextBlock of one TextRun: Teams renders no Markdown in a TextRun, so text
+    from the repository (an author, a cause) cannot carry a link or formatting."""
+    run = {"type": "TextRun", "text": text[:MAX_LINE], **style}
+    return {"type": "RichTextBlock", "inlines": [run]}
 
 
 def teams(events: Sequence[Event]) -> dict[str, Any]:
-    card_body: list[dict[str, Any]] = [
-        {"type": "TextBlock", "text": headline(events)[:MAX_LINE], "weight": "Bolder", "wrap": True}
-    ]
+    card_body = [_plain(headline(events), weight="Bolder")]
     for event in events:
         if len(events) > 1:
-            card_body.append({"type": "TextBlock", "text": event.line()[:MAX_LINE], "wrap": True})
+            card_body.append(_plain(event.line()))
         cause = event.short_cause()
         if cause:
-            card_body.append(
-                {"type": "TextBlock", "text": cause, "wrap": True, "fontType": "Monospace"}
-            )
+            card_body.append(_plain(cause, fontType="Monospace"))
     card = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",
