@@ -66,6 +66,10 @@ def main(event, context):
         thread.join()
         sys.stdout.flush()
         return {}
+    if path == "/many":
+        for i in range(50_000):
+            sys.stdout.write("%099d," % i)
+        return {}
     if path == "/slow":
         import time
 
@@ -104,6 +108,9 @@ exports.main = async (event, context) => {
     case '/boom':
       console.error(new Error('inner'));
       throw new TypeError('kaboom');
+    case '/many':
+      for (let i = 0; i < 50000; i++) process.stdout.write(`${String(i).padStart(99, '0')},`);
+      return {};
     case '/slow':
       console.log('slow started');
       await new Promise((resolve) => setTimeout(resolve, 4000));
@@ -249,3 +256,32 @@ def test_the_runner_gives_the_run_its_ids_and_leaves_its_lines_as_written(logs_r
     assert json.loads(result.stdout) == {"request_id": "nightly-42", "trace_id": TRACE}
     assert "[request_id=" not in result.stderr
     assert "from print" in result.stderr.splitlines()
+
+
+@pytest.fixture(scope="module")
+def roomy_server(logs_runtime, log_dir) -> Iterator[Server]:  # noqa: F811
+    """The logs handler with the default timeout (30 s), for calls that write a lot."""
+    srv = Server(logs_runtime, log_dir, "logs.main")
+    try:
+        yield srv.wait_healthy()
+    finally:
+        srv.stop()
+
+
+def test_many_small_writes_without_a_newline_arrive_whole_in_64k_lines(roomy_server):
+    """50,000 writes of 100 characters, no newline: each write costs its own text, not
+    the partial line's (that was quadratic, past the call's timeout), and the partial
+    line goes out, tagged, each time it passes 64 Ki characters."""
+    response = httpx.get(
+        f"{roomy_server.url}/many", headers={"x-request-id": "req-many"}, timeout=60
+    )
+    assert response.status_code == 200
+    lines = [
+        line for line in stdout_lines(roomy_server) if line.startswith("[request_id=req-many ")
+    ]
+    prefix = lines[0][: lines[0].index("] ") + 2]
+    assert all(line.startswith(prefix) for line in lines)
+    texts = [line[len(prefix) :] for line in lines]
+    assert "".join(texts) == "".join(f"{i:099d}," for i in range(50_000))
+    assert all(64 * 1024 <= len(text) < 64 * 1024 + 100 for text in texts[:-1])
+    assert len(texts) == -(-50_000 // 656)  # a line at each 656th write (65,600 characters)

@@ -222,12 +222,31 @@ function makeContext(functionName, environment, requestId, deadline, traceparent
 
 // ------------------------------------------------------------------ log tags
 
-/** The call a piece of code runs for: { context, tag, out, err } (newCall). */
+/** The call a piece of code runs for: { context, tag, out, err } (newCall). `out` and `err`
+ *  are null or the stream's Partial. */
 const calls = new AsyncLocalStorage();
 const streamEnds = []; // each tagged stream's end of a call's partial line
+const MAX_PARTIAL = 64 * 1024; // a partial line this long is written out as a line of its own
+const UTF8 = /^utf-?8$/i;
 
 function newCall(context) {
-  return { context, tag: null, out: '', err: '' };
+  return { context, tag: null, out: null, err: null };
+}
+
+/** A call's partial line on one stream: its pieces, joined once, when it ends. */
+class Partial {
+  constructor() {
+    this.pieces = [];
+    this.size = 0;
+  }
+
+  /** The pieces, joined; none left. */
+  take() {
+    const text = this.size === 0 ? '' : this.pieces.join('');
+    this.pieces = [];
+    this.size = 0;
+    return text;
+  }
 }
 
 /** `[request_id=<id> trace_id=<32 hex>] `: the ids the call's context shows. */
@@ -243,19 +262,21 @@ function runInCall(call, fn, ...args) {
 
 /** The call's partial lines (written without their newline), ended. */
 function endPartialLines(call) {
-  if (call !== undefined && (call.out !== '' || call.err !== '')) {
+  if (call !== undefined && (call.out !== null || call.err !== null)) {
     for (const end of streamEnds) end(call);
   }
 }
 
 function chunkText(chunk, encoding) {
   if (typeof chunk === 'string') {
-    return typeof encoding === 'string' && !/^utf-?8$/i.test(encoding) ? Buffer.from(chunk, encoding).toString() : chunk;
+    return typeof encoding === 'string' && !UTF8.test(encoding) ? Buffer.from(chunk, encoding).toString() : chunk;
   }
   if (chunk instanceof Uint8Array) return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength).toString();
   return null;
 }
 
+/** Each write costs what its own text costs: only it is searched for a newline, and a
+ *  partial line is kept as its pieces. */
 function tagStream(stream, slot) {
   const write = stream.write;
   stream.write = function taggedWrite(chunk, encoding, callback) {
@@ -263,23 +284,38 @@ function tagStream(stream, slot) {
     const text = call === undefined ? null : chunkText(chunk, encoding);
     if (text === null) return write.apply(this, arguments);
     if (typeof encoding === 'function') callback = encoding;
-    const all = call[slot] + text;
-    const cut = all.lastIndexOf('\n');
+    const cut = text.lastIndexOf('\n');
     if (cut < 0) {
-      call[slot] = all;
+      if (text !== '') {
+        const partial = call[slot] === null ? (call[slot] = new Partial()) : call[slot];
+        partial.pieces.push(text);
+        partial.size += text.length;
+        if (partial.size >= MAX_PARTIAL) return write.call(this, `${callTag(call)}${partial.take()}\n`, callback);
+      }
       if (typeof callback === 'function') process.nextTick(callback);
       return true;
     }
-    call[slot] = all.slice(cut + 1);
     const tag = callTag(call);
-    const lines = all.slice(0, cut).split('\n');
-    return write.call(this, `${tag}${lines.join(`\n${tag}`)}\n`, callback);
+    const partial = call[slot];
+    let head = text.slice(0, cut);
+    if (partial !== null && partial.size > 0) head = partial.take() + head;
+    let out = `${tag}${head.includes('\n') ? head.split('\n').join(`\n${tag}`) : head}\n`;
+    const rest = text.slice(cut + 1);
+    if (rest.length >= MAX_PARTIAL) {
+      out += `${tag}${rest}\n`;
+    } else if (rest !== '') {
+      const kept = partial === null ? (call[slot] = new Partial()) : partial;
+      kept.pieces.push(rest);
+      kept.size = rest.length;
+    }
+    return write.call(this, out, callback);
   };
   streamEnds.push((call) => {
-    const rest = call[slot];
-    if (rest === '') return;
-    call[slot] = '';
-    write.call(stream, `${callTag(call)}${rest}\n`);
+    const partial = call[slot];
+    if (partial === null) return;
+    call[slot] = null;
+    const rest = partial.take();
+    if (rest !== '') write.call(stream, `${callTag(call)}${rest}\n`);
   });
 }
 

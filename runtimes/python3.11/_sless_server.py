@@ -262,13 +262,15 @@ def _random_bits(bits: int) -> int:
 # A call being served: a list, the cheapest thing to make per request,
 # [headers, context, tag, stdout's partial line, stderr's, start (ns), method]. A thread
 # finds it in ``_local.serving.call``: its connection's (set once per connection, so a
-# call only sets and clears a slot) or, in the runner, a _Serving's.
+# call only sets and clears a slot) or, in the runner, a _Serving's. A partial line is
+# None (none yet) or a list: its length in characters, then its pieces.
 _HEADERS, _CONTEXT, _TAG, _OUT, _ERR, _START, _METHOD = range(7)
+MAX_PARTIAL = 64 * 1024  # a partial line this long is written out as a line of its own
 _local = threading.local()
 
 
 def new_call(headers: dict, context: Context | None, method: str) -> list:
-    return [headers, context, None, "", "", 0, method]
+    return [headers, context, None, None, None, 0, method]
 
 
 class _Serving:
@@ -305,8 +307,10 @@ def _tag(call: list) -> str:
 
 class _TaggedStream:
     """``sys.stdout`` or ``sys.stderr``: each line a thread writes while it serves a call
-    starts with the call's tag. A partial line waits for its newline, or for the end of
-    the call; what other threads write passes as it is."""
+    starts with the call's tag. A partial line waits for its newline, the end of the
+    call or its 64 Ki characters, each of which ends it; what other threads write
+    passes as it is. Each write costs what its own text costs: a partial line is kept as
+    its pieces, joined once, and only the new text is searched for a newline."""
 
     def __init__(self, stream, slot: int):
         self._stream = stream
@@ -317,13 +321,34 @@ class _TaggedStream:
         if call is None or type(text) is not str:
             return self._stream.write(text)
         slot = self._slot
-        if "\n" not in text:
-            call[slot] += text
+        cut = text.rfind("\n")
+        partial = call[slot]
+        if cut < 0:
+            if not text:
+                return 0
+            if partial is None:
+                partial = call[slot] = [0]
+            partial.append(text)
+            partial[0] += len(text)
+            if partial[0] >= MAX_PARTIAL:
+                call[slot] = None
+                self._stream.write(f"{_tag(call)}{''.join(partial[1:])}\n")
             return len(text)
-        lines = (call[slot] + text).split("\n")
-        call[slot] = lines.pop()
         tag = _tag(call)
-        self._stream.write("".join([f"{tag}{line}\n" for line in lines]))
+        head = text[:cut]
+        if partial is not None:
+            partial[0] = ""
+            partial.append(head)
+            head = "".join(partial)
+        if "\n" in head:
+            head = head.replace("\n", "\n" + tag)
+        out = f"{tag}{head}\n"
+        rest = text[cut + 1 :]
+        if len(rest) >= MAX_PARTIAL:
+            out = f"{out}{tag}{rest}\n"
+            rest = ""
+        call[slot] = [len(rest), rest] if rest else None
+        self._stream.write(out)
         return len(text)
 
     def writelines(self, lines) -> None:
@@ -332,11 +357,15 @@ class _TaggedStream:
 
     def end_call(self, call: list) -> None:
         """The call's partial line, ended."""
-        rest = call[self._slot]
-        if rest:
-            call[self._slot] = ""
-            self._stream.write(f"{_tag(call)}{rest}\n")
+        if call[self._slot] is not None:
+            self._end_partial(call)
             self._stream.flush()
+
+    def _end_partial(self, call: list) -> None:
+        partial = call[self._slot]
+        call[self._slot] = None
+        partial[0] = ""
+        self._stream.write(f"{_tag(call)}{''.join(partial)}\n")
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
@@ -1268,7 +1297,7 @@ class Server:
             )
         else:
             context = None
-        call = conn.call = [headers, context, None, "", "", 0, method]  # see new_call
+        call = conn.call = [headers, context, None, None, None, 0, method]  # see new_call
         try:
             if exporter is not None:
                 call[_START] = time.time_ns()
