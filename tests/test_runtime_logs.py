@@ -30,6 +30,7 @@ TRACE = PARENT[3:35]
 
 PYTHON_HANDLER = """\
 import logging
+import os
 import sys
 import threading
 import traceback
@@ -70,6 +71,17 @@ def main(event, context):
         for i in range(50_000):
             sys.stdout.write("%099d," % i)
         return {}
+    if path == "/flush":
+        sys.stdout.flush()
+        size = os.fstat(sys.stdout.fileno()).st_size
+        print("shown before the call ends", end="", flush=True)
+        grew = os.fstat(sys.stdout.fileno()).st_size - size
+        sys.stdout.write("text first")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b"bytes after\\n")
+        sys.stdout.buffer.flush()
+        out = sys.stdout
+        return {"grew": grew, "isatty": out.isatty(), "encoding": out.encoding}
     if path == "/slow":
         import time
 
@@ -285,3 +297,22 @@ def test_many_small_writes_without_a_newline_arrive_whole_in_64k_lines(roomy_ser
     assert "".join(texts) == "".join(f"{i:099d}," for i in range(50_000))
     assert all(64 * 1024 <= len(text) < 64 * 1024 + 100 for text in texts[:-1])
     assert len(texts) == -(-50_000 // 656)  # a line at each 656th write (65,600 characters)
+
+
+def test_python_flush_writes_the_partial_line_and_keeps_the_streams_attributes(
+    logs_runtime, logs_server
+):
+    if logs_runtime.name != "python3.11":
+        pytest.skip("sys.stdout.flush() is Python's")
+    response = httpx.get(f"{logs_server.url}/flush", headers={"x-request-id": "req-flush"})
+    assert response.status_code == 200
+    answer = response.json()
+    lines = stdout_lines(logs_server)
+    shown = next(line for line in lines if line.endswith("shown before the call ends"))
+    prefix = shown[: -len("shown before the call ends")]
+    assert prefix.startswith("[request_id=req-flush trace_id=")
+    # print(..., end="", flush=True) wrote the tagged line then, before the call ended
+    assert answer["grew"] == len(f"{shown}\n".encode())
+    assert answer["isatty"] is False and answer["encoding"]  # the stream's own, delegated
+    # sys.stdout.flush() before sys.stdout.buffer.write(): the text comes first
+    assert lines.index(f"{prefix}text first") < lines.index("bytes after")

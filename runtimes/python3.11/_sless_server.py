@@ -307,8 +307,8 @@ def _tag(call: list) -> str:
 
 class _TaggedStream:
     """``sys.stdout`` or ``sys.stderr``: each line a thread writes while it serves a call
-    starts with the call's tag. A partial line waits for its newline, the end of the
-    call or its 64 Ki characters, each of which ends it; what other threads write
+    starts with the call's tag. A partial line waits for its newline, a flush(), the end
+    of the call or its 64 Ki characters, each of which ends it; what other threads write
     passes as it is. Each write costs what its own text costs: a partial line is kept as
     its pieces, joined once, and only the new text is searched for a newline."""
 
@@ -354,6 +354,14 @@ class _TaggedStream:
     def writelines(self, lines) -> None:
         for line in lines:
             self.write(line)
+
+    def flush(self) -> None:
+        """The current call's partial line, ended (``print(..., end="", flush=True)``
+        shows now), and the stream flushed."""
+        call = _current_call()
+        if call is not None and call[self._slot] is not None:
+            self._end_partial(call)
+        self._stream.flush()
 
     def end_call(self, call: list) -> None:
         """The call's partial line, ended."""
