@@ -123,6 +123,12 @@ exports.main = async (event, context) => {
     case '/many':
       for (let i = 0; i < 50000; i++) process.stdout.write(`${String(i).padStart(99, '0')},`);
       return {};
+    case '/split': {
+      const bytes = Buffer.from('caf\\u00e9\\n');
+      process.stdout.write(bytes.subarray(0, 4)); // 'caf' and the first byte of the e acute
+      process.stdout.write(bytes.subarray(4));
+      return {};
+    }
     case '/slow':
       console.log('slow started');
       await new Promise((resolve) => setTimeout(resolve, 4000));
@@ -316,3 +322,14 @@ def test_python_flush_writes_the_partial_line_and_keeps_the_streams_attributes(
     assert answer["isatty"] is False and answer["encoding"]  # the stream's own, delegated
     # sys.stdout.flush() before sys.stdout.buffer.write(): the text comes first
     assert lines.index(f"{prefix}text first") < lines.index("bytes after")
+
+
+def test_node_a_character_split_across_two_writes_stays_whole(logs_runtime, logs_server):
+    if logs_runtime.name != "nodejs20":
+        pytest.skip("Buffers written to process.stdout are Node's")
+    response = httpx.get(f"{logs_server.url}/split", headers={"x-request-id": "req-split"})
+    assert response.status_code == 200
+    lines = logs_server.stdout_path.read_text(encoding="utf-8").splitlines()
+    assert any(
+        line.startswith("[request_id=req-split ") and line.endswith("] caf\u00e9") for line in lines
+    )

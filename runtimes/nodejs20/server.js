@@ -43,6 +43,7 @@ const http = require('node:http');
 const path = require('node:path');
 const crypto = require('node:crypto');
 const { AsyncLocalStorage } = require('node:async_hooks');
+const { StringDecoder } = require('node:string_decoder');
 const { pathToFileURL } = require('node:url');
 
 const RUNTIME = 'nodejs20';
@@ -233,11 +234,13 @@ function newCall(context) {
   return { context, tag: null, out: null, err: null };
 }
 
-/** A call's partial line on one stream: its pieces, joined once, when it ends. */
+/** A call's partial line on one stream: its pieces (joined once, when it ends) and, once
+ *  bytes were written, the decoder that keeps a character split across two writes. */
 class Partial {
   constructor() {
     this.pieces = [];
     this.size = 0;
+    this.decoder = null;
   }
 
   /** The pieces, joined; none left. */
@@ -267,12 +270,25 @@ function endPartialLines(call) {
   }
 }
 
-function chunkText(chunk, encoding) {
+/** The text of a write, `null` for what is not text or bytes. Bytes are decoded with the
+ *  call's decoder for the stream: a character split across two writes stays whole. */
+function chunkText(call, slot, chunk, encoding) {
+  let bytes;
   if (typeof chunk === 'string') {
-    return typeof encoding === 'string' && !UTF8.test(encoding) ? Buffer.from(chunk, encoding).toString() : chunk;
+    if (typeof encoding !== 'string' || UTF8.test(encoding)) {
+      const partial = call[slot];
+      // bytes still waiting for the rest of their character end where text follows them
+      return partial === null || partial.decoder === null ? chunk : partial.decoder.end() + chunk;
+    }
+    bytes = Buffer.from(chunk, encoding);
+  } else if (chunk instanceof Uint8Array) {
+    bytes = chunk;
+  } else {
+    return null;
   }
-  if (chunk instanceof Uint8Array) return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength).toString();
-  return null;
+  const partial = call[slot] === null ? (call[slot] = new Partial()) : call[slot];
+  if (partial.decoder === null) partial.decoder = new StringDecoder('utf8');
+  return partial.decoder.write(bytes);
 }
 
 /** Each write costs what its own text costs: only it is searched for a newline, and a
@@ -281,7 +297,7 @@ function tagStream(stream, slot) {
   const write = stream.write;
   stream.write = function taggedWrite(chunk, encoding, callback) {
     const call = calls.getStore();
-    const text = call === undefined ? null : chunkText(chunk, encoding);
+    const text = call === undefined ? null : chunkText(call, slot, chunk, encoding);
     if (text === null) return write.apply(this, arguments);
     if (typeof encoding === 'function') callback = encoding;
     const cut = text.lastIndexOf('\n');
@@ -314,7 +330,7 @@ function tagStream(stream, slot) {
     const partial = call[slot];
     if (partial === null) return;
     call[slot] = null;
-    const rest = partial.take();
+    const rest = partial.take() + (partial.decoder === null ? '' : partial.decoder.end());
     if (rest !== '') write.call(stream, `${callTag(call)}${rest}\n`);
   });
 }
