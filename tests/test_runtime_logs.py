@@ -9,6 +9,7 @@ are as written. The handlers are written here, one per language, alike.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -129,6 +130,12 @@ exports.main = async (event, context) => {
       process.stdout.write(bytes.subarray(4));
       return {};
     }
+    case '/late':
+      setTimeout(() => {
+        process.stdout.write('late line\\n');
+        process.stdout.write('late tail');
+      }, 100);
+      return {};
     case '/slow':
       console.log('slow started');
       await new Promise((resolve) => setTimeout(resolve, 4000));
@@ -333,3 +340,18 @@ def test_node_a_character_split_across_two_writes_stays_whole(logs_runtime, logs
     assert any(
         line.startswith("[request_id=req-split ") and line.endswith("] caf\u00e9") for line in lines
     )
+
+
+def test_node_a_timer_left_by_a_call_writes_untagged_after_it(logs_runtime, logs_server):
+    """A timer keeps the call's async context after the call ends: its lines are not the
+    call's (they went under its request id), and its partial line is not kept (lost)."""
+    if logs_runtime.name != "nodejs20":
+        pytest.skip("async contexts are Node's")
+    response = httpx.get(f"{logs_server.url}/late", headers={"x-request-id": "req-late"})
+    assert response.status_code == 200
+    deadline = time.monotonic() + 20
+    while "late tail" not in logs_server.stdout_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "late line" in stdout_lines(logs_server)
+    assert "late tail" in logs_server.stdout_path.read_text()
+    assert not any("req-late" in line for line in stdout_lines(logs_server))

@@ -223,15 +223,17 @@ function makeContext(functionName, environment, requestId, deadline, traceparent
 
 // ------------------------------------------------------------------ log tags
 
-/** The call a piece of code runs for: { context, tag, out, err } (newCall). `out` and `err`
- *  are null or the stream's Partial. */
+/** The call a piece of code runs for: { context, tag, out, err, ended } (newCall). `out` and
+ *  `err` are null or the stream's Partial; once `ended`, what code in the call's async
+ *  context (a timer or socket it left behind) writes passes as written, like any line
+ *  written outside a call. */
 const calls = new AsyncLocalStorage();
 const streamEnds = []; // each tagged stream's end of a call's partial line
 const MAX_PARTIAL = 64 * 1024; // a partial line this long is written out as a line of its own
 const UTF8 = /^utf-?8$/i;
 
 function newCall(context) {
-  return { context, tag: null, out: null, err: null };
+  return { context, tag: null, out: null, err: null, ended: false };
 }
 
 /** A call's partial line on one stream: its pieces (joined once, when it ends) and, once
@@ -258,7 +260,7 @@ function callTag(call) {
   return call.tag;
 }
 
-/** Run `fn(...args)` as the call's code: what it writes, now or later, is tagged. */
+/** Run `fn(...args)` as the call's code: what it writes until the call ends is tagged. */
 function runInCall(call, fn, ...args) {
   return calls.run(call, fn, ...args);
 }
@@ -268,6 +270,13 @@ function endPartialLines(call) {
   if (call !== undefined && (call.out !== null || call.err !== null)) {
     for (const end of streamEnds) end(call);
   }
+}
+
+/** The call is over: its partial lines are ended, and what its async context writes from
+ *  now on is not tagged (nor kept) as its. */
+function endCall(call) {
+  endPartialLines(call);
+  call.ended = true;
 }
 
 /** The text of a write, `null` for what is not text or bytes. Bytes are decoded with the
@@ -297,7 +306,7 @@ function tagStream(stream, slot) {
   const write = stream.write;
   stream.write = function taggedWrite(chunk, encoding, callback) {
     const call = calls.getStore();
-    const text = call === undefined ? null : chunkText(call, slot, chunk, encoding);
+    const text = call === undefined || call.ended ? null : chunkText(call, slot, chunk, encoding);
     if (text === null) return write.apply(this, arguments);
     if (typeof encoding === 'function') callback = encoding;
     const cut = text.lastIndexOf('\n');
@@ -842,7 +851,7 @@ function createServer(handler, options) {
           else res.destroy();
         }
       }
-      endPartialLines(call);
+      endCall(call); // a timer or socket the handler left writes untagged from now on
       if (exporter !== null) {
         call.sent = headers.traceparent;
         call.method = req.method;
@@ -1065,6 +1074,7 @@ module.exports = {
   newCall,
   runInCall,
   endPartialLines,
+  endCall,
   installLogTags,
   describeError,
   errorStack,
