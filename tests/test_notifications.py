@@ -29,9 +29,12 @@ NO_INDEX = {"PIP_NO_INDEX": "1"}  # a build that asks for a package fails at onc
 DOWN = "def main(event, context):\n    return {'statusCode': 500, 'body': 'down'}\n"
 
 
-def notify_args(setup, receiver: WebhookReceiver, providers: list[dict[str, Any]]) -> dict:
+def notify_args(
+    setup, receiver: WebhookReceiver, providers: list[dict[str, Any]], env: dict | None = None
+) -> dict:
     """serve's keyword arguments for ``providers``: each one's address (the receiver, at
-    ``/<name>``) in a secret file, the webhooks' key beside it."""
+    ``/<name>``) in a secret file, the webhooks' key beside it; an incident resolves at
+    its first healthy look (no grace: these tests do not flap)."""
     secrets = setup.tmp_path / "secrets"
     (secrets / "notify").mkdir(parents=True, exist_ok=True)
     (secrets / "notify" / "hmac").write_bytes(KEY + b"\n")
@@ -42,7 +45,8 @@ def notify_args(setup, receiver: WebhookReceiver, providers: list[dict[str, Any]
             provider.setdefault("hmacSecret", "notify/hmac")
     path = setup.tmp_path / "notify.yaml"
     path.write_text(yaml.safe_dump({"providers": providers}))
-    return {"secrets_dir": secrets, "args": ["--notify-config", str(path)]}
+    env = {"SLESS_NOTIFY_GRACE_SEC": "0", **(env or {})}
+    return {"secrets_dir": secrets, "args": ["--notify-config", str(path)], "env": env}
 
 
 def of(events: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict]:
@@ -73,9 +77,10 @@ def test_an_incident_is_one_message_and_its_end_one_resolved_across_a_restart(se
                 {"name": "chat", "kind": "slack"},
                 {"name": "team", "kind": "teams"},
             ],
+            env=NO_INDEX,
         )
         first = setup.push(http_function("greet", "v1"))
-        server = setup.serve(env=NO_INDEX, **kwargs)
+        server = setup.serve(**kwargs)
 
         (deployed,) = receiver.wait(
             lambda: of(receiver.events("/hook"), "deployed", "greet"), "greet deployed"
@@ -99,7 +104,7 @@ def test_an_incident_is_one_message_and_its_end_one_resolved_across_a_restart(se
 
         # a restart of the reconciler says neither again
         server.stop()
-        server = setup.serve(env=NO_INDEX, **kwargs)
+        server = setup.serve(**kwargs)
         server.sync()
         barrier(setup, server, receiver, "other", 2)
         assert len(of(receiver.events("/hook"), "buildFailed")) == 1

@@ -12,6 +12,7 @@ file it is the only provider, as before.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..steps.rollouts import Verdict
 from .config import NotifyConfig, load
 from .delivery import Outbox, Send, post
 from .events import Event
-from .watch import Watcher
+from .watch import GRACE_SEC, Watcher
 
 __all__ = ["INTERVAL_SEC", "Notifications", "notifications"]
 
@@ -55,13 +56,15 @@ class Notifications:
         interval_sec: float = INTERVAL_SEC,
         backoff: float = 1.0,
         leading: Callable[[], bool] = lambda: True,
+        grace_sec: float = GRACE_SEC,
     ) -> None:
-        """``leading()``: whether this replica looks (the others' stores only follow)."""
+        """``leading()``: whether this replica looks (the others' stores only follow);
+        ``grace_sec``: how long a function is healthy before its incident resolves."""
         self.config = config
         self.leading = leading
         self.reporter = reporter if config.forge else None
         self.providers = tuple(p for p in config.providers if p.kind != "forge")
-        self.watcher = Watcher(store, public_url, author)
+        self.watcher = Watcher(store, public_url, author, grace_sec=grace_sec)
         self.outboxes = {
             p.name: Outbox(p, send, backoff=backoff, on_delivered=self.watcher.delivered)
             for p in self.providers
@@ -169,4 +172,15 @@ def notifications(
         reporter=reporter,
         author=author,
         leading=elector.is_leader if elector is not None else lambda: True,
+        grace_sec=_grace(),
     )
+
+
+def _grace() -> float:
+    """``SLESS_NOTIFY_GRACE_SEC``: how long healthy before an incident resolves."""
+    said = os.environ.get("SLESS_NOTIFY_GRACE_SEC", "")
+    try:
+        return max(0.0, float(said)) if said else GRACE_SEC
+    except ValueError:
+        logs.event(log, "notify.config", f"SLESS_NOTIFY_GRACE_SEC={said!r}: not a number")
+        return GRACE_SEC

@@ -7,7 +7,9 @@ the provider since it was last told. So a function that fails pass after pass is
 incident (one ``buildFailed``, ``startFailed`` or ``jobFailed`` message), ended by one
 ``resolved`` message that says how long it lasted once the function is Ready (or the
 job's run succeeds, or the function is gone); and a reconciler that restarts in the
-middle of it says neither again. ``deployed`` is said once per revision a function
+middle of it says neither again. A function that crash-loops (Ready while up, Failed in
+its backoff) is one incident too: it resolves only once healthy for ``GRACE_SEC``, and a
+failure within that time keeps it open. ``deployed`` is said once per revision a function
 serves; a function that already served before the provider first looked is not
 announced (its ``serving`` row is older than the provider's first look).
 
@@ -34,6 +36,8 @@ from .events import Event
 __all__ = ["Watcher"]
 
 HEALTHY = ("Ready", "Disabled")
+
+GRACE_SEC = 60.0  # healthy this long before an incident resolves (SLESS_NOTIFY_GRACE_SEC)
 
 _Key = tuple[str, str, str]  # provider, kind, subject
 _Row = dict[str, Any] | None  # {"value", "since"}; None: the row is forgotten
@@ -76,11 +80,17 @@ class Watcher:
         public_url: str,
         author: Callable[[str], str | None] = lambda commit: None,
         dead_letters: Callable[[], Mapping[tuple[str, str], int]] = dict,
+        *,
+        clock: Callable[[], float] = time.time,
+        grace_sec: float = GRACE_SEC,
     ) -> None:
         self.store, self.public_url = store, public_url.rstrip("/")
         self.author = author
         self.dead_letters = dead_letters
-        self.started = time.time()  # a provider's first look counts from here
+        self.clock, self.grace_sec = clock, grace_sec
+        self.started = clock()  # a provider's first look counts from here
+        self.healthy: dict[str, float] = {}  # subject -> since when it has been healthy
+        self.healing = False  # the last look kept an incident open for its grace
         self._mark: tuple[Any, ...] | None = None  # what the last look saw
         self._lock = threading.Lock()
         self._pending: dict[_Key, list[tuple[Event, _Row]]] = {}  # oldest first
@@ -130,12 +140,20 @@ class Watcher:
         at a store that changed in nothing events are derived from reads no more of it."""
         dead = dict(self.dead_letters())
         mark = (self.store.notify_mark(), sorted(dead.items()))
-        if mark == self._mark:
+        if mark == self._mark and not self.healing:
             return {}
         facts = self._facts(dead)
+        self._health(facts, self.clock())
+        self.healing = False
         found = {p.name: _Told(self, p).news(facts) for p in providers}
         self._mark = mark
         return found
+
+    def _health(self, facts: _Facts, now: float) -> None:
+        subjects = [(f"{f.env}/{f.name}", f.healthy) for f in facts.functions]
+        subjects += [(f"{j.env}/job/{j.name}", j.healthy) for j in facts.jobs]
+        healthy = {subject for subject, ok in subjects if ok}
+        self.healthy = {s: self.healthy.get(s, now) for s in healthy}
 
     def _facts(self, dead: Mapping[tuple[str, str], int]) -> _Facts:
         functions: list[_Function] = []
@@ -171,7 +189,7 @@ class _Told:
 
     def __init__(self, watcher: Watcher, provider: Provider) -> None:
         self.w, self.p, self.store = watcher, provider, watcher.store
-        self.now = time.time()
+        self.now = watcher.clock()
         meta = self.store.notified(provider.name, "meta").get("started")
         if meta is None:
             self.store.set_notified(provider.name, "meta", "started", "", watcher.started)
@@ -221,7 +239,8 @@ class _Told:
                 job = rest.startswith("job/")
                 name = rest.removeprefix("job/") if job else rest
                 cause = "no longer declared"
-                self._resolve(subject, row, Event("resolved", env, name, job, cause=cause))
+                gone = Event("resolved", env, name, job, cause=cause, at=self.now)
+                self._resolve(subject, row, gone)
 
     def _incident(
         self,
@@ -237,7 +256,12 @@ class _Told:
         if failing and subject not in open_ and self.p.wants(failing, env, name):
             self._say(Event(failing, env, name, job, cause=cause), "incident", subject, failing)
         elif healthy and subject in open_:
-            self._resolve(subject, open_[subject], Event("resolved", env, name, job))
+            since = self.w.healthy.get(subject, self.now)
+            if self.now - since < self.w.grace_sec:  # it may fail again: not over yet
+                self.w.healing = True
+                return
+            event = Event("resolved", env, name, job, at=since)
+            self._resolve(subject, open_[subject], event)
 
     def _resolve(self, subject: str, row: Mapping[str, Any], event: Event) -> None:
         if not self.p.hears_of(event.env, event.function):
@@ -251,7 +275,7 @@ class _Told:
             cause=event.cause,
             was=row["value"],
             since=row["since"],
-            at=self.now,
+            at=event.at,
         )
         self._say(resolved, "incident", subject, None)
 
