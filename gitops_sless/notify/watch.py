@@ -356,3 +356,6 @@ class _Told:
                 self._say(event, "dead", subject, str(count))
             else:
                 self._set("dead", subject, str(count))
+        present = {f"{env}/{name}" for env, name in dead}
+        for subject in set(told) - present:  # its dead letters expired: start again at 0
+            self._forget("dead", subject)

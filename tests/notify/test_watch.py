@@ -45,3 +45,16 @@ def test_a_crash_looping_function_is_one_incident_until_healthy_for_the_grace(tm
     events = watcher.look([HOOK])["hook"]  # nothing changed in the store but the time
     assert [(e.kind, e.was) for e in events] == [("resolved", "startFailed")]
     assert events[0].at - events[0].since == 110  # from the first failure to the last
+
+
+def test_dead_letters_after_the_old_ones_expired_are_said(tmp_path: Path):
+    counts = {("prod", "orders"): 5}
+    watcher = Watcher(
+        Store(tmp_path / "status.db"), "http://fn.example", dead_letters=lambda: dict(counts)
+    )
+    assert look(watcher) == ["deadLettered"]
+    counts.clear()  # retention removed them: the function has none
+    assert look(watcher) == []
+    counts[("prod", "orders")] = 3
+    events = watcher.look([HOOK])["hook"]
+    assert [(e.kind, e.count, e.total) for e in events] == [("deadLettered", 3, 3)]
