@@ -35,7 +35,7 @@ from .events import Event
 
 __all__ = ["Watcher"]
 
-HEALTHY = ("Ready", "Disabled")
+HEALTHY = ("Ready", "Disabled", "Idle")  # Idle: scaled to zero, as elsewhere
 
 GRACE_SEC = 60.0  # healthy this long before an incident resolves (SLESS_NOTIFY_GRACE_SEC)
 

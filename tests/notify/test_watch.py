@@ -58,3 +58,15 @@ def test_dead_letters_after_the_old_ones_expired_are_said(tmp_path: Path):
     counts[("prod", "orders")] = 3
     events = watcher.look([HOOK])["hook"]
     assert [(e.kind, e.count, e.total) for e in events] == [("deadLettered", 3, 3)]
+
+
+def test_a_function_scaled_to_zero_is_healthy(tmp_path: Path):
+    store = Store(tmp_path / "status.db")
+    clock = Clock()
+    watcher = Watcher(store, "http://fn.example", clock=clock)
+    store.set_function("prod", "quiet", phase="Failed", message="crashed")
+    assert look(watcher) == ["startFailed"]
+    store.set_function("prod", "quiet", phase="Idle", message="")
+    assert look(watcher) == []
+    clock.now += GRACE_SEC
+    assert look(watcher) == ["resolved"]
