@@ -92,7 +92,9 @@ def load(path: Path | None, secrets_dir: Path | None) -> NotifyConfig:
         return DEFAULT
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise NotifyConfigError(_unparsable(path, exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise NotifyConfigError(f"{path}: cannot be read: {exc}") from exc
     problems = check(data)
     if problems:
@@ -103,6 +105,15 @@ def load(path: Path | None, secrets_dir: Path | None) -> NotifyConfig:
     if twice:
         raise NotifyConfigError(f"{path}: providers: {', '.join(twice)} named twice")
     return NotifyConfig(providers)
+
+
+def _unparsable(path: Path, exc: yaml.YAMLError) -> str:
+    """Where the YAML broke and the rule, without PyYAML's quote of the line (an inline
+    ``url`` is a secret)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    return f"{where}: not valid YAML: {problem}"
 
 
 def check(data: Any) -> list[str]:

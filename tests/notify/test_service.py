@@ -283,3 +283,19 @@ def test_a_ready_preview_whose_row_is_gone_is_said_closed(tmp_path, receiver):
         assert kinds(receiver) == ["previewReady", "previewClosed"]
     finally:
         notify.close()
+
+
+def test_a_file_that_is_not_yaml_says_where_but_not_the_secret_in_the_line(tmp_path):
+    path = tmp_path / "notify.yaml"
+    path.write_text(
+        "providers:\n"
+        "  - name: chat\n"
+        "    kind: slack\n"
+        '    url: "https://hooks.slack.example/T0/B0/SECRET" oops: x\n'
+    )
+    with pytest.raises(NotifyConfigError) as caught:
+        load(path, None)
+    said = str(caught.value)
+    assert said.startswith(f"{path}:4:") and "not valid YAML" in said
+    assert "SECRET" not in said and "hooks.slack" not in said
+    assert caught.value.__cause__ is None  # not chained: a traceback would print it
