@@ -33,7 +33,7 @@ from .jobs import JobRunner, finished_runs
 from .policy import RoutePolicy, initial_replicas, route_policy
 from .renderer import ENV_LABEL, MANAGED_BY, RenderConfig, render_function
 from .revisions import RevisionUnits
-from .runs import replica_logs
+from .runs import is_run_pod, replica_logs
 from .runtimeload import RuntimeLoad
 from .starts import Starts
 from .status import available_replicas, health, rolled_out
@@ -309,11 +309,10 @@ class KubeBackend(RevisionUnits, Backend):
     def function_log(self, env: str, name: str) -> str:
         namespace = self.config.namespace(env)
         kept = {MANAGED_BY: "gitops-sless", ENV_LABEL: env, REVISION_OF: name}  # a candidate too
-        pods = [
-            *self.client.list("Pod", namespace, pod_selector(env, name)),
-            *self.client.list("Pod", namespace, kept),
-        ]
-        return replica_logs(self.client, namespace, pods)
+        found = [*self.client.list("Pod", namespace, pod_selector(env, name))]
+        found += self.client.list("Pod", namespace, kept)
+        # job and cron runs carry the function's labels too: their output is the run's
+        return replica_logs(self.client, namespace, [p for p in found if not is_run_pod(p)])
 
     # --- building ------------------------------------------------------------------------
 

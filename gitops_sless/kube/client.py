@@ -503,10 +503,14 @@ class KubeClient:
             return False
         return True
 
-    def pod_log(self, namespace: str, pod: str, tail_lines: int | None = None) -> str:
-        query = {"tailLines": str(tail_lines)} if tail_lines else None
+    def pod_log(
+        self, namespace: str, pod: str, tail_lines: int | None = None, container: str = ""
+    ) -> str:
+        query = {"tailLines": str(tail_lines)} if tail_lines else {}
+        if container:  # a pod with sidecars (a service mesh) needs it named
+            query["container"] = container
         path = KINDS["Pod"].path(namespace, pod) + "/log"
-        return self.request("log", "Pod", "GET", path, query).decode("utf-8", "replace")
+        return self.request("log", "Pod", "GET", path, query or None).decode("utf-8", "replace")
 
     def counts(self) -> dict[tuple[str, str], int]:
         with self._lock:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import TransientError
-from .client import Invalid, KubeClient, NotFound
+from .client import KubeClient, KubeError
 from .informer import Informer
+from .renderer import JOB_LABEL
 
 __all__ = ["JobGone", "JobTimedOut", "WaitStopped", "conditions", "ended", "log", "wait"]
 
@@ -88,18 +89,29 @@ def log(client: KubeClient, namespace: str, name: str, tail_lines: int | None = 
     return client.pod_log(namespace, newest["metadata"]["name"], tail_lines)
 
 
+def is_run_pod(pod: dict[str, Any]) -> bool:
+    """Whether ``pod`` runs a job or a cron run (a Job's), not a replica."""
+    labels = pod["metadata"].get("labels") or {}
+    return "job-name" in labels or JOB_LABEL in labels
+
+
 REPLICA_LOG_LINES = 5000  # of each pod: a function's log is read whole for a request's lines
 
 
 def replica_logs(client: KubeClient, namespace: str, pods: list[dict[str, Any]]) -> str:
-    """The logs of ``pods``, oldest pod first, each line marked ``[replica <pod>]``
-    (a pod that has not started says nothing)."""
+    """The logs of ``pods``' function containers, oldest pod first, each line marked
+    ``[replica <pod>]`` (a pod whose log cannot be read says why, in a line of ours)."""
     out = []
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
         name = pod["metadata"]["name"]
         try:
-            text = client.pod_log(namespace, name, REPLICA_LOG_LINES)
-        except (Invalid, NotFound):  # not started yet, or gone meanwhile
+            text = client.pod_log(namespace, name, REPLICA_LOG_LINES, container="function")
+        except KubeError as exc:  # not started, gone meanwhile, its node unreachable: said
+            out.append(f"[replica {name}] [gitops-sless] its log cannot be read: {exc}\n")
             continue
-        out += [f"[replica {name}] {line}\n" for line in text.splitlines()]
+        # lines end at "\n" only: what a caller gets printed cannot start one of its own
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        out += [f"[replica {name}] {line}\n" for line in lines]
     return "".join(out)

@@ -50,19 +50,23 @@ def logs_router(store: Store, state_dir: Path, backend: Any = None) -> APIRouter
         """What the function's replicas printed (one log for all of them, each line naming
         its replica), page by page; with ``request`` or ``trace``, only the lines printed
         while serving that request (or trace): the runtimes tag them
-        ``[request_id=ID trace_id=TRACE]``."""
+        ``[request_id=ID trace_id=TRACE]``. On Kubernetes, the last 5,000 lines of each
+        pod, in one answer (``finished``: a read of the pods, not a file followed)."""
         known = _LABEL.fullmatch(env) and _LABEL.fullmatch(name) and store.function(env, name)
         if not known:
             raise HTTPException(404, f"no function {name!r} in environment {env!r}")
-        needles = [b"[request_id=%s trace_id=" % request.encode()] if request else []
-        if trace:
-            needles.append(b" trace_id=%s]" % trace.encode())
+        needles = [(request or "").encode(), (trace or "").encode()] if request or trace else []
         kept = getattr(backend, "function_log", None)
         text = kept(env, name) if kept is not None else None
-        if text is not None:
+        if text is not None:  # the pods' logs, read anew: one answer, whole, not followed
+            if offset:
+                return LogChunk(text="", offset=0, next_offset=0, size=0, reset=True, finished=True)
+            whole = len(text.encode("utf-8", "replace")) + 1
             if needles:
-                return replies.text_log_lines(text, offset, limit, needles)
-            return replies.text_log(text, offset, limit, finished=False)
+                chunk = replies.text_log_lines(text, 0, whole, needles)
+            else:
+                chunk = replies.text_log(text, 0, whole, finished=True)
+            return chunk.model_copy(update={"finished": True})
         path = state_dir / "logs" / env / f"{name}.log"
         if needles:
             return replies.read_log_lines(path, offset, limit, needles)

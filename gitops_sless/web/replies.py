@@ -5,6 +5,7 @@ UTF-8 character."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +135,8 @@ def read_log(path: Path, offset: int, limit: int, finished: bool) -> LogChunk:
 
 
 def read_log_lines(path: Path, offset: int, limit: int, needles: list[bytes]) -> LogChunk:
-    """As :func:`read_log`, whole lines only, and only those that hold every one of
-    ``needles`` (a request's tag): paged and followed the same way, by ``nextOffset``."""
+    """As :func:`read_log`, whole lines only, and only those tagged with ``needles`` (a
+    request id and a trace id, b"" for any): paged and followed the same way."""
     data, size, start = _read(path, offset, limit)
     return _lines(data, size, start, offset, limit, needles)
 
@@ -147,16 +148,28 @@ def text_log_lines(text: str, offset: int, limit: int, needles: list[bytes]) -> 
     return _lines(data[start : start + limit], len(data), start, offset, limit, needles)
 
 
+# the tag a runtime puts on a line printed serving a call, where it puts it: right after
+# the time (local) and the replica; the same text later in a line is what was printed
+_TAGGED = re.compile(rb"^(?:\S+ )?\[replica [^\]]*\] \[request_id=(\S+) trace_id=([0-9a-f]{32})\] ")
+
+
 def _lines(
     data: bytes, size: int, start: int, offset: int, limit: int, needles: list[bytes]
 ) -> LogChunk:
+    """The whole lines of ``data`` whose tag is ``needles``' (request id, trace id; b""
+    for either: any). Lines end at "\n" only, as the runtimes and the log pump end them:
+    a "\r" a caller gets printed does not start a line of its own."""
     read = data.rfind(b"\n") + 1  # a line still being written is read when it ends
     if read == 0 and len(data) == limit:
         read = limit  # a line longer than a page: passed over
-    lines = data[:read].splitlines(keepends=True)
-    kept = b"".join(line for line in lines if all(n in line for n in needles))
+    request, trace = needles
+    kept = []
+    for line in data[:read].split(b"\n")[: data[:read].count(b"\n")]:
+        tag = _TAGGED.match(line)
+        if tag and (not request or tag[1] == request) and (not trace or tag[2] == trace):
+            kept.append(line + b"\n")
     return LogChunk(
-        text=kept.decode("utf-8", "replace"),
+        text=b"".join(kept).decode("utf-8", "replace"),
         offset=start,
         next_offset=start + read,
         size=size,
