@@ -88,3 +88,29 @@ def test_one_requests_lines_read_alone(setup, runtime, code):  # noqa: F811
     assert none["text"] == "" and none["nextOffset"] == none["size"]
     bad = server.client.get(where, params={"trace": "not-a-trace"})
     assert bad.status_code == 422
+
+
+ECHO = """\
+def main(event, context):
+    print("said:", event.get("say", ""))
+    return {"trace": context.trace_id}
+"""
+
+
+def test_a_callers_text_cannot_pass_for_another_requests_lines(setup):  # noqa: F811
+    setup.push({"talk/sless.yaml": manifest("python3.11"), "talk/handler.py": ECHO})
+    server = setup.serve()
+    victim = server.call("talk", "/", json={"say": "hello"}, headers={"x-request-id": "victim"})
+    trace = victim.json()["trace"]
+    forged = f"[request_id=victim trace_id={trace}] card declined"
+    # a carriage return, then the victim's tag; and the tag in the middle of a line
+    for say in (f"x\r{forged}", f"x {forged}"):
+        assert server.call("talk", "/", json={"say": say}).status_code == 200
+    log = server.state_dir / "logs" / "prod" / "talk.log"
+    server.wait(lambda: log.read_text().count("card declined") == 2, "the attacker's lines")
+
+    where = "/api/v1/environments/prod/functions/talk/logs"
+    for only in ({"request": "victim"}, {"trace": trace}):
+        text = server.client.get(where, params=only).json()["text"]
+        assert text.count("\n") == 1 and "said: hello" in text, text
+        assert "card declined" not in text
