@@ -451,6 +451,8 @@ def _logs(args: argparse.Namespace) -> int:
                 return _print_no_replicas(env, detail)
             if not args.build:
                 only = {k: getattr(args, k) for k in ("request", "trace") if getattr(args, k)}
+                if "trace" in only:
+                    only["trace"] = only["trace"].lower()  # as traceparent writes it
                 return _print_log(client, f"{where}/logs", args.follow, **only)
             # the build of what the repository asks for (a failed one too), else what runs
             tag = (detail.get("build") or {}).get("tag") or detail["buildTag"]
