@@ -114,6 +114,7 @@ class Notifications:
     def look(self) -> None:
         """Tell each provider what is new (tests call it; the thread does after a pass)."""
         if not self.leading():
+            self.watcher.follow()
             return
         try:
             found = self.watcher.look(self.providers)

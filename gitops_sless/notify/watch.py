@@ -88,13 +88,18 @@ class Watcher:
         self.author = author
         self.dead_letters = dead_letters
         self.clock, self.grace_sec = clock, grace_sec
-        self.started = clock()  # a provider's first look counts from here
+        self.started = clock()  # a provider's first look counts from here (or follow())
         self.healthy: dict[str, float] = {}  # subject -> since when it has been healthy
         self.healing = False  # the last look kept an incident open for its grace
         self._mark: tuple[Any, ...] | None = None  # what the last look saw
         self._lock = threading.Lock()
         self._pending: dict[_Key, list[tuple[Event, _Row]]] = {}  # oldest first
         self._waiting: dict[int, tuple[Event, _Key]] = {}  # id(event) -> its row's key
+
+    def follow(self) -> None:
+        """This replica does not lead (Kubernetes): what is deployed meanwhile is the
+        leader's to announce, so a first look, once it leads, counts from now."""
+        self.started = self.clock()
 
     def rows(self, provider: str, kind: str) -> dict[str, dict[str, Any]]:
         """What ``provider`` was told of each subject, or will have been once what waits

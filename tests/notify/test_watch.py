@@ -3,6 +3,7 @@ function is one incident until it has stayed healthy for the grace period."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from gitops_sless.notify import Provider
@@ -70,3 +71,24 @@ def test_a_function_scaled_to_zero_is_healthy(tmp_path: Path):
     assert look(watcher) == []
     clock.now += GRACE_SEC
     assert look(watcher) == ["resolved"]
+
+
+def serve(store: Store, revision: str) -> None:
+    store.set_serving("prod", "greet", {"seed": "{}"}, revision[0] * 40)
+    store.set_function(
+        "prod", "greet", phase="Ready", serving_revision=revision, revision=revision[0] * 40
+    )
+
+
+def test_a_new_leader_announces_only_the_deploys_after_it_leads(tmp_path: Path):
+    store = Store(tmp_path / "status.db")
+    watcher = Watcher(store, "http://fn.example")  # the pod starts, and follows
+    time.sleep(0.01)
+    serve(store, "r1")  # deployed by the leader then: not this replica's to announce
+    time.sleep(0.01)
+    watcher.follow()  # it looked, not leading
+    time.sleep(0.01)
+    assert look(watcher) == []  # it leads: its first look
+    serve(store, "r2")
+    events = watcher.look([HOOK])["hook"]
+    assert [(e.kind, e.revision) for e in events] == [("deployed", "r2")]
