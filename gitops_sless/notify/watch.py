@@ -104,8 +104,8 @@ class Watcher:
     def rows(self, provider: str, kind: str) -> dict[str, dict[str, Any]]:
         """What ``provider`` was told of each subject, or will have been once what waits
         in its outbox is delivered."""
-        found = self.store.notified(provider, kind)
-        with self._lock:
+        with self._lock:  # not between delivered()'s write and its end: no row missed
+            found = self.store.notified(provider, kind)
             for (name, k, subject), waiting in self._pending.items():
                 if name != provider or k != kind:
                     continue
@@ -141,8 +141,9 @@ class Watcher:
                     self.store.set_notified(provider, kind, subject, row["value"], row["since"])
 
     def look(self, providers: Iterable[Provider]) -> dict[str, list[Event]]:
-        """provider name -> its new events; what they say is written down at once. A look
-        at a store that changed in nothing events are derived from reads no more of it."""
+        """provider name -> its new events; what they say is written down once delivered
+        (:meth:`delivered`). A look at a store that changed in nothing events are derived
+        from reads no more of it (unless an incident waits out its grace)."""
         dead = dict(self.dead_letters())
         mark = (self.store.notify_mark(), sorted(dead.items()))
         if mark == self._mark and not self.healing:
