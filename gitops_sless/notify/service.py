@@ -181,7 +181,11 @@ def _grace() -> float:
     """``SLESS_NOTIFY_GRACE_SEC``: how long healthy before an incident resolves."""
     said = os.environ.get("SLESS_NOTIFY_GRACE_SEC", "")
     try:
-        return max(0.0, float(said)) if said else GRACE_SEC
+        value = float(said) if said else GRACE_SEC
     except ValueError:
-        logs.event(log, "notify.config", f"SLESS_NOTIFY_GRACE_SEC={said!r}: not a number")
+        value = -1.0
+    if not 0 <= value < float("inf"):  # never clamped: said, and the default kept
+        why = f"SLESS_NOTIFY_GRACE_SEC={said!r}: not a number of seconds >= 0; {GRACE_SEC:g} s"
+        logs.event(log, "notify.config", why, level=logging.ERROR)
         return GRACE_SEC
+    return value
