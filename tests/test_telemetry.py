@@ -247,3 +247,43 @@ def test_the_functions_own_span_is_exported_on_its_behalf(setup):  # noqa: F811
         assert "forged" not in {s.name for s in receiver.spans}
     finally:
         receiver.close()
+
+
+def test_an_async_invocation_is_a_submission_span_with_its_attempts_under_it(setup):  # noqa: F811
+    from .invocations.test_async_serve import ASYNC, TRACED, wait_ended
+
+    receiver = OtlpReceiver()
+    try:
+        setup.push(
+            {"traced/sless.yaml": manifest("traced", HTTP, ASYNC), "traced/handler.py": TRACED}
+        )
+        server = setup.serve(args=["--otlp-endpoint", receiver.url], env=FAST_EXPORT)
+        answer = server.call(
+            "traced",
+            "/",
+            method="POST",
+            json={},
+            headers={"Prefer": "respond-async", "traceparent": CALLER},
+        )
+        assert answer.status_code == 202, answer.text
+        assert wait_ended(server, answer.headers["location"])["status"] == "succeeded"
+
+        def tree(spans: list[Span]) -> list[Span]:
+            return [s for s in spans if s.trace_id == CALLER[3:35]]
+
+        receiver.wait(
+            lambda spans: len([s for s in tree(spans) if s.service == "prod/traced"]) >= 2,
+            "both attempts' function spans",
+        )
+        spans = tree(receiver.spans)
+        (submission,) = [s for s in spans if s.name == "POST /async/prod/traced"]
+        assert submission.parent_id == CALLER[36:52]
+        attempts = sorted((s for s in spans if s.name.startswith("attempt ")), key=lambda s: s.name)
+        assert [s.name for s in attempts] == ["attempt 1 prod/traced", "attempt 2 prod/traced"]
+        assert all(a.parent_id == submission.span_id for a in attempts)
+        assert attempts[0].error and not attempts[1].error  # the first answered 500
+        # each attempt's call through the proxy is under it, the function under that
+        calls = [s for s in spans if s.name == "POST /fn/prod/traced"]
+        assert sorted(c.parent_id for c in calls) == sorted(a.span_id for a in attempts)
+    finally:
+        receiver.close()

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from .. import telemetry
 from ..metrics import METRICS
 from ..proxy.http import HOP_BY_HOP, PREFIX, split_target
 from ..state.routes import RouteTable
@@ -110,6 +111,7 @@ class Submitter:
         kept = self.engine.max_body_bytes
         if kept is not None:
             limit = min(limit, kept)
+        started = time.time_ns()
         headers: list[tuple[str, str]] = []
         length = None
         callback_url = key = traceparent = tracestate = None
@@ -174,6 +176,14 @@ class Submitter:
             return 503, {"error": f"the queue cannot take it now: {exc}"}, [(b"retry-after", b"5")]
         if created:
             METRICS.async_submitted.inc(env=env, function=name)
+            telemetry.record_under(
+                f"{scope['method']} /async/{env}/{name}",
+                trace,
+                traceparent,
+                started,
+                time.time_ns(),
+                {"sless.environment": env, "sless.function": name, "sless.invocation": stored.id},
+            )
         location = f"/api/invocations/{stored.id}".encode("ascii")
         reply = {"id": stored.id, "status": stored.status}
         return (

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import telemetry
 from ..manifests import durations
 from ..manifests.model import DEFAULT_ASYNC, AsyncPolicy
 from ..metrics import METRICS
@@ -103,7 +104,8 @@ class ProxyCaller:
         # the attempt: a child of its submission's span (one stored before traces were
         # carried, or an event's: a trace of its own)
         submitted = next((v for n, v in invocation.headers if n.lower() == "traceparent"), None)
-        headers.append((b"traceparent", child_traceparent(submitted).encode("ascii")))
+        attempt = child_traceparent(submitted)
+        headers.append((b"traceparent", attempt.encode("ascii")))
         if invocation.body:
             headers.append((b"content-length", b"%d" % len(invocation.body)))
         if not any(name == b"host" for name, _ in headers):  # an event has none
@@ -153,13 +155,31 @@ class ProxyCaller:
                     truncated = True
                 body.extend(chunk[: max(room, 0)])
 
+        started = time.time_ns()
         try:
             await self.proxy(scope, receive, send)
         except Exception as exc:  # the proxy answers its own errors; this is a bug
             _log.exception("invocation %s: the proxy failed", invocation.id)
-            return Answer(None, error=f"the proxy failed: {exc}")
+            status, error = None, f"the proxy failed: {exc}"
+        else:
+            error = "the proxy gave no answer" if status is None else None
+        if status is not None and status >= 500:
+            error = f"HTTP {status}"
+        telemetry.record_under(
+            f"attempt {invocation.attempt} {invocation.env}/{invocation.function}",
+            attempt,
+            submitted,
+            started,
+            time.time_ns(),
+            {
+                "sless.invocation": invocation.id,
+                "sless.attempt": invocation.attempt,
+                "http.response.status_code": status or 0,
+            },
+            error,
+        )
         if status is None:
-            return Answer(None, error="the proxy gave no answer")
+            return Answer(None, error=error)
         return Answer(status, tuple(response_headers), bytes(body), truncated)
 
 

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from . import export
+from . import export, tracecontext
 
 __all__ = [
     "DEFAULT_SERVICE",
@@ -38,6 +38,7 @@ __all__ = [
     "enabled",
     "record",
     "record_call",
+    "record_under",
     "shutdown",
     "span",
 ]
@@ -161,6 +162,32 @@ def _exported(tracer: Any, name: str, attributes: Attributes | None, parent: Any
         name, context=parent, attributes=dict(attributes or {})
     ) as found:
         yield _Span(found)
+
+
+def record_under(
+    name: str,
+    traceparent: str,
+    parent: str | None,
+    start_ns: int,
+    end_ns: int,
+    attributes: Attributes,
+    error: str | None = None,
+) -> None:
+    """A span of ours that ``traceparent`` named (its trace and span ids) when it was
+    sent on, under ``parent``'s span (a traceparent of the same trace; else the root):
+    an asynchronous submission under its caller, an attempt under its submission."""
+    if _batch is None or not tracecontext.is_valid(traceparent):
+        return
+    under = None
+    if parent and tracecontext.is_valid(parent) and parent[3:35] == traceparent[3:35]:
+        under = int(parent[36:52], 16)
+    ids = (
+        int(traceparent[3:35], 16),
+        int(traceparent[36:52], 16),
+        under,
+        traceparent[54] in "13579bdf",
+    )
+    record(name, ids, start_ns, end_ns, attributes, error)
 
 
 def record_call(span: export.CallSpan) -> None:
