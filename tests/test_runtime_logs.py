@@ -312,11 +312,10 @@ def test_many_small_writes_without_a_newline_arrive_whole_in_64k_lines(roomy_ser
     assert len(texts) == -(-50_000 // 656)  # a line at each 656th write (65,600 characters)
 
 
+@pytest.mark.parametrize("runtime", ["python3.11"], indirect=True)  # sys.stdout.flush()
 def test_python_flush_writes_the_partial_line_and_keeps_the_streams_attributes(
     logs_runtime, logs_server
 ):
-    if logs_runtime.name != "python3.11":
-        pytest.skip("sys.stdout.flush() is Python's")
     response = httpx.get(f"{logs_server.url}/flush", headers={"x-request-id": "req-flush"})
     assert response.status_code == 200
     answer = response.json()
@@ -331,9 +330,8 @@ def test_python_flush_writes_the_partial_line_and_keeps_the_streams_attributes(
     assert lines.index(f"{prefix}text first") < lines.index("bytes after")
 
 
+@pytest.mark.parametrize("runtime", ["nodejs20"], indirect=True)  # Buffers on process.stdout
 def test_node_a_character_split_across_two_writes_stays_whole(logs_runtime, logs_server):
-    if logs_runtime.name != "nodejs20":
-        pytest.skip("Buffers written to process.stdout are Node's")
     response = httpx.get(f"{logs_server.url}/split", headers={"x-request-id": "req-split"})
     assert response.status_code == 200
     lines = logs_server.stdout_path.read_text(encoding="utf-8").splitlines()
@@ -342,11 +340,10 @@ def test_node_a_character_split_across_two_writes_stays_whole(logs_runtime, logs
     )
 
 
+@pytest.mark.parametrize("runtime", ["nodejs20"], indirect=True)  # async contexts
 def test_node_a_timer_left_by_a_call_writes_untagged_after_it(logs_runtime, logs_server):
     """A timer keeps the call's async context after the call ends: its lines are not the
     call's (they went under its request id), and its partial line is not kept (lost)."""
-    if logs_runtime.name != "nodejs20":
-        pytest.skip("async contexts are Node's")
     response = httpx.get(f"{logs_server.url}/late", headers={"x-request-id": "req-late"})
     assert response.status_code == 200
     deadline = time.monotonic() + 20
