@@ -419,8 +419,9 @@ def test_at_zero_replicas_a_function_is_idle_and_a_pass_with_no_change_writes_no
     phase_after_passes(harness, "auto", "Ready")
     harness.backend.scale("prod", "auto", 3)
     kube.stall(PROD, "auto")  # the new replicas do not start: the first one still serves
-    harness.sync()
-    assert harness.function("auto")["phase"] == "Ready"
+    # Ready while they never start (a rollout would stay Pending): passes until the view
+    # has the controller's answer to the scale (its watch may lag on a loaded machine)
+    phase_after_passes(harness, "auto", "Ready")
 
 
 def test_a_replica_that_does_not_lead_may_wake_a_function(kube, harness_for, tmp_path):
