@@ -412,8 +412,9 @@ def test_a_build_log_shared_by_a_folder_names_the_folder_and_every_function(
     )
 
 
-def test_logs_need_the_token_the_server_has(stack):
-    result = run("logs", "prod/greet", server=stack.server, token=None)
+def test_logs_need_the_token_the_server_has(stack, tmp_path):
+    # from a folder without a .sless-state (the checkout has one once scripts/run ran)
+    result = run("logs", "prod/greet", server=stack.server, token=None, cwd=tmp_path)
     assert result.returncode == 2
     assert one_line_error(result).endswith(": set SLESS_READ_TOKEN or SLESS_API_TOKEN")
     wrong = run("logs", "prod/greet", server=stack.server, token="wrong")
@@ -525,8 +526,9 @@ def test_sync_waits_for_the_pass_and_exits_zero_when_it_succeeds(stack):
     assert "\x1b[32mSucceeded\x1b[0m at" in shown
 
 
-def test_sync_without_the_token_says_to_set_it(stack):
-    result = run("sync", server=stack.server, token=None)
+def test_sync_without_the_token_says_to_set_it(stack, tmp_path):
+    # from a folder without a .sless-state (the checkout has one once scripts/run ran)
+    result = run("sync", server=stack.server, token=None, cwd=tmp_path)
     assert result.returncode == 2
     assert one_line_error(result) == (
         "gitops-sless sync: this needs the server's API token (a valid 'Authorization: "
