@@ -274,12 +274,18 @@ def test_a_job_interrupted_by_a_crash_runs_again_without_a_run_id_bump(setup):
     assert json.loads(run["result"]) == {"done": True}
 
 
+# the hog holds its memory for seconds: the RSS watchdog looks every 0.2 s (where no
+# cgroup enforces the limit), and a replica that allocated, touched and answered within
+# one look would be gone before the watchdog saw it (a clean-clone run, under load)
 MEMORY_HOG = """
+import time
+
 def main(event):
     if event["_path"] == "/hog":
         hog = bytearray(400 << 20)
         for i in range(0, len(hog), 4096):
             hog[i] = 1
+        time.sleep(10)
         return len(hog)
     return "fine"
 """
