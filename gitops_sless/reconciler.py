@@ -241,8 +241,7 @@ class Reconciler:
         """Once, at start-up: what served when the last reconciler stopped runs again (or
         is adopted), with the revisions kept beside it."""
         if not self.restore.done:
-            self.restore.run()
-            self.revisions.restored()
+            self.restore.run(self.revisions.restored)
             self.rollouts.restored()
 
     def between_passes(self, task: Callable[[], Any]) -> Any:

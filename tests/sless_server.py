@@ -135,6 +135,8 @@ class SlessServer:
         else:
             raise AssertionError(f"serve never answered /healthz:\n{self.output()}")
         if wait_for_sync:
+            # /readyz: a pass of this process ran (the history may hold an earlier one's)
+            self.wait(lambda: self.client.get("/readyz").status_code == 200, "a first pass")
             self.wait(lambda: self.syncs(), "a first sync")
         return self
 

@@ -35,6 +35,7 @@ REVISIONS = "/api/v1/environments/prod/functions/{name}/revisions"
 ROLLBACK = "/api/v1/environments/prod/functions/{name}/rollback"
 UNPIN = "/api/v1/environments/prod/functions/{name}/unpin"
 WRITE = {"Authorization": f"Bearer {TOKEN}"}
+SLOW_IMPORT_SEC = 6
 
 
 def function(name: str, version: str, *manifest: str) -> dict[str, str]:
@@ -253,6 +254,27 @@ def test_revisions_and_pins_outlive_a_restart(repo, how):
     assert found["serving"] == "r1" and found["pinned"]["revision"] == "r1"
     server.sync()
     assert version(server, "hello") == (200, "v1")
+
+
+def test_a_kept_revision_answers_while_what_serves_starts_again(repo):
+    # r2 takes seconds to import: after a stop and start, r1's URL must answer meanwhile
+    # (its route published when r2's calls start to wait, not once r2 is up)
+    repo.push(function("hello", "v1"))
+    server = repo.server().start()
+    slow = function("hello", "v2")
+    slow["hello/handler.py"] = (
+        f"import time\ntime.sleep({SLOW_IMPORT_SEC})\n" + slow["hello/handler.py"]
+    )
+    deploy(repo, server, slow)
+    server.stop()
+    server = repo.server().start(wait_for_sync=False)
+    server.wait(
+        lambda: call(server, "hello@r1")[0] != 404 or "function.restored" in server.output(),
+        "r1's URL, or r2 up",
+    )
+    assert "function.restored" not in server.output(), "r1's URL was 404 until r2 was up"
+    assert version(server, "hello@r1") == (200, "v1")
+    assert version(server, "hello") == (200, "v2")  # held until r2 is up
 
 
 def test_kept_revisions_survive_collection_and_older_ones_go(repo):

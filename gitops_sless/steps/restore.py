@@ -4,6 +4,8 @@ meanwhile; or, after a restart in place, take over the replicas that still serve
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from .. import logs
 from ..errors import SlessError
 from ..plan.backend import Deployment
@@ -18,7 +20,10 @@ class Restore:
         self.ctx = ctx
         self.done = False
 
-    def run(self) -> None:
+    def run(self, beside: Callable[[Mapping[str, str]], None]) -> None:
+        """Adopt what still runs and start the rest; ``beside`` is given the spec hash of
+        each function about to start, once its calls wait for it and before it starts, to
+        make the URLs of its kept revisions answer from then on too."""
         ctx = self.ctx
         self.done = True
         rows = ctx.store.serving(ctx.env)
@@ -45,6 +50,8 @@ class Restore:
             todo.append((deployment, row["revision"]))
         for deployment, _ in todo:
             ctx.backend.restoring(deployment)  # its calls wait for the start
+        # not after the starts: a call at a kept revision's URL would find none meanwhile
+        beside({deployment.name: deployment.spec_hash for deployment, _ in todo})
         ctx.run_all(lambda item: self._start(*item), todo)
 
     def _adopt(self, deployment: Deployment) -> None:

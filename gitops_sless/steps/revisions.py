@@ -13,6 +13,7 @@ asked.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from .. import logs
 from ..errors import PermanentError
@@ -109,9 +110,10 @@ class Revisions:
             fields["serving_revision"] = serving_now
         self.ctx.records.update(name, **fields)
 
-    def restored(self) -> None:
-        """At start-up, once what served runs again: the kept revisions beside it."""
-        running = self.ctx.backend.deployed(self.ctx.env)  # once: not per function
+    def restored(self, starting: Mapping[str, str]) -> None:
+        """At start-up, the kept revisions beside what serves: what runs (adopted), and
+        ``starting`` (a function's name: the spec hash it is about to start with)."""
+        running = {**self.ctx.backend.deployed(self.ctx.env), **starting}  # once, not per fn
         for row in self.ctx.store.serving(self.ctx.env):
             current = running.get(row["name"])
             if current is not None:
