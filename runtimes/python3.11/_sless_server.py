@@ -1311,32 +1311,27 @@ class Server:
                 call[_START] = time.time_ns()
             self.load.begin()
             conn.deadline = deadline
+            raised: BaseException | None = None
             try:
                 result = self.call(event, context)
             except BaseException as exc:
-                with conn.lock:
-                    if conn.abandoned:
-                        return False
-                    conn.deadline = 0.0
-                self.load.end()
-                if self.stopping:
-                    keep = False
-                reply = self._handler_failed(exc, call, method, path, keep, is_head)
-                error = describe_exception(exc)
-            else:
-                with conn.lock:
-                    if conn.abandoned:
-                        return False
-                    conn.deadline = 0.0
-                self.load.end()
-                if self.stopping:
-                    keep = False
-                error = None
+                raised = exc
+            with conn.lock:
+                if conn.abandoned:  # the timeout answered for it
+                    return False
+                conn.deadline = 0.0
+            self.load.end()
+            if self.stopping:
+                keep = False
+            error = None
+            if raised is None:
                 try:
                     reply = render_result(result, keep, is_head)
                 except Exception as exc:
-                    reply = self._handler_failed(exc, call, method, path, keep, is_head)
-                    error = describe_exception(exc)
+                    raised = exc
+            if raised is not None:
+                reply = self._handler_failed(raised, call, method, path, keep, is_head)
+                error = describe_exception(raised)
             if exporter is not None:
                 exporter.add(call, int(reply[9:12]), error)
         finally:
