@@ -19,7 +19,7 @@ from gitops_sless.web.logs import logs_router
 
 from ..kubeapi import FakeKube
 from ..s3server import S3Server
-from .test_runtime_load import PROD, api, served, serving  # noqa: F401 (a fixture)
+from .test_runtime_load import PROD, api, served, serving, wait_for  # noqa: F401 (a fixture)
 
 TALK = (
     "def handler(event, context):\n"
@@ -58,3 +58,43 @@ def test_the_logs_are_the_pods_and_one_requests_lines_read_alone(harness, fake_k
     assert by_trace["text"].endswith("handling pear\n") and "apple" not in by_trace["text"]
     whole = client.get(where).json()["text"]
     assert "handling apple" in whole and "handling pear" in whole
+
+
+def bare_pod(template: dict[str, Any], name: str, labels: dict[str, str], image: str) -> dict:
+    """A pod with ``template``'s containers and ``labels`` besides its own, not owned."""
+    containers = [{"name": c["name"], "image": image} for c in template["spec"]["containers"]]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": PROD, "labels": labels},
+        "spec": {"containers": containers},
+    }
+
+
+def test_job_runs_are_not_the_functions_log_and_an_unreadable_pod_says_so(
+    harness,
+    fake_kube,
+    api,  # noqa: F811
+):
+    first, _ = sorted(serving(fake_kube, api))
+    template = api.get("Pod", PROD, first)
+    labels = dict(template["metadata"]["labels"])
+    image = template["spec"]["containers"][0]["image"]
+    # a job run carries the function's labels (and the Job's): its output is the run's
+    api.create(bare_pod(template, "talk-run-1", {**labels, "job-name": "talk-run-1"}, image))
+    fake_kube.kubelet.logs[(PROD, "talk-run-1")] = "the run's own output\n"
+    # a replica whose image cannot be pulled has no log yet
+    api.create(bare_pod(template, "talk-stuck", labels, "registry.invalid/none:1"))
+    call(api, first, "apple")
+
+    def stuck_said() -> bool:
+        return "[replica talk-stuck] [gitops-sless] its log cannot be read:" in (
+            harness.backend.function_log("prod", "talk")
+        )
+
+    wait_for(stuck_said, "the stuck pod's line")
+    text = harness.backend.function_log("prod", "talk")
+    assert "handling apple" in text
+    assert "the run's own output" not in text and "talk-run-1" not in text
+    said = next(line for line in text.splitlines() if "talk-stuck" in line)
+    assert "waiting to start" in said, said
