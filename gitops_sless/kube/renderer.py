@@ -222,6 +222,7 @@ class _EnvironmentRenderer:
             "SLESS_ENV": self.environment,
             "SLESS_FUNCTION_NAME": fn.name,
             "SLESS_TIMEOUT_SEC": str(fn.timeout_sec),
+            **fn.runtime_env(),
             **self.config.error_details.runtime_env(self.environment),
             **self._otlp(fn),
             **extra,

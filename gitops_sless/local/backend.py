@@ -127,7 +127,7 @@ class LocalBackend(RevisionUnits, Backend):
             entrypoint=fn.entrypoint,
             artifact=self.builder.path(fn.build_tag),
             timeout_sec=fn.timeout_sec,
-            env_vars={**resolved, **self.error_details.runtime_env(env)},
+            env_vars={**resolved, **fn.runtime_env(), **self.error_details.runtime_env(env)},
             memory_mb=fn.memory_mb,
             max_processes=fn.max_processes,
         )

@@ -1,5 +1,5 @@
 """A valid manifest's blocks as typed values, with the schema's defaults filled in:
-``scale``, ``rateLimit``, ``async`` and ``rollout``."""
+``scale``, ``rateLimit``, ``async``, ``rollout`` and ``stream``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from . import durations
-from .model import AsyncPolicy, RateLimit, Rollout, Scale, Warm
+from .model import AsyncPolicy, RateLimit, Rollout, Scale, StreamPolicy, Warm
 
-__all__ = ["async_policy", "rate_limit", "rollout", "scale"]
+__all__ = ["async_policy", "rate_limit", "rollout", "scale", "stream"]
 
 
 def scale(block: dict[str, Any] | None) -> Scale | None:
@@ -46,3 +46,9 @@ def rollout(block: dict[str, Any] | None) -> Rollout | None:
         min_requests=block["minRequests"],
         max_error_rate=float(block["maxErrorRate"]),
     )
+
+
+def stream(block: dict[str, Any] | None) -> StreamPolicy | None:
+    if block is None:
+        return None
+    return StreamPolicy(block["idleSec"], block["maxSec"])

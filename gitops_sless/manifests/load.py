@@ -359,6 +359,7 @@ def _function(
         async_policy=blocks.async_policy(fn["async"]),
         subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
         rollout=blocks.rollout(fn.get("rollout")),
+        stream=blocks.stream(fn.get("stream")),
     )
 
 

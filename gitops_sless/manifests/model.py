@@ -23,6 +23,7 @@ __all__ = [
     "RateLimit",
     "Scale",
     "SecretRef",
+    "StreamPolicy",
     "Warm",
     "env_as_written",
     "is_preview",
@@ -100,6 +101,27 @@ class RateLimit:
 
     rps: float
     burst: int
+
+
+@dataclass(frozen=True)
+class StreamPolicy:
+    """A function's ``stream`` block: the limits of its streamed responses, which its
+    runtime enforces (the schema's defaults)."""
+
+    idle_sec: int = 30  # longest between two chunks
+    max_sec: int = 900  # longest in all
+
+    def to_json(self) -> dict[str, Any]:
+        return {"idleSec": self.idle_sec, "maxSec": self.max_sec}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> StreamPolicy:
+        return cls(int(value["idleSec"]), int(value["maxSec"]))
+
+    def runtime_env(self) -> dict[str, str]:
+        """What tells the runtime these limits."""
+        idle, most = str(self.idle_sec), str(self.max_sec)
+        return {"SLESS_STREAM_IDLE_SEC": idle, "SLESS_STREAM_MAX_SEC": most}
 
 
 @dataclass(frozen=True)
@@ -194,6 +216,12 @@ class Function:
     # how a change reaches its callers (None: all at once); not part of a revision: it
     # says how the next one is delivered, so it is left out of the spec hash
     rollout: Rollout | None = None
+    stream: StreamPolicy | None = None  # None: not named, the runtime's defaults
+
+    def runtime_env(self) -> dict[str, str]:
+        """The runtime's settings from the manifest besides the timeout (none unless named:
+        what leaves them out runs as it always did)."""
+        return self.stream.runtime_env() if self.stream is not None else {}
 
     def scale_in(self, environment: str) -> Scale:
         """The replicas policy of this function in ``environment``."""

@@ -163,6 +163,7 @@ def _spec(env: str, fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str,
         # only when set: the spec hash of every function that leaves it out stays as it was
         **({"sameOrigin": True} if fn.same_origin else {}),
         **_limits(fn),
+        **({"stream": fn.stream.to_json()} if fn.stream is not None else {}),
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
         "env": env_as_written(env_vars),
     }

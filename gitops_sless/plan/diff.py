@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..manifests import durations
-from ..manifests.model import DesiredState, EnvValue, Function, Job, JobRef, Scale, SecretRef
+from ..manifests.model import (
+    DesiredState,
+    EnvValue,
+    Function,
+    Job,
+    JobRef,
+    Scale,
+    SecretRef,
+    StreamPolicy,
+)
 from .backend import deployment_for
 
 __all__ = [
@@ -224,10 +233,16 @@ def _describe_max_body(fn: Function) -> str:
     return "the proxy's limit" if fn.max_body_bytes is None else f"{fn.max_body_bytes} bytes"
 
 
+def _describe_stream(fn: Function) -> str:
+    policy = fn.stream or StreamPolicy()
+    return f"idle {policy.idle_sec}s, at most {policy.max_sec}s"
+
+
 _LIMITS = (
     ("concurrency", _describe_concurrency),
     ("rateLimit", _describe_rate_limit),
     ("maxBodyBytes", _describe_max_body),
+    ("stream", _describe_stream),
 )
 
 

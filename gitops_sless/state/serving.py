@@ -31,6 +31,7 @@ from ..manifests.model import (
     RateLimit,
     Rollout,
     Scale,
+    StreamPolicy,
     Warm,
     env_as_written,
     read_env,
@@ -79,6 +80,7 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "async": fn.async_policy.to_json(),
             "subjects": list(fn.subjects),
             "rollout": None if fn.rollout is None else _rollout(fn.rollout),
+            "stream": None if fn.stream is None else fn.stream.to_json(),
         },
     }
 
@@ -144,6 +146,7 @@ def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
         "async_policy": AsyncPolicy.from_json(fn["async"]) if fn["async"] else DEFAULT_ASYNC,
         "subjects": tuple(fn["subjects"]),
         "rollout": _read_rollout(fn.get("rollout")),
+        "stream": StreamPolicy.from_json(fn["stream"]) if fn.get("stream") else None,
     }
 
 

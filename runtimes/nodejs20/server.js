@@ -8,7 +8,14 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  *   SLESS_ENTRYPOINT     <path>.<function>, e.g. `handler.main` or `api/v1-users.get` (required)
  *   SLESS_FUNCTION_DIR   the function folder (default: the current directory)
  *   SLESS_FUNCTION_NAME, SLESS_ENV   passed to the handler in its `context`
- *   SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+ *   SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30);
+ *                        for a streamed response, the seconds to its first chunk
+ *   SLESS_STREAM_IDLE_SEC, SLESS_STREAM_MAX_SEC
+ *                        a streamed response ends (unfinished) after this long without a
+ *                        chunk from the handler (default 30), or this long in all (900)
+ *   SLESS_STREAM_HEARTBEAT_SEC
+ *                        a quiet `text/event-stream` response gets a comment line this
+ *                        often, so idle intermediaries keep it (default 15)
  *   SLESS_ERROR_DETAIL   1: a handler's error is the 500's body; 0: the body is a generic
  *                        error with the request id, the error only in the log (default: 1 in
  *                        a preview environment, `pr-*`, else 0)
@@ -52,6 +59,16 @@ const MAX_HEADER_BYTES = 64 * 1024;
 const REPLICA_KEY_HEADER = 'x-sless-replica'; // the proxy's proof, on the local backend
 const MAX_BODY_BYTES = 32 * 1024 * 1024;
 const KEEP_ALIVE_TIMEOUT_MS = 75 * 1000; // longer than the usual proxy keep-alive (60 s)
+const DEFAULT_STREAM_IDLE_SEC = 30;
+const DEFAULT_STREAM_MAX_SEC = 900;
+const HEARTBEAT_SEC = 15; // a quiet event stream's comment line, so intermediaries keep it
+
+let streamModule = null;
+/** stream.js beside this file, loaded on the first stream. */
+function streams() {
+  if (streamModule === null) streamModule = require('./stream.js');
+  return streamModule;
+}
 
 class StartupError extends Error {}
 
@@ -62,11 +79,11 @@ function monotonicSeconds() {
 
 // ------------------------------------------------------------------ configuration
 
-function parseTimeout(raw) {
-  if (raw === undefined || raw.trim() === '') return DEFAULT_TIMEOUT_SEC;
+function parseTimeout(raw, fallback = DEFAULT_TIMEOUT_SEC, name = 'SLESS_TIMEOUT_SEC') {
+  if (raw === undefined || raw.trim() === '') return fallback;
   const value = Number(raw);
   if (!Number.isFinite(value) || value <= 0) {
-    throw new StartupError(`SLESS_TIMEOUT_SEC=${JSON.stringify(raw)} must be a positive number of seconds`);
+    throw new StartupError(`${name}=${JSON.stringify(raw)} must be a positive number of seconds`);
   }
   return value;
 }
@@ -139,6 +156,7 @@ class Context {
   #tracestate;
 
   #spanId;
+  #abort;
 
   constructor(functionName, environment, requestId, deadline, traceparent, tracestate, spanId) {
     this.functionName = functionName;
@@ -184,6 +202,26 @@ class Context {
   get requestId() {
     if (!this.#requestId) this.#requestId = crypto.randomUUID().replace(/-/g, '');
     return this.#requestId;
+  }
+
+  /** An AbortSignal that aborts when the call's streamed response ends early (the client
+   *  went away, a stream limit, an error): work for it can stop. */
+  get signal() {
+    if (!this.#abort) this.#abort = new AbortController();
+    return this.#abort.signal;
+  }
+
+  /** The runtime's: abort `signal` (once). */
+  abortCall(reason) {
+    if (!this.#abort) this.#abort = new AbortController();
+    if (!this.#abort.signal.aborted) this.#abort.abort(reason);
+  }
+
+  /** One server-sent event, to yield from a `text/event-stream` response: `event:`, `id:`,
+   *  `retry:` from `fields`, and a `data:` line per line of `data` (a string as it is,
+   *  anything else as JSON). */
+  sse(data, fields) {
+    return streams().sse(data, fields);
   }
 
   getRemainingTimeInMillis() {
@@ -647,6 +685,15 @@ function send(res, status, contentType, body, extraHeaders) {
   res.end(body);
 }
 
+/** The status form of a result that streams, or null (most results: a plain object). */
+function streamOf(result) {
+  if (result === null || typeof result !== 'object') return null;
+  const body = 'statusCode' in result ? result.body : result;
+  if (body === null || typeof body !== 'object') return null;
+  if (!(Symbol.asyncIterator in body) && typeof body.next !== 'function') return null;
+  return streams().streamOf(result);
+}
+
 function sendResult(res, result) {
   if (result === undefined || result === null) {
     send(res, 204, null, null, null);
@@ -670,16 +717,17 @@ function sendResult(res, result) {
   send(res, 200, JSON_TYPE, text, null);
 }
 
-function sendStatusForm(res, result) {
+class BadResult extends Error {}
+
+/** The status, headers and Content-Type of a status form; BadResult says what is wrong. */
+function statusHead(result) {
   const status = result.statusCode;
   if (!Number.isInteger(status) || status < 200 || status > 599) {
-    sendJsonError(res, 500, `handler returned an invalid statusCode ${safeString(status)} (expected 200-599)`);
-    return;
+    throw new BadResult(`handler returned an invalid statusCode ${safeString(status)} (expected 200-599)`);
   }
   const given = result.headers == null ? {} : result.headers;
   if (typeof given !== 'object' || Array.isArray(given)) {
-    sendJsonError(res, 500, "handler returned 'headers' that is not an object");
-    return;
+    throw new BadResult("handler returned 'headers' that is not an object");
   }
   const headers = {};
   let contentType = null;
@@ -687,13 +735,26 @@ function sendStatusForm(res, result) {
     const value = typeof raw === 'string' ? raw : String(raw);
     // eslint-disable-next-line no-control-regex
     if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(name) || /[\r\n]/.test(value) || !/^[\x00-\x7f]*$/.test(value)) {
-      sendJsonError(res, 500, `handler returned an invalid response header ${JSON.stringify(name)}`);
-      return;
+      throw new BadResult(`handler returned an invalid response header ${JSON.stringify(name)}`);
     }
     const lower = name.toLowerCase();
     if (lower === 'content-type') contentType = value;
     else if (!SKIPPED_RESPONSE_HEADERS.has(lower)) headers[name] = value;
   }
+  return { status, headers, contentType };
+}
+
+function sendStatusForm(res, result) {
+  let head;
+  try {
+    head = statusHead(result);
+  } catch (err) {
+    if (!(err instanceof BadResult)) throw err;
+    sendJsonError(res, 500, err.message);
+    return;
+  }
+  const { status, headers } = head;
+  let { contentType } = head;
   const body = result.body;
   let payload;
   if (body === undefined || body === null) {
@@ -794,6 +855,8 @@ function healthBody(state) {
 
 function createServer(handler, options) {
   const { timeoutSec, functionName = '', environment = '', replicaKey = null, exporter = null } = options;
+  const { streamIdleSec = DEFAULT_STREAM_IDLE_SEC, streamMaxSec = DEFAULT_STREAM_MAX_SEC } = options;
+  const heartbeatSec = options.heartbeatSec ?? HEARTBEAT_SEC;
   const errorDetail = options.errorDetail ?? showsErrorDetail(undefined, environment);
   // set where others share the network (the local backend): a call without it did not
   // come through the proxy, and skipped its limits and its record
@@ -832,7 +895,26 @@ function createServer(handler, options) {
     const call = newCall(context);
     const start = exporter === null ? 0n : nowNs();
     track(1);
+    const finished = (status, error) => {
+      endCall(call); // a timer or socket the handler left writes untagged from now on
+      if (exporter !== null) {
+        call.sent = headers.traceparent;
+        call.method = req.method;
+        exporter.add(call, start, status, error);
+      }
+      if (state.stopping) maybeExit();
+    };
     calls.run(call, invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
+      const form = err || timedOut ? null : streamOf(result);
+      if (form !== null) {
+        streamResult(req, res, form, context, deadline, event._path, (status, error) => {
+          track(-1); // a stream is in flight until it ends
+          endPartialLines(call);
+          state.requests++;
+          finished(status, error);
+        });
+        return;
+      }
       track(-1);
       endPartialLines(call); // the runtime's lines about the call start lines of their own
       state.requests++;
@@ -851,15 +933,46 @@ function createServer(handler, options) {
           else res.destroy();
         }
       }
-      endCall(call); // a timer or socket the handler left writes untagged from now on
-      if (exporter !== null) {
-        call.sent = headers.traceparent;
-        call.method = req.method;
-        const error = timedOut ? timeoutText : err ? describeError(err) : null;
-        exporter.add(call, start, res.statusCode, error);
-      }
-      if (state.stopping) maybeExit();
+      finished(res.statusCode, timedOut ? timeoutText : err ? describeError(err) : null);
     });
+  }
+
+  /** Send a streamed result (see stream.js); `done(status, error)` once it has ended. */
+  function streamResult(req, res, form, context, deadline, path, done) {
+    let head;
+    try {
+      head = statusHead(form);
+    } catch (err) {
+      if (!(err instanceof BadResult)) throw err;
+      sendJsonError(res, 500, err.message);
+      done(500, err.message);
+      return;
+    }
+    if (state.stopping) res.setHeader('Connection', 'close');
+    const options = {
+      deadline,
+      timeoutText,
+      requestId: context.requestId,
+      idleSec: streamIdleSec,
+      maxSec: streamMaxSec,
+      heartbeatSec,
+      abort: { abort: (reason) => context.abortCall(reason) },
+      contentType: head.contentType,
+      headers: head.headers,
+      status: head.status,
+      timedOut: () => sendJsonError(res, 504, timeoutText),
+      failed: (err) => {
+        if (err instanceof TypeError && /not JSON serialisable/.test(err.message)) sendJsonError(res, 500, err.message);
+        else handlerFailed(res, err, req.method, path, context.requestId, errorDetail);
+      },
+    };
+    streams()
+      .send(res, form, options, done)
+      .catch((err) => {
+        process.stderr.write(`[sless] the stream failed: ${errorStack(err)}\n`);
+        res.destroy();
+        done(500, describeError(err));
+      });
   }
 
   let maybeExit = () => {};
@@ -1008,6 +1121,7 @@ async function main() {
   const port = Number(portText);
   let handler;
   let timeoutSec;
+  let streamLimits;
   let replicaKey;
   let exporter = null;
   let readyFd = null;
@@ -1015,6 +1129,12 @@ async function main() {
     readyFd = takeReadyFd();
     if (!/^\d+$/.test(portText) || port > 65535) throw new StartupError(`PORT=${JSON.stringify(portText)} is not a port number`);
     timeoutSec = parseTimeout(process.env.SLESS_TIMEOUT_SEC);
+    const seconds = (name, fallback) => parseTimeout(process.env[name], fallback, name);
+    streamLimits = {
+      streamIdleSec: seconds('SLESS_STREAM_IDLE_SEC', DEFAULT_STREAM_IDLE_SEC),
+      streamMaxSec: seconds('SLESS_STREAM_MAX_SEC', DEFAULT_STREAM_MAX_SEC),
+      heartbeatSec: seconds('SLESS_STREAM_HEARTBEAT_SEC', HEARTBEAT_SEC),
+    };
     const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
     replicaKey = process.env.SLESS_REPLICA_KEY || null;
     delete process.env.SLESS_REPLICA_KEY; // not the handler's to see
@@ -1034,6 +1154,7 @@ async function main() {
     environment: process.env.SLESS_ENV || '',
     replicaKey,
     exporter,
+    ...streamLimits,
     errorDetail: showsErrorDetail(process.env.SLESS_ERROR_DETAIL, process.env.SLESS_ENV),
   });
   server.once('error', (err) => {

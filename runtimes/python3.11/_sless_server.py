@@ -5,7 +5,14 @@ Standard library only. Configuration comes from the environment:
     SLESS_ENTRYPOINT     <path>.<function>, e.g. ``handler.main`` or ``api/v1-users.get`` (required)
     SLESS_FUNCTION_DIR   the function folder (default: the current directory)
     SLESS_FUNCTION_NAME  SLESS_ENV   passed to the handler in its ``context``
-    SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30)
+    SLESS_TIMEOUT_SEC    seconds a call may run before it is answered with 504 (default 30);
+                         for a streamed response, the seconds to its first chunk
+    SLESS_STREAM_IDLE_SEC  SLESS_STREAM_MAX_SEC
+                         a streamed response ends (unfinished) after this long without a
+                         chunk from the handler (default 30), or this long in all (900)
+    SLESS_STREAM_HEARTBEAT_SEC
+                         a quiet ``text/event-stream`` response gets a comment line this
+                         often, so idle intermediaries keep it (default 15)
     SLESS_ERROR_DETAIL   1: a handler's exception is the 500's body; 0: the body is a generic
                          error with the request id, the exception only in the log (default:
                          1 in a preview environment, ``pr-*``, else 0)
@@ -62,6 +69,9 @@ MAX_HEADER_BYTES = 64 * 1024
 REPLICA_KEY_HEADER = "x-sless-replica"  # the proxy's proof, on the local backend
 MAX_BODY_BYTES = 32 * 1024 * 1024
 IDLE_TIMEOUT_SEC = 75.0  # longer than the usual proxy keep-alive (60 s)
+DEFAULT_STREAM_IDLE_SEC = 30.0
+DEFAULT_STREAM_MAX_SEC = 900.0
+HEARTBEAT_SEC = 15.0  # a quiet event stream's comment line, so intermediaries keep it
 RECV_SIZE = 65536
 
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -75,15 +85,17 @@ class StartupError(Exception):
 # --------------------------------------------------------------------------- configuration
 
 
-def parse_timeout(raw: str | None) -> float:
+def parse_timeout(
+    raw: str | None, default: float = DEFAULT_TIMEOUT_SEC, name: str = "SLESS_TIMEOUT_SEC"
+) -> float:
     if raw is None or raw.strip() == "":
-        return DEFAULT_TIMEOUT_SEC
+        return default
     try:
         value = float(raw)
     except ValueError:
-        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} is not a number of seconds") from None
+        raise StartupError(f"{name}={raw!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
-        raise StartupError(f"SLESS_TIMEOUT_SEC={raw!r} must be a positive number of seconds")
+        raise StartupError(f"{name}={raw!r} must be a positive number of seconds")
     return value
 
 
@@ -229,6 +241,13 @@ class Context:
         return max(0, int((self._deadline - _monotonic()) * 1000))
 
     get_remaining_time_in_millis = remaining_time_ms  # the AWS Lambda spelling
+
+    @staticmethod
+    def sse(data=None, event=None, id=None, retry=None) -> str:
+        """One server-sent event, to yield from a ``text/event-stream`` response:
+        ``event:``, ``id:``, ``retry:`` and a ``data:`` line per line of ``data`` (a str
+        as it is, anything else as JSON)."""
+        return stream_module().sse(data, event, id, retry)
 
     def __repr__(self) -> str:
         return (
@@ -941,18 +960,18 @@ def render_result(result, keep: bool, is_head: bool) -> bytes:
     return _build(200, "application/json", body, keep, is_head)
 
 
-def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
+class _BadResult(Exception):
+    """A handler's result that cannot be an HTTP response (its 500 says why)."""
+
+
+def status_head(result: Mapping) -> tuple[int, str | None, list[str]]:
+    """The status, Content-Type and other header lines of a status form's response."""
     status = result["statusCode"]
     if type(status) is not int or not 200 <= status <= 599:
-        return _json_error(
-            500,
-            f"handler returned an invalid statusCode {status!r} (expected 200-599)",
-            keep,
-            is_head,
-        )
+        raise _BadResult(f"handler returned an invalid statusCode {status!r} (expected 200-599)")
     headers = result.get("headers") or {}
     if not isinstance(headers, Mapping):
-        return _json_error(500, "handler returned 'headers' that is not a mapping", keep, is_head)
+        raise _BadResult("handler returned 'headers' that is not a mapping")
     content_type = None
     extra = []
     for name, value in headers.items():
@@ -965,14 +984,20 @@ def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
             or "\n" in value
             or not (name.isascii() and value.isascii())
         ):
-            return _json_error(
-                500, f"handler returned an invalid response header {name!r}", keep, is_head
-            )
+            raise _BadResult(f"handler returned an invalid response header {name!r}")
         lower = name.lower()
         if lower == "content-type":
             content_type = value
         elif lower not in _SKIPPED_RESPONSE_HEADERS:
             extra.append(f"{name}: {value}\r\n")
+    return status, content_type, extra
+
+
+def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
+    try:
+        status, content_type, extra = status_head(result)
+    except _BadResult as exc:
+        return _json_error(500, str(exc), keep, is_head)
     body = result.get("body")
     if body is None:
         payload = b""
@@ -996,6 +1021,60 @@ def _render_status_form(result: Mapping, keep: bool, is_head: bool) -> bytes:
     return _build(status, content_type, payload, keep, is_head, "".join(extra).encode("ascii"))
 
 
+_stream_module = []
+
+
+def stream_module():
+    """``_sless_stream`` beside this file, loaded on the first stream (the handler's folder,
+    not this one, is on ``sys.path``)."""
+    if not _stream_module:
+        spec = spec_from_file_location(
+            "_sless_stream", os.path.join(_RUNTIME_DIR, "_sless_stream.py")
+        )
+        module = module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _stream_module.append(module)
+    return _stream_module[0]
+
+
+def _close_quietly(values) -> None:
+    """End a stream's iteration; what the handler raises then is in the log."""
+    try:
+        values.close()
+    except BaseException as exc:
+        print_handler_exception(exc, "[sless] the handler raised as its stream was closed:")
+
+
+def _is_stream(value) -> bool:
+    return hasattr(value, "__next__") or hasattr(value, "__anext__")
+
+
+def stream_of(result) -> Mapping | None:
+    """The status form (``statusCode``, ``headers``, ``body``) of a result that streams,
+    or None: a generator or async generator, alone or as a status form's body."""
+    if type(result) is dict or isinstance(result, Mapping):
+        body = result.get("body") if "statusCode" in result else None
+        return result if body is not None and _is_stream(body) else None
+    if result is None or type(result) in (str, bytes, list):
+        return None
+    return {"statusCode": 200, "body": result} if _is_stream(result) else None
+
+
+class _Stream:
+    """What the watchdog needs of a response being streamed."""
+
+    __slots__ = ("chunked", "end", "events", "gone", "status", "write_lock", "written")
+
+    def __init__(self, status: int, end: float, events: bool):
+        self.status = status
+        self.chunked = True  # HTTP/1.1; HTTP/1.0's body ends with the connection
+        self.end = end  # its maxSec
+        self.events = events  # text/event-stream: heartbeats while the handler is quiet
+        self.gone = False  # the client went away
+        self.written = float("inf")  # no heartbeat before the head is out
+        self.write_lock = threading.Lock()  # the serving thread's and the heartbeat's
+
+
 class _BadRequest(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -1005,7 +1084,17 @@ class _BadRequest(Exception):
 class _Connection:
     """One client connection. ``deadline`` is non-zero while a handler runs."""
 
-    __slots__ = ("abandoned", "buf", "call", "deadline", "is_head", "keep", "lock", "sock")
+    __slots__ = (
+        "abandoned",
+        "buf",
+        "call",
+        "deadline",
+        "is_head",
+        "keep",
+        "lock",
+        "sock",
+        "stream",
+    )
 
     def __init__(self, sock: _socket.socket, buf: bytes = b""):
         self.sock = sock
@@ -1016,6 +1105,7 @@ class _Connection:
         self.keep = True
         self.is_head = False
         self.lock = threading.Lock()
+        self.stream: _Stream | None = None  # while a streamed response goes out
 
 
 class Load:
@@ -1072,8 +1162,14 @@ class Server:
         entrypoint: str = "",
         replica_key: str | None = None,
         error_detail: bool = False,
+        stream_idle: float = DEFAULT_STREAM_IDLE_SEC,
+        stream_max: float = DEFAULT_STREAM_MAX_SEC,
+        heartbeat: float = HEARTBEAT_SEC,
     ):
         self.call, self.needs_context = make_caller(handler)
+        self.stream_idle = stream_idle
+        self.stream_max = stream_max
+        self.heartbeat = heartbeat
         self.error_detail = error_detail
         # set where others share the network (the local backend): a call without it did
         # not come through the proxy, and skipped its limits and its record
@@ -1164,16 +1260,55 @@ class Server:
 
     def _watchdog(self) -> None:
         tick = min(0.05, self.timeout / 4)
+        looked = 0.0
         while True:
             time.sleep(tick)
             try:
                 now = _monotonic()
+                streams = []
                 for conn in list(self.connections):
                     deadline = conn.deadline
                     if deadline and now >= deadline:
                         self._expire(conn)
+                    elif conn.stream is not None:
+                        streams.append(conn)
+                if streams and now - looked >= 0.25:
+                    looked = now
+                    self._look_after(streams, now)
             except Exception:  # never let the watchdog die
                 print_exc()
+
+    def _look_after(self, conns: list, now: float) -> None:
+        """Streams: mark those whose client went away (the handler's iteration is closed
+        at its next value), and send an event stream quiet for HEARTBEAT_SEC a comment."""
+        waits = select.poll()
+        by_fd = {}
+        for conn in conns:
+            try:
+                fd = conn.sock.fileno()
+            except OSError:
+                continue
+            if fd >= 0:
+                by_fd[fd] = conn
+                waits.register(fd, select.POLLRDHUP)
+        for fd, _ in waits.poll(0):  # RDHUP, HUP or ERR: the peer closed its side
+            stream = by_fd[fd].stream
+            if stream is not None:
+                stream.gone = True
+        for conn in conns:
+            stream = conn.stream
+            if stream is None or not stream.events or now - stream.written < self.heartbeat:
+                continue
+            if stream.write_lock.acquire(blocking=False):  # else a chunk is going out
+                try:
+                    if conn.stream is stream and not stream.gone:
+                        beat = b": heartbeat\n\n"
+                        conn.sock.sendall(b"d\r\n%b\r\n" % beat if stream.chunked else beat)
+                        stream.written = _monotonic()
+                except OSError:
+                    stream.gone = True
+                finally:
+                    stream.write_lock.release()
 
     def _expire(self, conn: _Connection) -> None:
         with conn.lock:
@@ -1184,6 +1319,19 @@ class Server:
         self.load.end()
         self.connections.discard(conn)
         tag = "" if call is None else _tag(call)
+        stream = conn.stream
+        if stream is not None:  # its head is out: it can only end, unfinished
+            idle = _monotonic() < stream.end
+            why = (
+                f"sent nothing for {format_seconds(self.stream_idle)}s (stream.idleSec)"
+                if idle
+                else f"ran for {format_seconds(self.stream_max)}s (stream.maxSec)"
+            )
+            print(f"{tag}[sless] the stream {why}; it is ended", file=sys.stderr, flush=True)
+            if _exporter is not None and call is not None:
+                _exporter.add(call, stream.status, f"stream {why}")
+            _close(conn.sock)
+            return
         print(
             f"{tag}[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True
         )
@@ -1316,6 +1464,10 @@ class Server:
                 result = self.call(event, context)
             except BaseException as exc:
                 raised = exc
+            if raised is None and (type(result) is not dict or "statusCode" in result):
+                form = stream_of(result)
+                if form is not None:
+                    return self._stream(conn, sock, call, form, keep, version, method, path)
             with conn.lock:
                 if conn.abandoned:  # the timeout answered for it
                     return False
@@ -1340,6 +1492,169 @@ class Server:
                 end_partial_lines(call)
         sock.sendall(reply)
         return keep
+
+    def _stream(
+        self,
+        conn: _Connection,
+        sock: _socket.socket,
+        call: list,
+        form: Mapping,
+        keep: bool,
+        version: str,
+        method: str,
+        path: str,
+    ) -> bool:
+        """Send a streamed response, each value the handler yields as a chunk once it is
+        produced. The first comes within the call's timeout (else the 504 of any call);
+        then the stream ends, unfinished (no last chunk: the client sees it), after
+        ``stream_idle`` seconds without a value or ``stream_max`` in all, after an
+        exception, or once the client went away (the handler's iteration is closed)."""
+        streams = stream_module()
+        values = streams.Values(form["body"])
+        is_head = conn.is_head
+        first = raised = None
+        empty = False
+        try:
+            while True:  # an empty value sends nothing: wait for one that does
+                first = values.next_value()
+                if not (type(first) in (str, bytes) and not first):
+                    break
+        except StopIteration:
+            empty = True
+        except BaseException as exc:
+            raised = exc
+        head = b""
+        if raised is None:
+            try:
+                status, content_type, extra = status_head(form)
+                content_type = content_type or streams.content_type_of(first)
+                encode = streams.encoder(content_type, _json_encode)
+                data = b"" if empty else encode(first)
+            except Exception as exc:  # a bad status form, or a first value not JSON
+                raised = exc
+        no_body = empty or is_head or raised is not None or status in (204, 304)
+        with conn.lock:
+            if conn.abandoned:  # the timeout answered for it
+                _close_quietly(values)
+                return False
+            if no_body:
+                conn.deadline = 0.0
+            else:
+                now = _monotonic()
+                events = content_type.startswith(streams.EVENT_STREAM)
+                stream = conn.stream = _Stream(status, now + self.stream_max, events)
+                conn.deadline = min(now + self.stream_idle, stream.end)
+        if self.stopping:
+            keep = False
+        exporter = _exporter
+        if raised is not None:
+            self.load.end()
+            _close_quietly(values)
+            if isinstance(raised, _BadResult):
+                reply = _json_error(500, str(raised), keep, is_head)
+            else:
+                reply = self._handler_failed(raised, call, method, path, keep, is_head)
+            if exporter is not None:
+                exporter.add(call, 500, describe_exception(raised))
+            sock.sendall(reply)
+            return keep
+        chunked = version == "HTTP/1.1" and not no_body
+        lines = [f"Content-Type: {content_type}\r\n", *extra]
+        if content_type.startswith(streams.EVENT_STREAM) and not any(
+            line.lower().startswith("cache-control:") for line in extra
+        ):
+            lines.append("Cache-Control: no-cache\r\n")
+        lines.append("X-Accel-Buffering: no\r\n")  # nginx in front: pass each chunk on
+        if chunked:
+            lines.append("Transfer-Encoding: chunked\r\n")
+        elif not no_body:
+            keep = False  # HTTP/1.0: the body ends with the connection
+        if no_body and status not in (204, 304):
+            lines.append("Content-Length: 0\r\n")
+        if not keep:
+            lines.append("Connection: close\r\n")
+        head = b"".join(
+            (_status_line(status), "".join(lines).encode("latin-1"), _date_line(), b"\r\n")
+        )
+        if no_body:
+            self.load.end()
+            _close_quietly(values)
+            if exporter is not None:
+                exporter.add(call, status, None)
+            sock.sendall(head)
+            return keep
+        return self._stream_body(conn, sock, call, values, encode, head, data, chunked, keep)
+
+    def _stream_body(
+        self,
+        conn: _Connection,
+        sock: _socket.socket,
+        call: list,
+        values,
+        encode: Callable,
+        head: bytes,
+        data: bytes,
+        chunked: bool,
+        keep: bool,
+    ) -> bool:
+        stream = conn.stream
+        assert stream is not None
+        stream.chunked = chunked
+        error = None
+        finished = False
+
+        def send(out: bytes) -> bool:
+            with stream.write_lock:
+                try:
+                    sock.sendall(out)
+                except OSError:
+                    stream.gone = True
+                    return False
+                stream.written = _monotonic()
+                return True
+
+        frame = (lambda d: b"%x\r\n%b\r\n" % (len(d), d)) if chunked else (lambda d: d)
+        try:
+            if send(head + frame(data)):
+                while True:
+                    try:
+                        value = values.next_value()
+                    except StopIteration:
+                        finished = True
+                        break
+                    with conn.lock:
+                        if conn.abandoned:  # past idleSec or maxSec: said and cut
+                            break
+                        conn.deadline = min(_monotonic() + self.stream_idle, stream.end)
+                    if stream.gone:
+                        break
+                    data = encode(value)
+                    if data and not send(frame(data)):
+                        break
+        except BaseException as exc:  # the handler's, mid-stream: the response ends unfinished
+            request_id = _call_context(call).request_id
+            print_handler_exception(
+                exc,
+                f"[sless] the handler raised mid-stream (request {request_id}); "
+                "the response ends unfinished:",
+            )
+            error = describe_exception(exc)
+            finished = None
+        if finished is False:
+            _close_quietly(values)  # nobody reads: the handler stops producing
+        if finished and chunked:
+            finished = send(b"0\r\n\r\n")
+        with conn.lock:
+            if conn.abandoned:
+                return False
+            conn.deadline = 0.0
+            conn.stream = None
+        self.load.end()
+        if _exporter is not None:
+            if error is None and not finished:
+                error = "the client went away mid-stream"
+            _exporter.add(call, stream.status, error)
+        return keep and bool(finished)
 
     def _handler_failed(
         self, exc: BaseException, call: list, method: str, path: str, keep: bool, is_head: bool
@@ -1575,6 +1890,11 @@ def main(started: float | None = None) -> int:
         if not 0 <= port <= 65535:
             raise StartupError(f"PORT={port_text!r} is not a port number")
         timeout = parse_timeout(os.environ.get("SLESS_TIMEOUT_SEC"))
+        idle, most = "SLESS_STREAM_IDLE_SEC", "SLESS_STREAM_MAX_SEC"
+        stream_idle = parse_timeout(os.environ.get(idle), DEFAULT_STREAM_IDLE_SEC, idle)
+        stream_max = parse_timeout(os.environ.get(most), DEFAULT_STREAM_MAX_SEC, most)
+        beat = "SLESS_STREAM_HEARTBEAT_SEC"
+        heartbeat = parse_timeout(os.environ.get(beat), HEARTBEAT_SEC, beat)
         function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
         replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
         function_name = os.environ.get("SLESS_FUNCTION_NAME", "")
@@ -1591,6 +1911,9 @@ def main(started: float | None = None) -> int:
             environment=os.environ.get("SLESS_ENV", ""),
             entrypoint=entrypoint,
             replica_key=replica_key,
+            stream_idle=stream_idle,
+            stream_max=stream_max,
+            heartbeat=heartbeat,
             error_detail=shows_error_detail(
                 os.environ.get("SLESS_ERROR_DETAIL"), os.environ.get("SLESS_ENV", "")
             ),

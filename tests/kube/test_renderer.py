@@ -314,3 +314,31 @@ def test_registry_is_configurable(tmp_path):
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image.startswith("registry.example.com:5000/team/functions:")
+
+
+def test_a_stream_block_tells_the_runtime_its_limits(tmp_path, sample_objects):
+    repo = _write(
+        tmp_path,
+        {
+            "fn/handler.py": "def main(event):\n    yield 'x'\n",
+            "fn/sless.yaml": (
+                "functions:\n"
+                "  - name: feed\n"
+                "    runtime: python3.11\n"
+                "    entrypoint: handler.main\n"
+                "    stream: {idleSec: 5, maxSec: 120}\n"
+                "    triggers: [{type: http}]\n"
+            ),
+        },
+    )
+
+    def limits(objects: list[dict], name: str) -> dict[str, str]:
+        deployment = next(o for o in objects if _id(o) == f"Deployment/{name}")
+        env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        return {e["name"]: e["value"] for e in env if e["name"].startswith("SLESS_STREAM")}
+
+    assert limits(_render(repo).objects, "feed") == {
+        "SLESS_STREAM_IDLE_SEC": "5",
+        "SLESS_STREAM_MAX_SEC": "120",
+    }
+    assert limits(sample_objects, "notes-py") == {}  # not named: the runtime's defaults

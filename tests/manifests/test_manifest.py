@@ -99,7 +99,8 @@ RUNTIMES = '"python3.11", "nodejs20"'
 CRON_FIELDS = "a schedule has five: minute hour day-of-month month day-of-week"
 KNOWN_FUNCTION_FIELDS = (
     "name, runtime, entrypoint, memoryMB, maxProcesses, timeoutSec, replicas, scale, "
-    "concurrency, rateLimit, maxBodyBytes, async, rollout, enabled, env, triggers, jobs, preview"
+    "concurrency, rateLimit, maxBodyBytes, async, rollout, stream, enabled, env, triggers, jobs, "
+    "preview"
 )
 
 # Ten levels of ten aliases each: 10**10 values once expanded.
@@ -640,6 +641,16 @@ BAD_CASES = [
         f"{M}:5: functions[0].rollout.maxErrorRate: 5 is greater than the maximum of 1",
     ),
     bad(
+        "stream-idle-of-zero",
+        one("    stream: {idleSec: 0}"),
+        f"{M}:5: functions[0].stream.idleSec: 0 is less than the minimum of 1",
+    ),
+    bad(
+        "stream-unknown-field",
+        one("    stream:", "      maxSeconds: 60"),
+        f"{M}:6: functions[0].stream.maxSeconds: unknown field; did you mean 'maxSec'?",
+    ),
+    bad(
         "two-http-triggers",
         one("    triggers:", "      - type: http", "      - type: http"),
         f"{M}:7: functions[0].triggers[1]: a function has at most one http trigger",
@@ -1071,6 +1082,8 @@ def good(
 
 GOOD_CASES = [
     good("defaults", one()),
+    good("stream-defaults", one("    stream: {}"), stream=model.StreamPolicy(30, 900)),
+    good("stream", one("    stream: {idleSec: 5, maxSec: 60}"), stream=model.StreamPolicy(5, 60)),
     good(
         "every-field",
         repo(ALL_FIELDS) | {"fn/notes_crud.py": CRUD_HANDLER},

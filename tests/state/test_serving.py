@@ -16,6 +16,7 @@ from gitops_sless.manifests.model import (
     Rollout,
     Scale,
     SecretRef,
+    StreamPolicy,
     Warm,
 )
 from gitops_sless.plan.backend import deployment_for
@@ -49,6 +50,7 @@ EVERYTHING = Function(
     async_policy=AsyncPolicy(5, 0.5, 60.0, 600.0, 3),
     subjects=("orders.created", "orders.paid"),
     rollout=Rollout((5, 25, 75), 12.0, 3, 0.2),
+    stream=StreamPolicy(4, 40),
 )
 
 
