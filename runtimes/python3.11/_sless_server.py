@@ -1330,7 +1330,10 @@ class Server:
             print(f"{tag}[sless] the stream {why}; it is ended", file=sys.stderr, flush=True)
             if _exporter is not None and call is not None:
                 _exporter.add(call, stream.status, f"stream {why}")
-            _close(conn.sock)
+            try:  # cut now; its thread closes the socket once the handler lets it go
+                conn.sock.shutdown(_socket.SHUT_RDWR)
+            except OSError:
+                pass
             return
         print(
             f"{tag}[sless] {self.timeout_text}; the call is abandoned", file=sys.stderr, flush=True
@@ -1645,7 +1648,8 @@ class Server:
         if finished and chunked:
             finished = send(b"0\r\n\r\n")
         with conn.lock:
-            if conn.abandoned:
+            if conn.abandoned:  # past a limit: cut, and the socket is this thread's to close
+                _close(sock)
                 return False
             conn.deadline = 0.0
             conn.stream = None
