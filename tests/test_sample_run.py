@@ -62,7 +62,7 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
         _wait("banner", lambda: BANNER_END in log.read_text(errors="replace"), 600, log)
         rows = [ROW.match(line) for line in log.read_text(errors="replace").splitlines()]
         phases = {m[2] or m[3]: m[1] for m in rows if m}
-        assert len(phases) == 16, phases
+        assert len(phases) == 18, phases
         assert set(phases.values()) == {"Ready"}, phases
         assert _postgres_running(state)
 
@@ -86,6 +86,16 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
         assert added.status_code == 201, added.text
         listed = httpx.get(f"{base}/notes-js/list", timeout=30).json()
         assert "from a test" in [note["title"] for note in listed["notes"]]
+
+        # the ticker streams its events (python and node alike)
+        for ticker in ("ticker-py", "ticker-js"):
+            events = httpx.get(f"{base}/{ticker}/", params={"n": "2"}, timeout=30)
+            assert events.headers["content-type"] == "text/event-stream", ticker
+            assert events.text == (
+                'event: tick\nid: 1\ndata: {"n":1,"of":2}\n\n'
+                'event: tick\nid: 2\ndata: {"n":2,"of":2}\n\n'
+                "event: end\ndata: done\n\n"
+            ), ticker
 
         # SIGUSR2 to scripts/run restarts serve in place: the database and the notes stay
         run.send_signal(signal.SIGUSR2)
