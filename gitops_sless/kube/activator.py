@@ -195,9 +195,12 @@ def _mode(idle: bool) -> str:
 
 
 def rendered_timeout(deployment: dict[str, Any]) -> str:
-    """The timeout the Deployment was rendered with (what the route's was rendered from)."""
+    """The HTTPRoute request timeout the Deployment was rendered with (the renderer's
+    ``route_timeout``): its function's timeout, and its stream's maxSec if it names one."""
     containers = deployment["spec"]["template"]["spec"].get("containers") or [{}]
-    for var in containers[0].get("env") or []:
-        if var.get("name") == "SLESS_TIMEOUT_SEC":
-            return str(var.get("value") or "30")
-    return "30"
+    given = {var.get("name"): var.get("value") for var in containers[0].get("env") or []}
+    timeout = str(given.get("SLESS_TIMEOUT_SEC") or "30")
+    stream = given.get("SLESS_STREAM_MAX_SEC")
+    if stream and timeout.isdigit() and str(stream).isdigit():
+        return str(int(timeout) + int(stream))
+    return timeout

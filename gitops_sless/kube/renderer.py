@@ -41,6 +41,7 @@ __all__ = [
     "render_function",
     "render_http_route",
     "render_job",
+    "route_timeout",
     "spec_hash",
 ]
 
@@ -295,7 +296,7 @@ class _EnvironmentRenderer:
             yield _finish(templates.render("deployment", values), labels, annotations)
             yield _finish(templates.render("service", values), labels)
             if self.config.gateway:
-                yield render_http_route(self.environment, fn.name, fn.timeout_sec, self.config)
+                yield render_http_route(self.environment, fn.name, route_timeout(fn), self.config)
         for index, trigger in enumerate(fn.crons):
             event = {"SLESS_EVENT": json.dumps(trigger.event, sort_keys=True)}
             values = {
@@ -479,6 +480,12 @@ def render_function(
             annotations[REVISION] = revision
         _finish(objects[0], {}, annotations)
     return objects
+
+
+def route_timeout(fn: Function) -> int:
+    """An HTTPRoute's request timeout for ``fn``: the Gateway API's bounds the whole
+    exchange, so a function with a ``stream`` block gets its stream's time too."""
+    return fn.timeout_sec + (fn.stream.max_sec if fn.stream is not None else 0)
 
 
 def render_http_route(

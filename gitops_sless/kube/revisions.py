@@ -25,7 +25,7 @@ from ..errors import SlessError
 from ..plan.backend import ApplyFailed, KeptRevision
 from ..state.routes import Canary
 from .activator import rendered_timeout
-from .renderer import FUNCTION_HASH, render_http_route
+from .renderer import FUNCTION_HASH, render_http_route, route_timeout
 from .status import available_replicas, rolled_out, start_problem
 from .units import (
     is_candidate,
@@ -146,7 +146,7 @@ class RevisionUnits:
         try:
             if kept is not None and live is not None and available_replicas(live) and not zeroing:
                 fn = kept.deployment.function
-                self.applier.apply(view, [revision_route(kept, fn.timeout_sec, self.config)])
+                self.applier.apply(view, [revision_route(kept, route_timeout(fn), self.config)])
             elif route is not None:
                 self.applier.delete(view, [route])
         except SlessError as exc:

@@ -131,6 +131,11 @@ class RateLimitSpec(_Request):
     burst: int
 
 
+class StreamSpec(_Request):
+    idle_sec: int
+    max_sec: int
+
+
 class FunctionSpec(_Request):
     """One valid function as a manifest declares it; the server computes its build tag."""
 
@@ -155,6 +160,7 @@ class FunctionSpec(_Request):
     concurrency: int = 0
     rate_limit: RateLimitSpec | None = None
     max_body_bytes: int | None = None
+    stream: StreamSpec | None = None
 
     @classmethod
     def from_function(cls, fn: model.Function) -> FunctionSpec:
@@ -182,6 +188,9 @@ class FunctionSpec(_Request):
             if fn.rate_limit
             else None,
             max_body_bytes=fn.max_body_bytes,
+            stream=StreamSpec(idle_sec=fn.stream.idle_sec, max_sec=fn.stream.max_sec)
+            if fn.stream
+            else None,
         )
 
     def function(self) -> model.Function:
@@ -211,6 +220,9 @@ class FunctionSpec(_Request):
             if self.rate_limit
             else None,
             max_body_bytes=self.max_body_bytes,
+            stream=model.StreamPolicy(self.stream.idle_sec, self.stream.max_sec)
+            if self.stream
+            else None,
         )
 
 

@@ -943,9 +943,9 @@ function createServer(handler, options) {
     try {
       head = statusHead(form);
     } catch (err) {
-      if (!(err instanceof BadResult)) throw err;
-      sendJsonError(res, 500, err.message);
-      done(500, err.message);
+      const message = err instanceof BadResult ? err.message : `handler returned an invalid response: ${describeError(err)}`;
+      sendJsonError(res, 500, message);
+      done(500, message);
       return;
     }
     if (state.stopping) res.setHeader('Connection', 'close');
@@ -966,12 +966,18 @@ function createServer(handler, options) {
         else handlerFailed(res, err, req.method, path, context.requestId, errorDetail);
       },
     };
+    let called = false;
+    const once = (status, error) => {
+      if (called) return;
+      called = true;
+      done(status, error);
+    };
     streams()
-      .send(res, form, options, done)
+      .send(res, form, options, once)
       .catch((err) => {
         process.stderr.write(`[sless] the stream failed: ${errorStack(err)}\n`);
         res.destroy();
-        done(500, describeError(err));
+        once(500, describeError(err));
       });
   }
 

@@ -87,25 +87,59 @@ function valuesOf(body) {
   };
 }
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms).unref());
+/** A timer as a promise that resolves to `value`, and its cancel. */
+function timer(ms, value) {
+  let handle;
+  const promise = new Promise((resolve) => {
+    handle = setTimeout(resolve, Math.max(0, ms), value);
+    handle.unref();
+  });
+  return { promise, cancel: () => clearTimeout(handle) };
+}
+
+const ENDED = Symbol('ended');
+const TIMED_OUT = Symbol('timed out');
+
+/** Whether a value sends nothing (an empty chunk would end the response; `undefined`,
+ *  a bare `yield`, has no JSON). */
+const isEmpty = (value) =>
+  value === undefined || ((typeof value === 'string' || ArrayBuffer.isView(value)) && value.length === 0);
 
 /**
  * Send `form` (a status form whose body streams, its head valid) on `res`.
  * `options`: { deadline (performance.now() ms of the first value's timeout), timeoutText, requestId,
  * idleSec, maxSec, heartbeatSec, abort (the context's AbortController), contentType,
- * headers, failed(err) (the 500 of an error before the first value) }. `done(status,
- * error)` once it has ended, whatever happened.
+ * headers, timedOut() (the 504), failed(err) (the 500 of an error before the first
+ * value) }. `done(status, error)` once it has ended, whatever happened: at once when it
+ * ends early, even while the handler is stuck in an `await` (its pending value is then
+ * left to settle on its own).
  */
 async function send(res, form, options, done) {
   const values = valuesOf(form.body);
   let ended = false;
   let why = null; // why it ends early, once known
+  let stopped; // resolves to ENDED once it ends early: a pending next() is not waited for
+  const stoppedAt = new Promise((resolve) => {
+    stopped = resolve;
+  });
   const end = (reason) => {
     if (ended) return;
     ended = true;
     why = why || reason;
     options.abort.abort(new Error(why || 'the stream ended'));
+    stopped(ENDED);
     values.end();
+  };
+  // the next value, or ENDED; a rejection of a value nobody waits for any more is quiet
+  const next = () => {
+    let pending;
+    try {
+      pending = Promise.resolve(values.next()); // a generator's value comes at once
+    } catch (err) {
+      pending = Promise.reject(err);
+    }
+    pending.catch(() => {});
+    return Promise.race([pending, stoppedAt]);
   };
   res.on('close', () => {
     if (!res.writableFinished) end('the client went away mid-stream');
@@ -113,44 +147,52 @@ async function send(res, form, options, done) {
 
   // the first value, within the call's timeout: empty values write nothing
   let first;
+  let empty = false;
+  const limit = timer(options.deadline - performance.now(), TIMED_OUT);
   try {
     for (;;) {
-      const left = options.deadline - performance.now();
-      const step = await Promise.race([values.next(), sleep(Math.max(0, left)).then(() => null)]);
-      if (step === null) {
+      const step = await Promise.race([next(), limit.promise]);
+      if (step === TIMED_OUT) {
         end(options.timeoutText);
         process.stderr.write(`[sless] ${options.timeoutText}; the call is abandoned\n`);
         options.timedOut();
         done(504, options.timeoutText);
         return;
       }
+      if (step === ENDED) {
+        done(form.statusCode, why); // the client left before the first value
+        return;
+      }
       if (step.done) {
-        first = undefined;
+        empty = true;
         break;
       }
       first = step.value;
-      if (!((typeof first === 'string' || ArrayBuffer.isView(first)) && first.length === 0)) break;
+      if (!isEmpty(first)) break;
     }
   } catch (err) {
+    if (ended) {
+      done(form.statusCode, why); // its source was destroyed as the client left
+      return;
+    }
     ended = true;
     options.failed(err);
     done(500, describe(err));
     return;
-  }
-  if (ended) {
-    done(form.statusCode, why); // the client left before the first value
-    return;
+  } finally {
+    limit.cancel();
   }
   const status = form.statusCode;
   const contentType = options.contentType || contentTypeOf(first);
   const encode = encoder(contentType);
-  const headers = { ...options.headers, 'Content-Type': contentType, 'X-Accel-Buffering': 'no' };
-  if (contentType.startsWith(EVENT_STREAM) && !Object.keys(headers).some((h) => h.toLowerCase() === 'cache-control')) {
-    headers['Cache-Control'] = 'no-cache';
-  }
-  let data;
+  const named = new Set(Object.keys(options.headers).map((h) => h.toLowerCase()));
+  const headers = { ...options.headers, 'Content-Type': contentType };
+  if (!named.has('x-accel-buffering')) headers['X-Accel-Buffering'] = 'no'; // nginx: pass each chunk on
+  const events = contentType.toLowerCase().startsWith(EVENT_STREAM);
+  if (events && !named.has('cache-control')) headers['Cache-Control'] = 'no-cache';
+  let data = null;
   try {
-    data = first === undefined ? null : encode(first);
+    if (!empty) data = encode(first);
   } catch (err) {
     end('a value not JSON serialisable');
     options.failed(err);
@@ -171,12 +213,16 @@ async function send(res, form, options, done) {
   let lastValue = lastWrite;
   const write = async (chunk) => {
     lastWrite = performance.now();
-    if (!res.write(chunk)) {
-      await new Promise((resolve) => {
-        res.once('drain', resolve);
-        res.once('close', resolve);
-      });
-    }
+    if (res.write(chunk)) return;
+    await new Promise((resolve) => {
+      const go = () => {
+        res.off('drain', go);
+        res.off('close', go);
+        resolve();
+      };
+      res.on('drain', go);
+      res.on('close', go);
+    });
   };
   const watch = setInterval(() => {
     if (ended) return;
@@ -186,7 +232,7 @@ async function send(res, form, options, done) {
     } else if (now - lastValue >= options.idleSec * 1000) {
       why = `sent nothing for ${options.idleSec}s (stream.idleSec)`;
     } else {
-      if (contentType.startsWith(EVENT_STREAM) && now - lastWrite >= options.heartbeatSec * 1000) {
+      if (events && now - lastWrite >= options.heartbeatSec * 1000 && !res.writableNeedDrain) {
         lastWrite = now;
         res.write(': heartbeat\n\n');
       }
@@ -202,12 +248,10 @@ async function send(res, form, options, done) {
   try {
     await write(data);
     while (!ended) {
-      const step = await values.next();
+      const step = await next();
+      if (step === ENDED || step.done) break;
       lastValue = performance.now();
-      if (ended) break;
-      if (step.done) break;
-      const chunk = encode(step.value);
-      if (chunk.length > 0) await write(chunk);
+      if (!isEmpty(step.value)) await write(encode(step.value));
       // a handler whose values never wait (a generator) would starve the event loop:
       // the client's leaving and the limits' timer could not be seen
       await new Promise(setImmediate);
@@ -236,4 +280,4 @@ function describe(err) {
   return String(err);
 }
 
-module.exports = { EVENT_STREAM, isStream, streamOf, sse, send };
+module.exports = { streamOf, sse, send };

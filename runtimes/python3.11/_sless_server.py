@@ -676,9 +676,22 @@ def _positional_parameters(func: Callable) -> int | None:
 
 
 def _run_coroutine(coroutine):
+    """``asyncio.run``, except that a result that streams asynchronously keeps the loop it
+    was made on, for its stream (``_local.runner``, taken by the stream's ``Values``)."""
     import asyncio  # 20-40 ms to import: only for async handlers
 
-    return asyncio.run(coroutine)
+    runner = asyncio.Runner()
+    try:
+        result = runner.run(coroutine)
+    except BaseException:
+        runner.close()
+        raise
+    form = stream_of(result)
+    if form is not None and hasattr(form["body"], "__anext__"):
+        _local.runner = runner
+    else:
+        runner.close()
+    return result
 
 
 def make_caller(func: Callable) -> tuple[Callable, bool]:
@@ -1039,6 +1052,8 @@ def stream_module():
 
 def _close_quietly(values) -> None:
     """End a stream's iteration; what the handler raises then is in the log."""
+    if values is None:
+        return
     try:
         values.close()
     except BaseException as exc:
@@ -1063,7 +1078,7 @@ def stream_of(result) -> Mapping | None:
 class _Stream:
     """What the watchdog needs of a response being streamed."""
 
-    __slots__ = ("chunked", "end", "events", "gone", "status", "write_lock", "written")
+    __slots__ = ("chunked", "end", "events", "gone", "over", "status", "write_lock", "written")
 
     def __init__(self, status: int, end: float, events: bool):
         self.status = status
@@ -1071,6 +1086,7 @@ class _Stream:
         self.end = end  # its maxSec
         self.events = events  # text/event-stream: heartbeats while the handler is quiet
         self.gone = False  # the client went away
+        self.over = False  # its last chunk went out, or it ended: nothing more is written
         self.written = float("inf")  # no heartbeat before the head is out
         self.write_lock = threading.Lock()  # the serving thread's and the heartbeat's
 
@@ -1295,24 +1311,36 @@ class Server:
             stream = by_fd[fd].stream
             if stream is not None:
                 stream.gone = True
+        beat = b": heartbeat\n\n"
         for conn in conns:
             stream = conn.stream
             if stream is None or not stream.events or now - stream.written < self.heartbeat:
                 continue
-            if stream.write_lock.acquire(blocking=False):  # else a chunk is going out
-                try:
-                    if conn.stream is stream and not stream.gone:
-                        beat = b": heartbeat\n\n"
-                        conn.sock.sendall(b"d\r\n%b\r\n" % beat if stream.chunked else beat)
-                        stream.written = _monotonic()
-                except OSError:
+            if not stream.write_lock.acquire(blocking=False):  # a chunk is going out
+                continue
+            try:  # looked at again under the lock: the last chunk may have gone meanwhile
+                if stream.over or stream.gone or now - stream.written < self.heartbeat:
+                    continue
+                out = b"d\r\n%b\r\n" % beat if stream.chunked else beat
+                # os.write: the socket has a timeout, so it is non-blocking, and the
+                # watchdog must never wait on a client that does not read
+                sent = os.write(conn.sock.fileno(), out)
+                if sent == len(out):
+                    stream.written = _monotonic()
+                else:  # half a heartbeat breaks the framing: the stream is cut
                     stream.gone = True
-                finally:
-                    stream.write_lock.release()
+                    conn.sock.shutdown(_socket.SHUT_RDWR)
+            except BlockingIOError:
+                pass  # its buffer is full: not idle where it matters
+            except OSError:
+                stream.gone = True
+            finally:
+                stream.write_lock.release()
 
     def _expire(self, conn: _Connection) -> None:
         with conn.lock:
-            if not conn.deadline or conn.abandoned:
+            # looked at again: a stream's deadline moves on with each of its values
+            if not conn.deadline or conn.abandoned or _monotonic() < conn.deadline:
                 return
             conn.abandoned = True
             call = conn.call  # before its thread, which sees it abandoned, clears it
@@ -1512,20 +1540,25 @@ class Server:
         then the stream ends, unfinished (no last chunk: the client sees it), after
         ``stream_idle`` seconds without a value or ``stream_max`` in all, after an
         exception, or once the client went away (the handler's iteration is closed)."""
-        streams = stream_module()
-        values = streams.Values(form["body"])
+        runner = getattr(_local, "runner", None)  # an async handler's loop, kept for it
+        _local.runner = None
         is_head = conn.is_head
-        first = raised = None
+        first = raised = values = None
         empty = False
         try:
-            while True:  # an empty value sends nothing: wait for one that does
+            streams = stream_module()
+            values = streams.Values(form["body"], runner)
+            runner = None
+            while not conn.abandoned:  # an empty value sends nothing: wait for one that does
                 first = values.next_value()
-                if not (type(first) in (str, bytes) and not first):
+                if not streams.is_empty(first):
                     break
         except StopIteration:
             empty = True
         except BaseException as exc:
             raised = exc
+        if runner is not None:  # Values was not made: the loop is not needed
+            runner.close()
         head = b""
         if raised is None:
             try:
@@ -1544,7 +1577,7 @@ class Server:
                 conn.deadline = 0.0
             else:
                 now = _monotonic()
-                events = content_type.startswith(streams.EVENT_STREAM)
+                events = content_type.lower().startswith(streams.EVENT_STREAM)
                 stream = conn.stream = _Stream(status, now + self.stream_max, events)
                 conn.deadline = min(now + self.stream_idle, stream.end)
         if self.stopping:
@@ -1563,11 +1596,11 @@ class Server:
             return keep
         chunked = version == "HTTP/1.1" and not no_body
         lines = [f"Content-Type: {content_type}\r\n", *extra]
-        if content_type.startswith(streams.EVENT_STREAM) and not any(
-            line.lower().startswith("cache-control:") for line in extra
-        ):
+        named = {line.partition(":")[0].lower() for line in extra}
+        if content_type.lower().startswith(streams.EVENT_STREAM) and "cache-control" not in named:
             lines.append("Cache-Control: no-cache\r\n")
-        lines.append("X-Accel-Buffering: no\r\n")  # nginx in front: pass each chunk on
+        if "x-accel-buffering" not in named:
+            lines.append("X-Accel-Buffering: no\r\n")  # nginx in front: pass each chunk on
         if chunked:
             lines.append("Transfer-Encoding: chunked\r\n")
         elif not no_body:
@@ -1606,8 +1639,10 @@ class Server:
         error = None
         finished = False
 
-        def send(out: bytes) -> bool:
+        def send(out: bytes, last: bool = False) -> bool:
             with stream.write_lock:
+                if last:
+                    stream.over = True  # no heartbeat after the last chunk
                 try:
                     sock.sendall(out)
                 except OSError:
@@ -1643,15 +1678,19 @@ class Server:
             )
             error = describe_exception(exc)
             finished = None
-        if finished is False:
-            _close_quietly(values)  # nobody reads: the handler stops producing
-        if finished and chunked:
-            finished = send(b"0\r\n\r\n")
+        # ends its iteration where it did not end (nobody reads: nothing is produced for
+        # nobody), and frees the loop of an async one
+        _close_quietly(values)
         with conn.lock:
             if conn.abandoned:  # past a limit: cut, and the socket is this thread's to close
                 _close(sock)
                 return False
-            conn.deadline = 0.0
+            conn.deadline = 0.0  # no limit fires from here on
+        if finished and chunked:
+            finished = send(b"0\r\n\r\n", last=True)
+        with stream.write_lock:
+            stream.over = True
+        with conn.lock:
             conn.stream = None
         self.load.end()
         if _exporter is not None:

@@ -19,10 +19,9 @@ NDJSON = "application/x-ndjson"
 EVENT_STREAM = "text/event-stream"
 
 
-def is_stream(value) -> bool:
-    """Whether ``value`` is something a handler streams: an iterator (a generator) or an
-    async iterator, never a str, bytes, mapping or list (those are one body)."""
-    return hasattr(value, "__next__") or hasattr(value, "__anext__")
+def is_empty(value) -> bool:
+    """Whether a stream's ``value`` sends nothing (an empty chunk would end the response)."""
+    return isinstance(value, (str, bytes, bytearray, memoryview)) and len(value) == 0
 
 
 def content_type_of(first) -> str:
@@ -52,32 +51,39 @@ def encoder(content_type: str, encode_json):
 class Values:
     """The values of a handler's stream, one at a time, from the thread that serves it:
     ``next_value()`` (raises StopIteration at the end) and ``close()``, which ends the
-    handler's iteration (``GeneratorExit`` inside a generator, ``aclose()`` for an async
-    one) when nobody reads any more."""
+    handler's iteration if it has not ended (``GeneratorExit`` inside a generator,
+    ``aclose()`` for an async one) and frees what an async stream ran on.
 
-    __slots__ = ("_close", "_loop", "_next")
+    ``runner``: the ``asyncio.Runner`` an async handler ran on, kept open for its stream
+    (what it made there, a client's connection, belongs to that loop)."""
 
-    def __init__(self, stream) -> None:
-        self._loop = None
+    __slots__ = ("_close", "_next", "_runner")
+
+    def __init__(self, stream, runner=None) -> None:
+        self._runner = None
         if hasattr(stream, "__anext__"):
-            import asyncio  # only for async streams
+            if runner is None:
+                import asyncio  # only for async streams
 
-            loop = self._loop = asyncio.new_event_loop()
+                runner = asyncio.Runner()
+            self._runner = runner
             anext_ = stream.__anext__
             aclose = getattr(stream, "aclose", None)
 
             def next_value():
                 try:
-                    return loop.run_until_complete(anext_())
+                    return runner.run(anext_())
                 except StopAsyncIteration:
                     raise StopIteration from None
 
             def close():
                 if aclose is not None:
-                    loop.run_until_complete(aclose())
+                    runner.run(aclose())
 
             self._next, self._close = next_value, close
         else:
+            if runner is not None:  # the handler's loop, not needed by a plain iterator
+                runner.close()
             self._next = stream.__next__
             self._close = getattr(stream, "close", None) or (lambda: None)
 
@@ -85,13 +91,14 @@ class Values:
         return self._next()
 
     def close(self) -> None:
-        """End the handler's iteration (its ``finally`` blocks run); errors are its own."""
+        """End the handler's iteration (its ``finally`` blocks run), free its loop; what the
+        handler raises then is its own."""
         try:
             self._close()
         finally:
-            if self._loop is not None:
-                self._loop.close()
-                self._loop = None
+            runner, self._runner = self._runner, None
+            if runner is not None:
+                runner.close()  # its tasks cancelled, its async generators shut down
 
 
 def sse(data=None, event: str | None = None, id: str | None = None, retry: int | None = None):

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gitops_sless.kube import renderer
+from gitops_sless.kube.activator import rendered_timeout
 from gitops_sless.kube.renderer import (
     ENV_LABEL,
     FUNCTION_LABEL,
@@ -342,3 +343,10 @@ def test_a_stream_block_tells_the_runtime_its_limits(tmp_path, sample_objects):
         "SLESS_STREAM_MAX_SEC": "120",
     }
     assert limits(sample_objects, "notes-py") == {}  # not named: the runtime's defaults
+
+    # a Gateway's request timeout bounds the whole exchange: the route's covers the stream
+    routed = _render(repo, config=RenderConfig(gateway=("gateways", "public"))).objects
+    route = next(o for o in routed if o["kind"] == "HTTPRoute")
+    assert route["spec"]["rules"][0]["timeouts"]["request"] == "150s"  # 30 + 120
+    deployment = next(o for o in routed if o["kind"] == "Deployment")
+    assert rendered_timeout(deployment) == "150"  # as the route is rendered again from it

@@ -18,6 +18,7 @@ from gitops_sless.manifests.model import (
     Function,
     RateLimit,
     Scale,
+    StreamPolicy,
     Warm,
     env_as_written,
 )
@@ -406,6 +407,7 @@ def test_a_fixed_scale_hashes_as_the_same_replicas(write_repo):
         pytest.param({"concurrency": 5}, id="concurrency"),
         pytest.param({"rate_limit": RateLimit(1.0, 1)}, id="rate-limit"),
         pytest.param({"max_body_bytes": 1024}, id="max-body"),
+        pytest.param({"stream": StreamPolicy()}, id="stream"),
     ],
 )
 def test_each_new_field_changes_the_production_hash(write_repo, change: dict[str, Any]):
@@ -430,6 +432,7 @@ def test_the_diff_request_carries_every_new_field(write_repo):
             "    concurrency: 3",
             "    rateLimit: {rps: 0.5}",
             "    maxBodyBytes: 2048",
+            "    stream: {idleSec: 7}",
             "    preview:",
             "      scale: {max: 1}",
         )
@@ -513,6 +516,16 @@ def test_the_proxy_limits_read_in_words(fn):
         ("concurrency", "20 in flight per replica", "no limit"),
         ("rateLimit", "0.5 requests/s, burst 1", "no limit"),
         ("maxBodyBytes", "1048576 bytes", "the proxy's limit"),
+    ]
+
+
+def test_a_stream_block_reads_as_stream_even_with_the_defaults(fn):
+    # named, the limits are given to the runtime: another spec, which the diff must show
+    assert changed_fields(fn, replace(fn, stream=StreamPolicy())) == [
+        ("stream", "not set (the runtime's idle 30s, at most 900s)", "idle 30s, at most 900s")
+    ]
+    assert changed_fields(fn, replace(fn, stream=StreamPolicy(5, 60))) == [
+        ("stream", "not set (the runtime's idle 30s, at most 900s)", "idle 5s, at most 60s")
     ]
 
 

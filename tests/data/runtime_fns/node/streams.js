@@ -105,6 +105,24 @@ exports.handler = async (event, context) => {
       yield 'late\n';
     })();
   }
+  if (path === '/made-on-its-loop') {
+    const source = (async function* () {
+      yield 'first\n';
+      yield 'second\n';
+    })();
+    const first = await source.next();
+    return (async function* () {
+      yield first.value;
+      yield* source;
+    })();
+  }
+  if (path === '/stuck') {
+    return (async function* () {
+      yield 'first\n';
+      await new Promise(() => {}); // stuck for good: only a limit ends it
+      yield 'late\n';
+    })();
+  }
   if (path === '/slow-first') {
     return (async function* () {
       await sleep(Number(query.sleep || '3') * 1000);

@@ -116,6 +116,38 @@ def handler(event, context):
             yield "late\n"
 
         return values()
+    if path == "/made-on-its-loop":
+
+        async def make():
+            # an async stream started on the handler's own loop (a client's connection,
+            # a queue): it must go on on that loop
+            queue = asyncio.Queue()
+            for word in ("first\n", "second\n"):
+                queue.put_nowait(word)
+
+            async def words():
+                while not queue.empty():
+                    yield await queue.get()
+
+            source = words()
+            first = await source.__anext__()
+
+            async def values():
+                yield first
+                async for word in source:
+                    yield word
+
+            return values()
+
+        return make()
+    if path == "/stuck":
+
+        def values():
+            yield "first\n"
+            time.sleep(30)  # stuck: only a limit ends it
+            yield "late\n"
+
+        return values()
     if path == "/slow-first":
 
         def values():
