@@ -9,6 +9,7 @@ The handlers are ``streams`` in tests/data/runtime_fns/{python,node}/.
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .test_runtimes import FUNCTIONS_DIR, NODE, RUNTIMES, RUNTIMES_DIR, Runtime, Server
+from .test_runtimes import FUNCTIONS_DIR, NODE, RUNTIMES, RUNTIMES_DIR, Runtime, Server, _env
 
 
 @pytest.fixture(scope="module", params=RUNTIMES)
@@ -221,3 +222,28 @@ def test_ordinary_results_are_unchanged(server):
     response = httpx.get(f"{server.url}/plain")
     assert response.json() == {"path": "/plain"}
     assert "content-length" in response.headers
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("SLESS_STREAM_IDLE_SEC", "soon", "is not a number of seconds"),
+        ("SLESS_STREAM_MAX_SEC", "0", "must be a positive number of seconds"),
+        ("SLESS_STREAM_HEARTBEAT_SEC", "-5", "must be a positive number of seconds"),
+    ],
+)
+def test_a_stream_limit_that_is_not_a_duration_stops_the_start_and_says_which(
+    runtime, name, value, why
+):
+    started = subprocess.run(
+        runtime.command("server"),
+        env=_env(runtime, PORT="0", SLESS_ENTRYPOINT="streams.handler", **{name: value}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert started.returncode == 1
+    # node says "must be a positive number" for both: Number("soon") is NaN
+    said = started.stderr
+    assert f"{name}={value!r}" in said or f'{name}="{value}"' in said, said
+    assert why in said or "must be a positive number of seconds" in said, said
