@@ -183,11 +183,7 @@ class FunctionMirror:
             replace(
                 made,
                 upstreams=made.upstreams if serving else (),
-                scale=policy.scale,
-                concurrency=policy.concurrency,
-                rate_limit=policy.rate_limit,
-                max_body_bytes=policy.max_body_bytes,
-                runtime=policy.runtime,
+                **policy.route_fields(),
             )
         )
         return True
@@ -212,7 +208,4 @@ class FunctionMirror:
 
 def _said(route: Route) -> tuple[Any, ...]:
     """What a route says that its Function resource decides (see ``_route``)."""
-    policy = RoutePolicy(
-        route.scale, route.concurrency, route.rate_limit, route.max_body_bytes, route.runtime
-    )
-    return (route.timeout_sec, bool(route.upstreams), policy)
+    return (route.timeout_sec, bool(route.upstreams), RoutePolicy.of(route))

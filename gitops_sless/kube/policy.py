@@ -35,11 +35,17 @@ class RoutePolicy:
     rate_limit: RateLimit | None = None
     max_body_bytes: int | None = None
     runtime: str = ""
+    websocket: bool = False
+    plain: bool = True
 
     def encode(self) -> str | None:
         """The annotation's value; None when a plain route says it all."""
         if self.scale is None and not (
-            self.concurrency or self.rate_limit or self.max_body_bytes is not None
+            self.concurrency
+            or self.rate_limit
+            or self.max_body_bytes is not None
+            or self.websocket
+            or not self.plain
         ):
             return None
         value: dict[str, Any] = {"runtime": self.runtime}
@@ -51,7 +57,21 @@ class RoutePolicy:
             value["rateLimit"] = {"rps": self.rate_limit.rps, "burst": self.rate_limit.burst}
         if self.max_body_bytes is not None:
             value["maxBodyBytes"] = self.max_body_bytes
+        if self.websocket:
+            value["websocket"] = True
+        if not self.plain:
+            value["plain"] = False
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    def route_fields(self) -> dict[str, Any]:
+        """This policy as the fields of a :class:`~gitops_sless.state.routes.Route` (they
+        have the same names)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def of(cls, route: Any) -> RoutePolicy:
+        """What ``route`` (a Route) says of these fields."""
+        return cls(**{name: getattr(route, name) for name in cls.__dataclass_fields__})
 
     @classmethod
     def decode(cls, obj: dict[str, Any]) -> RoutePolicy | None:
@@ -70,6 +90,8 @@ class RoutePolicy:
                 rate_limit=RateLimit(float(limit["rps"]), int(limit["burst"])) if limit else None,
                 max_body_bytes=int(body) if body is not None else None,
                 runtime=str(value.get("runtime") or ""),
+                websocket=value.get("websocket") is True,
+                plain=value.get("plain") is not False,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None  # written by hand: a plain route, and the next apply puts it back
@@ -84,6 +106,8 @@ def route_policy(fn: Function, environment: str) -> RoutePolicy:
         rate_limit=fn.rate_limit,
         max_body_bytes=fn.max_body_bytes,
         runtime=fn.runtime,
+        websocket=fn.websocket is not None,
+        plain=fn.plain_http,
     )
 
 

@@ -259,7 +259,8 @@ class _EnvironmentRenderer:
             "pod-spec",
             {
                 "restartPolicy": "Always" if serving else "Never",
-                "gracePeriod": fn.timeout_sec + 5,
+                # SIGTERM to SIGKILL: calls under way end, open streams and sockets drain
+                "gracePeriod": max(fn.timeout_sec, fn.drain_sec) + 5,
                 "imagePullSecrets": [{"name": secret}] if secret else OMIT,
                 "image": self.image or image_ref(self.config, fn.build_tag),
                 "command": runtime.container_command(role),

@@ -130,6 +130,7 @@ class LocalBackend(RevisionUnits, Backend):
             env_vars={**resolved, **fn.runtime_env(), **self.error_details.runtime_env(env)},
             memory_mb=fn.memory_mb,
             max_processes=fn.max_processes,
+            drain_sec=fn.drain_sec,
         )
 
     def _upstreams_changed(
@@ -170,6 +171,8 @@ class LocalBackend(RevisionUnits, Backend):
             rate_limit=http.rate_limit,
             max_body_bytes=http.max_body_bytes,
             runtime=http.runtime,
+            websocket=http.websocket,
+            plain=http.plain,
             failed=failed[0] if failed else None,
             retry_at=failed[1] if failed else 0.0,
             starting=starting,

@@ -18,6 +18,8 @@ def trigger(fn: Function, scale: Scale | None) -> HttpTrigger:
         fn.rate_limit,
         fn.max_body_bytes,
         fn.runtime,
+        fn.websocket is not None,
+        fn.plain_http,
     )
 
 
@@ -32,3 +34,5 @@ class HttpTrigger:
     rate_limit: RateLimit | None
     max_body_bytes: int | None
     runtime: str
+    websocket: bool = False
+    plain: bool = True

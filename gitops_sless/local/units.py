@@ -56,6 +56,7 @@ class ProcessSpec:
     # "": the replicas that take the function's traffic; else a kept revision's id, whose
     # replicas serve only its own URL (name@revision) and run apart (see ``unit``)
     revision: str = ""
+    drain_sec: float = 0.0  # open streams and sockets go on this long after SIGTERM
 
     @property
     def unit(self) -> str:

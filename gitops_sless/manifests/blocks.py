@@ -1,5 +1,5 @@
 """A valid manifest's blocks as typed values, with the schema's defaults filled in:
-``scale``, ``rateLimit``, ``async``, ``rollout`` and ``stream``."""
+``scale``, ``rateLimit``, ``async``, ``rollout``, ``stream`` and the websocket trigger."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from . import durations
-from .model import AsyncPolicy, RateLimit, Rollout, Scale, StreamPolicy, Warm
+from .model import AsyncPolicy, RateLimit, Rollout, Scale, StreamPolicy, Warm, WebSocketTrigger
 
-__all__ = ["async_policy", "rate_limit", "rollout", "scale", "stream"]
+__all__ = ["async_policy", "rate_limit", "rollout", "scale", "stream", "websocket"]
 
 
 def scale(block: dict[str, Any] | None) -> Scale | None:
@@ -51,4 +51,14 @@ def rollout(block: dict[str, Any] | None) -> Rollout | None:
 def stream(block: dict[str, Any] | None) -> StreamPolicy | None:
     if block is None:
         return None
-    return StreamPolicy(block["idleSec"], block["maxSec"])
+    return StreamPolicy(block["idleSec"], block["maxSec"], block["drainSec"])
+
+
+def websocket(triggers: list[dict[str, Any]]) -> WebSocketTrigger | None:
+    """The websocket trigger of a function's triggers (at most one), or None."""
+    for trigger in triggers:
+        if trigger["type"] == "websocket":
+            return WebSocketTrigger(
+                trigger.get("onConnect"), trigger.get("onDisconnect"), trigger["maxMessageBytes"]
+            )
+    return None

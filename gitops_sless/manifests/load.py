@@ -148,24 +148,30 @@ class _Manifest:
         if wanted not in files:
             self.problem(at, f"{where} does not exist (runtime {fn['runtime']})")
         elif files[wanted] == "blob":  # a link's target is checked where it is
-            function = fn["entrypoint"].rpartition(".")[2]
             read = self.snapshot.read
             esm = runtime.interpreter == "node" and handlers.loads_as_esm(
                 wanted, files, lambda rel: read(posixpath.join(self.folder, rel))
             )
-            found = handlers.check(runtime.interpreter, read(where), function, esm)
-            if found is not None and found.in_code:
-                self.problems.append(ManifestProblem(where, found.line, "(code)", found.reason))
-            elif found is not None:
-                self.problem(at, f"{where} {found.reason}")
+            source = read(where)
+            # the entrypoint's function, then those a websocket trigger names in its file
+            hooks = [(path, name) for path, name in _hooks(at[:-1], fn) if self._valid(*path)]
+            named = [(at, fn["entrypoint"].rpartition(".")[2]), *hooks]
+            for name_at, function in named:
+                found = handlers.check(runtime.interpreter, source, function, esm)
+                if found is not None and found.in_code:
+                    self.problems.append(ManifestProblem(where, found.line, "(code)", found.reason))
+                    return
+                if found is not None:
+                    self.problem(name_at, f"{where} {found.reason}")
 
     def _check_triggers(self, at: yamldoc.Path, fn: dict[str, Any]) -> None:
-        http_seen = False
+        seen: set[str] = set()
         for j, trigger in enumerate(fn["triggers"]):
-            if trigger["type"] == "http":
-                if http_seen:
-                    self.problem((*at, "triggers", j), "a function has at most one http trigger")
-                http_seen = True
+            kind = trigger["type"]
+            if kind in ("http", "websocket"):
+                if kind in seen:
+                    self.problem((*at, "triggers", j), f"a function has at most one {kind} trigger")
+                seen.add(kind)
             elif trigger["type"] == "cron":
                 try:
                     cron.parse(trigger["schedule"])
@@ -340,8 +346,9 @@ def _function(
         enabled=fn["enabled"],
         env=read_env(fn["env"]),
         preview_env=read_env(fn["preview"].get("env", {})),
-        # a queue trigger's events arrive as calls: it serves the function as http does
-        http=any(t["type"] in ("http", "queue") for t in fn["triggers"]),
+        # a queue trigger's events arrive as calls, a websocket's connections too: each
+        # serves the function as http does
+        http=any(t["type"] in ("http", "queue", "websocket") for t in fn["triggers"]),
         crons=tuple(
             CronTrigger(t["schedule"], t["event"]) for t in fn["triggers"] if t["type"] == "cron"
         ),
@@ -360,7 +367,23 @@ def _function(
         subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
         rollout=blocks.rollout(fn.get("rollout")),
         stream=blocks.stream(fn.get("stream")),
+        websocket=blocks.websocket(fn["triggers"]),
+        # a function with only a websocket trigger takes no plain calls
+        plain_http=not any(t["type"] == "websocket" for t in fn["triggers"])
+        or any(t["type"] in ("http", "queue") for t in fn["triggers"]),
     )
+
+
+def _hooks(at: yamldoc.Path, fn: dict[str, Any]) -> list[tuple[yamldoc.Path, str]]:
+    """The functions a websocket trigger of ``fn`` (at ``at``) names, with where."""
+    triggers = fn.get("triggers")
+    return [
+        ((*at, "triggers", j, key), trigger[key])
+        for j, trigger in enumerate(triggers if isinstance(triggers, list) else ())
+        if isinstance(trigger, dict) and trigger.get("type") == "websocket"
+        for key in ("onConnect", "onDisconnect")
+        if isinstance(trigger.get(key), str)
+    ]
 
 
 # --- the whole repository ------------------------------------------------------

@@ -25,6 +25,7 @@ __all__ = [
     "SecretRef",
     "StreamPolicy",
     "Warm",
+    "WebSocketTrigger",
     "env_as_written",
     "is_preview",
     "read_env",
@@ -110,18 +111,58 @@ class StreamPolicy:
 
     idle_sec: int = 30  # longest between two chunks
     max_sec: int = 900  # longest in all
+    drain_sec: int = 30  # how long open streams and sockets go on when their replica must go
 
     def to_json(self) -> dict[str, Any]:
-        return {"idleSec": self.idle_sec, "maxSec": self.max_sec}
+        return {"idleSec": self.idle_sec, "maxSec": self.max_sec, "drainSec": self.drain_sec}
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> StreamPolicy:
-        return cls(int(value["idleSec"]), int(value["maxSec"]))
+        drain = value.get("drainSec", cls.drain_sec)  # written before drainSec: its default
+        return cls(int(value["idleSec"]), int(value["maxSec"]), int(drain))
 
     def runtime_env(self) -> dict[str, str]:
         """What tells the runtime these limits."""
-        idle, most = str(self.idle_sec), str(self.max_sec)
-        return {"SLESS_STREAM_IDLE_SEC": idle, "SLESS_STREAM_MAX_SEC": most}
+        return {
+            "SLESS_STREAM_IDLE_SEC": str(self.idle_sec),
+            "SLESS_STREAM_MAX_SEC": str(self.max_sec),
+            "SLESS_STREAM_DRAIN_SEC": str(self.drain_sec),
+        }
+
+
+@dataclass(frozen=True)
+class WebSocketTrigger:
+    """A function's ``{type: websocket}`` trigger: WebSocket connections at its URL, each
+    message a call of the entrypoint (the schema's defaults)."""
+
+    on_connect: str | None = None  # a function of the entrypoint's file, or None
+    on_disconnect: str | None = None
+    max_message_bytes: int = 1048576
+
+    def to_json(self) -> dict[str, Any]:
+        value: dict[str, Any] = {"maxMessageBytes": self.max_message_bytes}
+        if self.on_connect is not None:
+            value["onConnect"] = self.on_connect
+        if self.on_disconnect is not None:
+            value["onDisconnect"] = self.on_disconnect
+        return value
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> WebSocketTrigger:
+        return cls(
+            value.get("onConnect"),
+            value.get("onDisconnect"),
+            int(value.get("maxMessageBytes", cls.max_message_bytes)),
+        )
+
+    def runtime_env(self) -> dict[str, str]:
+        """What tells the runtime to take upgrades, and how."""
+        env = {"SLESS_WEBSOCKET": "1", "SLESS_WS_MAX_MESSAGE_BYTES": str(self.max_message_bytes)}
+        if self.on_connect is not None:
+            env["SLESS_WS_ON_CONNECT"] = self.on_connect
+        if self.on_disconnect is not None:
+            env["SLESS_WS_ON_DISCONNECT"] = self.on_disconnect
+        return env
 
 
 @dataclass(frozen=True)
@@ -217,11 +258,25 @@ class Function:
     # says how the next one is delivered, so it is left out of the spec hash
     rollout: Rollout | None = None
     stream: StreamPolicy | None = None  # None: not named, the runtime's defaults
+    websocket: WebSocketTrigger | None = None  # None: no websocket trigger
+    plain_http: bool = True  # plain calls are served (an http or queue trigger, or none)
 
     def runtime_env(self) -> dict[str, str]:
         """The runtime's settings from the manifest besides the timeout (none unless named:
         what leaves them out runs as it always did)."""
-        return self.stream.runtime_env() if self.stream is not None else {}
+        env = self.stream.runtime_env() if self.stream is not None else {}
+        if self.websocket is not None:
+            env.update(self.websocket.runtime_env())
+        return env
+
+    @property
+    def drain_sec(self) -> int:
+        """How long a replica that must go lets its open streams and sockets go on after
+        SIGTERM: the stream block's drainSec; without one, the runtime's default (30 s)
+        for a function that takes WebSockets, else 0 (nothing to wait for but calls)."""
+        if self.stream is not None:
+            return self.stream.drain_sec
+        return StreamPolicy.drain_sec if self.websocket is not None else 0
 
     def scale_in(self, environment: str) -> Scale:
         """The replicas policy of this function in ``environment``."""

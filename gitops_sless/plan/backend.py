@@ -164,6 +164,8 @@ def _spec(env: str, fn: Function, env_vars: Mapping[str, EnvValue]) -> dict[str,
         **({"sameOrigin": True} if fn.same_origin else {}),
         **_limits(fn),
         **({"stream": fn.stream.to_json()} if fn.stream is not None else {}),
+        **({"websocket": fn.websocket.to_json()} if fn.websocket is not None else {}),
+        **({} if fn.plain_http else {"plainHttp": False}),
         "crons": [{"schedule": c.schedule, "event": dict(c.event)} for c in fn.crons],
         "env": env_as_written(env_vars),
     }

@@ -185,13 +185,23 @@ def _describe_value(value: EnvValue | None) -> str | None:
 
 
 def _describe_triggers(fn: Function) -> str:
-    parts = ["http"] if fn.http else []
+    parts = ["http"] if fn.http and fn.plain_http else []
+    ws = fn.websocket
+    if ws is not None:
+        hooks = [
+            f"{k} {v}"
+            for k, v in (("onConnect", ws.on_connect), ("onDisconnect", ws.on_disconnect))
+            if v
+        ]
+        parts.append(
+            f"websocket ({', '.join([*hooks, f'messages up to {ws.max_message_bytes} bytes'])})"
+        )
     parts += [f"cron {c.schedule!r}" for c in fn.crons]
     return ", ".join(parts) or "none"
 
 
 def _triggers(fn: Function) -> tuple[Any, ...]:
-    return (fn.http, [(c.schedule, dict(c.event)) for c in fn.crons])
+    return (fn.http, fn.plain_http, fn.websocket, [(c.schedule, dict(c.event)) for c in fn.crons])
 
 
 def _describe_scale(scale: Scale) -> str:
@@ -235,7 +245,7 @@ def _describe_max_body(fn: Function) -> str:
 
 def _describe_stream(fn: Function) -> str:
     policy = fn.stream or StreamPolicy()
-    said = f"idle {policy.idle_sec}s, at most {policy.max_sec}s"
+    said = f"idle {policy.idle_sec}s, at most {policy.max_sec}s, drain {policy.drain_sec}s"
     # not named: the runtime's defaults, which the runtime is not told (another spec)
     return said if fn.stream is not None else f"not set (the runtime's {said})"
 

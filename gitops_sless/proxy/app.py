@@ -211,6 +211,8 @@ class ProxyApp:
             return 404, "function not found"
         if route is None and declared is not None and not declared.http:
             return 404, "function has no http trigger"
+        if route is not None and not route.plain:  # only WebSocket connections
+            return 404, "function has no http trigger (a websocket trigger only)"
         if declared is not None and declared.phase == "Disabled":
             return 503, "function disabled"
         if route is None:
@@ -285,7 +287,9 @@ class ProxyApp:
         raw = scope.get("raw_path") or quote(scope["path"]).encode("ascii")
         call, route, target = self.begin(raw, scope.get("query_string", b""), scope["method"])
         try:
-            if route is None or not (route.upstreams or route.scale or route.starting):
+            if route is None or not (
+                route.plain and (route.upstreams or route.scale or route.starting)
+            ):
                 call.request_id = request_id_of(scope["headers"])
                 await self._error(call, send, *self.not_serving(call, route))
                 return

@@ -86,6 +86,7 @@ from .http import (
     request_id_of,
     response_headers,
 )
+from .tunnel import ClientSide, Tunnel, is_websocket
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
 __all__ = [
@@ -238,9 +239,11 @@ class EdgeProtocol(HttpToolsProtocol):
             self._last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as upgrade:
             self._cancel_timer()
             self._phase = _IDLE
+            if self._tunnelled(data[upgrade.args[0] :]):
+                return
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
@@ -259,6 +262,10 @@ class EdgeProtocol(HttpToolsProtocol):
                     self.limits.idle_timeout if cycle is None else self.timeout_keep_alive,
                     self.timeout_keep_alive_handler,
                 )
+
+    def _tunnelled(self, rest: bytes) -> bool:
+        """Whether the upgrade just read is carried by a tunnel (ProxyHttpProtocol's)."""
+        return False
 
     def _parser_error(self, exc: httptools.HttpParserError) -> None:
         refusal = exc.__context__
@@ -493,6 +500,7 @@ class ProxyHttpProtocol(EdgeProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fast: FastCall | None = None
+        self.tunnel: Tunnel | None = None  # a WebSocket's, from its head on
         self.peer: Peer | None = None  # the client, as forwarding headers name it
 
     def on_message_begin(self) -> None:
@@ -524,6 +532,14 @@ class ProxyHttpProtocol(EdgeProtocol):
         if self.url.startswith(b"/fn/") and not self._respond_async and self._idle():
             self.fast = self.cycle = FastCall(self)  # type: ignore[assignment]
             self.fast.start()
+            return
+        if (
+            self.url.startswith(b"/fn/")
+            and self.parser.should_upgrade()
+            and is_websocket(self.headers)
+        ):
+            self.tunnel = Tunnel(self)
+            self.tunnel.start()
             return
         url, headers, expect = self.url, self.headers, self.expect_100_continue
         HttpToolsProtocol.on_message_begin(self)
@@ -557,7 +573,7 @@ class ProxyHttpProtocol(EdgeProtocol):
         cycle = self.cycle
         if type(cycle) is FastCall:
             cycle.client_complete()
-        else:
+        elif self.tunnel is None:
             HttpToolsProtocol.on_message_complete(self)
 
     def data_received(self, data: bytes) -> None:
@@ -565,6 +581,16 @@ class ProxyHttpProtocol(EdgeProtocol):
         fast = self.fast
         if fast is not None and fast.upstream_out and fast.conn is not None:
             fast.flush_upstream()  # the head and the body that came with it, in one write
+
+    def _tunnelled(self, rest: bytes) -> bool:
+        tunnel = self.tunnel
+        if tunnel is None:
+            return False
+        if not tunnel.ended:  # from now on the client's bytes are the tunnel's
+            self.transport.set_protocol(ClientSide(tunnel))
+            self.transport.resume_reading()
+            tunnel.client_data(rest)
+        return True
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -642,7 +668,9 @@ class FastCall:
         proxy = self.proxy
         self.call, route, target = proxy.begin(raw_path, query, method.decode("ascii"))
         call = self.call
-        if route is None or not (route.upstreams or route.scale or route.starting):
+        if route is None or not (
+            route.plain and (route.upstreams or route.scale or route.starting)
+        ):
             call.request_id = request_id_of(proto.headers)
             self.fail(*proxy.not_serving(call, route))
             return

@@ -176,6 +176,8 @@ class Route:
     rate_limit: RateLimit | None = None
     max_body_bytes: int | None = None  # the function's own limit (the proxy's stays a ceiling)
     runtime: str = ""  # for the cold-start metrics
+    websocket: bool = False  # a websocket trigger: Upgrade: websocket requests are passed on
+    plain: bool = True  # plain calls are served (False: only a websocket trigger)
     # why the last start of a replica failed, while the crash-loop backoff holds (until
     # ``retry_at``, monotonic): a call that would wait for a start answers 502 with it
     failed: str | None = None

@@ -33,6 +33,7 @@ from ..manifests.model import (
     Scale,
     StreamPolicy,
     Warm,
+    WebSocketTrigger,
     env_as_written,
     read_env,
 )
@@ -81,6 +82,8 @@ def to_record(deployment: Deployment) -> dict[str, Any]:
             "subjects": list(fn.subjects),
             "rollout": None if fn.rollout is None else _rollout(fn.rollout),
             "stream": None if fn.stream is None else fn.stream.to_json(),
+            "websocket": None if fn.websocket is None else fn.websocket.to_json(),
+            "plainHttp": fn.plain_http,
         },
     }
 
@@ -147,6 +150,8 @@ def _policies(fn: Mapping[str, Any]) -> dict[str, Any]:
         "subjects": tuple(fn["subjects"]),
         "rollout": _read_rollout(fn.get("rollout")),
         "stream": StreamPolicy.from_json(fn["stream"]) if fn.get("stream") else None,
+        "websocket": WebSocketTrigger.from_json(ws) if (ws := fn.get("websocket")) else None,
+        "plain_http": fn.get("plainHttp", True),
     }
 
 

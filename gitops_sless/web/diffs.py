@@ -134,6 +134,13 @@ class RateLimitSpec(_Request):
 class StreamSpec(_Request):
     idle_sec: int
     max_sec: int
+    drain_sec: int = 30
+
+
+class WebSocketSpec(_Request):
+    on_connect: str | None = None
+    on_disconnect: str | None = None
+    max_message_bytes: int = 1048576
 
 
 class FunctionSpec(_Request):
@@ -161,6 +168,8 @@ class FunctionSpec(_Request):
     rate_limit: RateLimitSpec | None = None
     max_body_bytes: int | None = None
     stream: StreamSpec | None = None
+    websocket: WebSocketSpec | None = None
+    plain_http: bool = True
 
     @classmethod
     def from_function(cls, fn: model.Function) -> FunctionSpec:
@@ -188,9 +197,21 @@ class FunctionSpec(_Request):
             if fn.rate_limit
             else None,
             max_body_bytes=fn.max_body_bytes,
-            stream=StreamSpec(idle_sec=fn.stream.idle_sec, max_sec=fn.stream.max_sec)
+            stream=StreamSpec(
+                idle_sec=fn.stream.idle_sec,
+                max_sec=fn.stream.max_sec,
+                drain_sec=fn.stream.drain_sec,
+            )
             if fn.stream
             else None,
+            websocket=WebSocketSpec(
+                on_connect=fn.websocket.on_connect,
+                on_disconnect=fn.websocket.on_disconnect,
+                max_message_bytes=fn.websocket.max_message_bytes,
+            )
+            if fn.websocket
+            else None,
+            plain_http=fn.plain_http,
         )
 
     def function(self) -> model.Function:
@@ -220,9 +241,19 @@ class FunctionSpec(_Request):
             if self.rate_limit
             else None,
             max_body_bytes=self.max_body_bytes,
-            stream=model.StreamPolicy(self.stream.idle_sec, self.stream.max_sec)
+            stream=model.StreamPolicy(
+                self.stream.idle_sec, self.stream.max_sec, self.stream.drain_sec
+            )
             if self.stream
             else None,
+            websocket=model.WebSocketTrigger(
+                self.websocket.on_connect,
+                self.websocket.on_disconnect,
+                self.websocket.max_message_bytes,
+            )
+            if self.websocket
+            else None,
+            plain_http=self.plain_http,
         )
 
 

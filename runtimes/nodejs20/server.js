@@ -16,6 +16,13 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  *   SLESS_STREAM_HEARTBEAT_SEC
  *                        a quiet `text/event-stream` response gets a comment line this
  *                        often, so idle intermediaries keep it (default 15)
+ *   SLESS_STREAM_DRAIN_SEC
+ *                        at SIGTERM, open streams and WebSockets end by themselves for this
+ *                        long before they are cut (default 30); ordinary calls get the timeout
+ *   SLESS_WEBSOCKET      1: the function serves WebSocket upgrades (ws.js, loaded only then),
+ *                        with SLESS_WS_ON_CONNECT, SLESS_WS_ON_DISCONNECT (the names of the
+ *                        module's hooks) and SLESS_WS_MAX_MESSAGE_BYTES (default 1048576); the
+ *                        stream limits above are the socket's idle, max and ping periods
  *   SLESS_ERROR_DETAIL   1: a handler's error is the 500's body; 0: the body is a generic
  *                        error with the request id, the error only in the log (default: 1 in
  *                        a preview environment, `pr-*`, else 0)
@@ -62,12 +69,22 @@ const KEEP_ALIVE_TIMEOUT_MS = 75 * 1000; // longer than the usual proxy keep-ali
 const DEFAULT_STREAM_IDLE_SEC = 30;
 const DEFAULT_STREAM_MAX_SEC = 900;
 const HEARTBEAT_SEC = 15; // a quiet event stream's comment line, so intermediaries keep it
+const DEFAULT_STREAM_DRAIN_SEC = 30; // what streams and sockets get at SIGTERM before they are cut
+const SOCKET_CLOSE_WAIT_MS = 5000; // a WebSocket's close frame waits this long for the peer's (ws.js)
 
 let streamModule = null;
 /** stream.js beside this file, loaded on the first stream. */
 function streams() {
   if (streamModule === null) streamModule = require('./stream.js');
   return streamModule;
+}
+
+let socketModule = null;
+/** ws.js beside this file, loaded at the start of a WebSocket function (SLESS_WEBSOCKET=1)
+ *  only: an HTTP-only function never pays for it. */
+function sockets() {
+  if (socketModule === null) socketModule = require('./ws.js');
+  return socketModule;
 }
 
 class StartupError extends Error {}
@@ -94,6 +111,13 @@ function formatSeconds(value) {
 
 /** Load `<path>.<function>` from `functionDir`; resolves to the function. */
 async function loadHandler(entrypoint, functionDir) {
+  return (await loadEntrypoint(entrypoint, functionDir)).handler;
+}
+
+/** Load `<path>.<function>` from `functionDir`; resolves to { handler, file, lookup }:
+ *  `lookup(name)` finds another export of the module as the handler was found (the
+ *  WebSocket hooks, SLESS_WS_ON_CONNECT...). */
+async function loadEntrypoint(entrypoint, functionDir) {
   if (!entrypoint) {
     throw new StartupError("SLESS_ENTRYPOINT is not set (expected '<path>.<function>', e.g. 'handler.main')");
   }
@@ -127,8 +151,12 @@ async function loadHandler(entrypoint, functionDir) {
       throw loadFailure(entrypoint, file, err);
     }
   }
-  let fn = mod == null ? undefined : mod[funcName];
-  if (fn === undefined && mod && mod.default && typeof mod.default === 'object') fn = mod.default[funcName];
+  const lookup = (name) => {
+    let found = mod == null ? undefined : mod[name];
+    if (found === undefined && mod && mod.default && typeof mod.default === 'object') found = mod.default[name];
+    return found;
+  };
+  const fn = lookup(funcName);
   if (fn === undefined) {
     throw new StartupError(
       `cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: ${file} does not export ${JSON.stringify(funcName)}`,
@@ -139,7 +167,7 @@ async function loadHandler(entrypoint, functionDir) {
       `cannot load SLESS_ENTRYPOINT=${JSON.stringify(entrypoint)}: ${JSON.stringify(funcName)} in ${file} is not a function`,
     );
   }
-  return fn;
+  return { handler: fn, file, lookup };
 }
 
 function loadFailure(entrypoint, file, err) {
@@ -857,6 +885,9 @@ function createServer(handler, options) {
   const { timeoutSec, functionName = '', environment = '', replicaKey = null, exporter = null } = options;
   const { streamIdleSec = DEFAULT_STREAM_IDLE_SEC, streamMaxSec = DEFAULT_STREAM_MAX_SEC } = options;
   const heartbeatSec = options.heartbeatSec ?? HEARTBEAT_SEC;
+  const drainSec = options.drainSec ?? DEFAULT_STREAM_DRAIN_SEC;
+  // ws.configure's settings where the function serves WebSockets, else null
+  const websocket = options.websocket ?? null;
   const errorDetail = options.errorDetail ?? showsErrorDetail(undefined, environment);
   // set where others share the network (the local backend): a call without it did not
   // come through the proxy, and skipped its limits and its record
@@ -907,7 +938,9 @@ function createServer(handler, options) {
     calls.run(call, invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
       const form = err || timedOut ? null : streamOf(result);
       if (form !== null) {
+        streaming.add(res); // SIGTERM gives it SLESS_STREAM_DRAIN_SEC, not the timeout
         streamResult(req, res, form, context, deadline, event._path, (status, error) => {
+          streaming.delete(res);
           track(-1); // a stream is in flight until it ends
           endPartialLines(call);
           state.requests++;
@@ -982,6 +1015,38 @@ function createServer(handler, options) {
   }
 
   let maybeExit = () => {};
+  const streaming = new Set(); // the responses streaming now
+
+  /** What ws.js needs of this server: its checks, load figures, limits and calls. */
+  const host = {
+    state,
+    track,
+    handle,
+    fromProxy: key === null ? null : fromProxy,
+    errorDetail,
+    exporter,
+    functionName,
+    environment,
+    timeoutSec,
+    timeoutMs,
+    idleSec: streamIdleSec,
+    maxSec: streamMaxSec,
+    idleMs: streamIdleSec * 1000,
+    maxMs: streamMaxSec * 1000,
+    heartbeatMs: heartbeatSec * 1000,
+    /** A socket's call is over (refused, or ended and its onDisconnect run): one request. */
+    ended(ws, status, error) {
+      track(-1);
+      state.requests++;
+      endCall(ws.call);
+      if (exporter !== null) {
+        ws.call.sent = ws.event._headers.traceparent;
+        ws.call.method = 'GET';
+        exporter.add(ws.call, ws.start, status, error);
+      }
+      if (state.stopping) maybeExit();
+    },
+  };
 
   const server = http.createServer(
     { keepAlive: true, noDelay: true, maxHeaderSize: MAX_HEADER_BYTES },
@@ -1000,6 +1065,8 @@ function createServer(handler, options) {
         return;
       }
       const headers = req.headers;
+      // `Upgrade: websocket` without `Connection: Upgrade` (else node emits 'upgrade')
+      if (upgrades !== null && headers.upgrade !== undefined && upgrades.rejectsUpgrade(req, res)) return;
       if (headers['transfer-encoding'] === undefined) {
         const length = headers['content-length'];
         if (length === undefined || length === '0') {
@@ -1032,6 +1099,8 @@ function createServer(handler, options) {
       req.on('error', () => {}); // client went away mid-body
     },
   );
+  // without an 'upgrade' listener node serves an upgrade request as an ordinary one
+  const upgrades = websocket === null ? null : sockets().attach(server, { ...websocket, handler }, host);
   server.keepAliveTimeout = KEEP_ALIVE_TIMEOUT_MS;
   server.headersTimeout = KEEP_ALIVE_TIMEOUT_MS + 1000;
   server.on('clientError', (err, socket) => {
@@ -1047,7 +1116,9 @@ function createServer(handler, options) {
     }
   });
 
-  /** Stop accepting, let running calls finish (at most the timeout), then call `onDone`. */
+  /** Stop accepting, let running calls finish (at most the timeout), streams and sockets
+   *  end by themselves for SLESS_STREAM_DRAIN_SEC (then they are cut, a socket closed with
+   *  1001), then call `onDone`. */
   server.shutdown = (onDone) => {
     state.stopping = true;
     let finished = false;
@@ -1056,12 +1127,32 @@ function createServer(handler, options) {
       finished = true;
       calls.exit(onDone); // the last call's answer may be what ends the wait: not its lines
     };
+    const lasting = () => streaming.size + (upgrades === null ? 0 : upgrades.open());
+    let callsOver = false; // the ordinary calls had their timeout: only streams and sockets count
     maybeExit = () => {
-      if (state.busy <= 0) finish();
+      if (state.busy <= 0 || (callsOver && lasting() === 0)) finish();
     };
     server.close();
     server.closeIdleConnections();
-    setTimeout(finish, timeoutMs + 1000).unref();
+    const timers = [
+      setTimeout(() => {
+        callsOver = true;
+        maybeExit();
+      }, timeoutMs + 1000),
+      setTimeout(() => {
+        const left = lasting();
+        if (left > 0) {
+          const drain = `SLESS_STREAM_DRAIN_SEC (${formatSeconds(drainSec)}s)`;
+          process.stderr.write(`[sless] stopping: ${left} streams and sockets still open after ${drain} are cut\n`);
+        }
+        for (const res of streaming) res.destroy(); // unfinished, as any stream cut short
+        if (upgrades !== null) upgrades.goAway();
+        // a socket's close frame waits for the peer's, then its onDisconnect runs
+        setTimeout(finish, SOCKET_CLOSE_WAIT_MS + timeoutMs + 1000).unref();
+        maybeExit();
+      }, drainSec * 1000),
+    ];
+    for (const timer of timers) timer.unref();
     maybeExit();
   };
   return server;
@@ -1130,6 +1221,7 @@ async function main() {
   let streamLimits;
   let replicaKey;
   let exporter = null;
+  let websocket = null;
   let readyFd = null;
   try {
     readyFd = takeReadyFd();
@@ -1140,13 +1232,16 @@ async function main() {
       streamIdleSec: seconds('SLESS_STREAM_IDLE_SEC', DEFAULT_STREAM_IDLE_SEC),
       streamMaxSec: seconds('SLESS_STREAM_MAX_SEC', DEFAULT_STREAM_MAX_SEC),
       heartbeatSec: seconds('SLESS_STREAM_HEARTBEAT_SEC', HEARTBEAT_SEC),
+      drainSec: seconds('SLESS_STREAM_DRAIN_SEC', DEFAULT_STREAM_DRAIN_SEC),
     };
     const functionDir = process.env.SLESS_FUNCTION_DIR || process.cwd();
     replicaKey = process.env.SLESS_REPLICA_KEY || null;
     delete process.env.SLESS_REPLICA_KEY; // not the handler's to see
     exporter = startSpanExport(process.env.SLESS_FUNCTION_NAME || entrypoint, process.env.SLESS_ENV || '');
     installLogTags();
-    handler = await loadHandler(entrypoint, functionDir);
+    const loaded = await loadEntrypoint(entrypoint, functionDir);
+    handler = loaded.handler;
+    if (process.env.SLESS_WEBSOCKET === '1') websocket = sockets().configure(process.env, loaded.lookup, loaded.file);
     phases.handler = monotonicSeconds();
   } catch (err) {
     closeFd(readyFd); // no line: the parent reads EOF
@@ -1161,6 +1256,7 @@ async function main() {
     replicaKey,
     exporter,
     ...streamLimits,
+    websocket,
     errorDetail: showsErrorDetail(process.env.SLESS_ERROR_DETAIL, process.env.SLESS_ENV),
   });
   server.once('error', (err) => {
@@ -1207,6 +1303,15 @@ module.exports = {
   errorStack,
   invoke,
   createServer,
+  // for ws.js
+  Context,
+  randomHex,
+  nowNs,
+  buildEvent,
+  handlerFailed,
+  send,
+  sendJsonError,
+  sendStatusForm,
 };
 
 if (require.main === module) {

@@ -13,6 +13,12 @@ Standard library only. Configuration comes from the environment:
     SLESS_STREAM_HEARTBEAT_SEC
                          a quiet ``text/event-stream`` response gets a comment line this
                          often, so idle intermediaries keep it (default 15)
+    SLESS_STREAM_DRAIN_SEC
+                         at SIGTERM, how long open streams and WebSockets may go on before
+                         they are cut, or closed with 1001 (default 30)
+    SLESS_WEBSOCKET      1: an ``Upgrade: websocket`` request opens a WebSocket (README.md);
+                         with it SLESS_WS_ON_CONNECT, SLESS_WS_ON_DISCONNECT (functions of
+                         the entrypoint's module) and SLESS_WS_MAX_MESSAGE_BYTES (1048576)
     SLESS_ERROR_DETAIL   1: a handler's exception is the 500's body; 0: the body is a generic
                          error with the request id, the exception only in the log (default:
                          1 in a preview environment, ``pr-*``, else 0)
@@ -71,6 +77,7 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 IDLE_TIMEOUT_SEC = 75.0  # longer than the usual proxy keep-alive (60 s)
 DEFAULT_STREAM_IDLE_SEC = 30.0
 DEFAULT_STREAM_MAX_SEC = 900.0
+DEFAULT_STREAM_DRAIN_SEC = 30.0
 HEARTBEAT_SEC = 15.0  # a quiet event stream's comment line, so intermediaries keep it
 RECV_SIZE = 65536
 
@@ -105,6 +112,12 @@ def format_seconds(value: float) -> str:
 
 def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
     """Import ``<path>.<function>`` from ``function_dir`` and return the function."""
+    return load_entrypoint(entrypoint, function_dir)[0]
+
+
+def load_entrypoint(entrypoint: str | None, function_dir: str) -> tuple[Callable, object]:
+    """Import ``<path>.<function>`` from ``function_dir``: the function and its module
+    (where the WebSocket hooks are looked up)."""
     if not entrypoint:
         raise StartupError(
             "SLESS_ENTRYPOINT is not set (expected '<path>.<function>', e.g. 'handler.main')"
@@ -164,7 +177,7 @@ def load_handler(entrypoint: str | None, function_dir: str) -> Callable:
             f"cannot load SLESS_ENTRYPOINT={entrypoint!r}: {func_name!r} in {file_path} is "
             f"not callable"
         )
-    return func
+    return func, module
 
 
 # --------------------------------------------------------------------------- calling
@@ -1050,6 +1063,15 @@ def stream_module():
     return _stream_module[0]
 
 
+def websocket_module():
+    """``_sless_ws`` beside this file, loaded at the start of a function that serves
+    WebSockets (SLESS_WEBSOCKET=1) and by no other."""
+    spec = spec_from_file_location("_sless_ws", os.path.join(_RUNTIME_DIR, "_sless_ws.py"))
+    module = module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _close_quietly(values) -> None:
     """End a stream's iteration; what the handler raises then is in the log."""
     if values is None:
@@ -1181,11 +1203,17 @@ class Server:
         stream_idle: float = DEFAULT_STREAM_IDLE_SEC,
         stream_max: float = DEFAULT_STREAM_MAX_SEC,
         heartbeat: float = HEARTBEAT_SEC,
+        stream_drain: float = DEFAULT_STREAM_DRAIN_SEC,
+        websocket=None,
     ):
         self.call, self.needs_context = make_caller(handler)
         self.stream_idle = stream_idle
         self.stream_max = stream_max
         self.heartbeat = heartbeat
+        self.stream_drain = stream_drain
+        # _sless_ws.WebSockets where SLESS_WEBSOCKET is on, and the sockets open now
+        self.websocket = websocket
+        self.sockets: set = set()
         self.error_detail = error_detail
         # set where others share the network (the local backend): a call without it did
         # not come through the proxy, and skipped its limits and its record
@@ -1264,11 +1292,33 @@ class Server:
             self.connections.discard(conn)
             conn.sock.close()
 
-    def drain(self, grace: float) -> None:
-        """Wait until no handler runs (abandoned ones aside), at most ``grace`` seconds."""
-        end = _monotonic() + grace
-        while _monotonic() < end:
-            if not any(c.deadline and not c.abandoned for c in list(self.connections)):
+    def drain(self, grace: float, stream_grace: float | None = None) -> None:
+        """Wait until no handler runs (abandoned ones aside), at most ``grace`` seconds,
+        and no stream or WebSocket is open, at most ``stream_grace`` (they are long by
+        nature: a call's grace would cut them); the WebSockets still open then are closed
+        with 1001 and get the close handshake and their onDisconnect."""
+        start = _monotonic()
+        calls_end = start + grace
+        streams_end = start + (grace if stream_grace is None else stream_grace)
+        sockets_end = None
+        while True:
+            now = _monotonic()
+            conns = list(self.connections)
+            calls = now < calls_end and any(
+                c.deadline and not c.abandoned and c.stream is None for c in conns
+            )
+            streams = now < streams_end and any(
+                c.stream is not None and not c.abandoned for c in conns
+            )
+            sockets = False
+            if self.sockets:
+                if sockets_end is None and now >= streams_end:
+                    # each peer has the close handshake's 5 s, its onDisconnect the timeout
+                    sockets_end = now + 5.0 + self.timeout + 1
+                    for socket in list(self.sockets):
+                        socket.going_away()
+                sockets = sockets_end is None or now < sockets_end
+            if not (calls or streams or sockets):
                 break
             time.sleep(0.02)
 
@@ -1291,6 +1341,9 @@ class Server:
                 if streams and now - looked >= 0.25:
                     looked = now
                     self._look_after(streams, now)
+                if self.sockets:
+                    for socket in list(self.sockets):
+                        socket.look_after(now)
             except Exception:  # never let the watchdog die
                 print_exc()
 
@@ -1449,6 +1502,14 @@ class Server:
             if not _compare_digest(given, self.replica_key):  # hmac.compare_digest
                 sock.sendall(_json_error(403, "call functions through the proxy", keep, is_head))
                 return keep
+        if (  # the only cost to a call: with SLESS_WEBSOCKET off, None is all it looks at
+            self.websocket is not None
+            and "upgrade" in headers
+            and headers["upgrade"].strip().lower() == "websocket"
+        ):
+            return self.websocket.upgrade(
+                self, conn, sock, method, path, query, version, headers, keep
+            )
 
         if body:
             try:
@@ -1938,12 +1999,19 @@ def main(started: float | None = None) -> int:
         stream_max = parse_timeout(os.environ.get(most), DEFAULT_STREAM_MAX_SEC, most)
         beat = "SLESS_STREAM_HEARTBEAT_SEC"
         heartbeat = parse_timeout(os.environ.get(beat), HEARTBEAT_SEC, beat)
+        drain = "SLESS_STREAM_DRAIN_SEC"
+        stream_drain = parse_timeout(os.environ.get(drain), DEFAULT_STREAM_DRAIN_SEC, drain)
         function_dir = os.environ.get("SLESS_FUNCTION_DIR") or os.getcwd()
         replica_key = os.environ.pop("SLESS_REPLICA_KEY", None)  # not the handler's to see
         function_name = os.environ.get("SLESS_FUNCTION_NAME", "")
         exporter = start_span_export(function_name or entrypoint, os.environ.get("SLESS_ENV", ""))
         install_log_tags()
-        handler = load_handler(entrypoint, function_dir)
+        handler, module = load_entrypoint(entrypoint, function_dir)
+        websocket = None
+        if os.environ.get("SLESS_WEBSOCKET", "").strip().lower() in ("1", "true"):
+            websocket = websocket_module().configure(
+                sys.modules[__name__], module, entrypoint, os.environ
+            )
         phases["handler"] = _monotonic()
         server = Server(
             handler,
@@ -1957,6 +2025,8 @@ def main(started: float | None = None) -> int:
             stream_idle=stream_idle,
             stream_max=stream_max,
             heartbeat=heartbeat,
+            stream_drain=stream_drain,
+            websocket=websocket,
             error_detail=shows_error_detail(
                 os.environ.get("SLESS_ERROR_DETAIL"), os.environ.get("SLESS_ENV", "")
             ),
@@ -1987,7 +2057,7 @@ def main(started: float | None = None) -> int:
     server.stopping = True
     if server.listener is not None:
         server.listener.close()
-    server.drain(grace=server.timeout + 1)
+    server.drain(grace=server.timeout + 1, stream_grace=server.stream_drain)
     if exporter is not None:
         exporter.close()
     print(f"{RUNTIME} stopped", file=sys.stderr, flush=True)

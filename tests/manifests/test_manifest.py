@@ -596,7 +596,8 @@ BAD_CASES = [
     bad(
         "unknown-trigger-type",
         one("    triggers:", "      - type: kafka"),
-        f'{M}:6: functions[0].triggers[0].type: "kafka" is not one of "http", "cron", "queue"',
+        f'{M}:6: functions[0].triggers[0].type: "kafka" is not one of "http", "cron", "queue",'
+        ' "websocket"',
     ),
     bad(
         "queue-trigger-without-subject",
@@ -649,6 +650,34 @@ BAD_CASES = [
         "stream-unknown-field",
         one("    stream:", "      maxSeconds: 60"),
         f"{M}:6: functions[0].stream.maxSeconds: unknown field; did you mean 'maxSec'?",
+    ),
+    bad(
+        "websocket-hook-not-defined",
+        one("    triggers:", "      - {type: websocket, onConnect: hello}"),
+        f"{M}:6: functions[0].triggers[0].onConnect: fn/handler.py defines no 'hello' at module"
+        " level (it defines main)",
+    ),
+    bad(
+        "websocket-hook-not-a-name",
+        one("    triggers:", "      - {type: websocket, onDisconnect: 'handler.bye'}"),
+        f'{M}:6: functions[0].triggers[0].onDisconnect: "handler.bye" must be the name of a'
+        " function in the entrypoint's file (letters, digits, '_' and '$', not starting with a"
+        " digit)",
+    ),
+    bad(
+        "websocket-message-limit-of-zero",
+        one("    triggers:", "      - {type: websocket, maxMessageBytes: 0}"),
+        f"{M}:6: functions[0].triggers[0].maxMessageBytes: 0 is less than the minimum of 1",
+    ),
+    bad(
+        "two-websocket-triggers",
+        one("    triggers:", "      - type: websocket", "      - type: websocket"),
+        f"{M}:7: functions[0].triggers[1]: a function has at most one websocket trigger",
+    ),
+    bad(
+        "stream-drain-negative",
+        one("    stream: {drainSec: -1}"),
+        f"{M}:5: functions[0].stream.drainSec: -1 is less than the minimum of 0",
     ),
     bad(
         "two-http-triggers",
@@ -1082,7 +1111,27 @@ def good(
 
 GOOD_CASES = [
     good("defaults", one()),
-    good("stream-defaults", one("    stream: {}"), stream=model.StreamPolicy(30, 900)),
+    good("stream-defaults", one("    stream: {}"), stream=model.StreamPolicy(30, 900, 30)),
+    good(
+        "stream-drain",
+        one("    stream: {drainSec: 0}"),
+        stream=model.StreamPolicy(30, 900, 0),
+    ),
+    good(
+        "websocket-only",
+        one("    triggers:", "      - {type: websocket, onConnect: main, onDisconnect: main}"),
+        http=True,
+        plain_http=False,
+        websocket=model.WebSocketTrigger("main", "main", 1048576),
+    ),
+    good(
+        "websocket-and-http",
+        one(
+            "    triggers:", "      - type: http", "      - {type: websocket, maxMessageBytes: 64}"
+        ),
+        http=True,
+        websocket=model.WebSocketTrigger(None, None, 64),
+    ),
     good("stream", one("    stream: {idleSec: 5, maxSec: 60}"), stream=model.StreamPolicy(5, 60)),
     good(
         "every-field",

@@ -522,10 +522,18 @@ def test_the_proxy_limits_read_in_words(fn):
 def test_a_stream_block_reads_as_stream_even_with_the_defaults(fn):
     # named, the limits are given to the runtime: another spec, which the diff must show
     assert changed_fields(fn, replace(fn, stream=StreamPolicy())) == [
-        ("stream", "not set (the runtime's idle 30s, at most 900s)", "idle 30s, at most 900s")
+        (
+            "stream",
+            "not set (the runtime's idle 30s, at most 900s, drain 30s)",
+            "idle 30s, at most 900s, drain 30s",
+        )
     ]
     assert changed_fields(fn, replace(fn, stream=StreamPolicy(5, 60))) == [
-        ("stream", "not set (the runtime's idle 30s, at most 900s)", "idle 5s, at most 60s")
+        (
+            "stream",
+            "not set (the runtime's idle 30s, at most 900s, drain 30s)",
+            "idle 5s, at most 60s, drain 30s",
+        )
     ]
 
 

@@ -18,6 +18,7 @@ from gitops_sless.manifests.model import (
     SecretRef,
     StreamPolicy,
     Warm,
+    WebSocketTrigger,
 )
 from gitops_sless.plan.backend import deployment_for
 from gitops_sless.state import serving
@@ -50,7 +51,9 @@ EVERYTHING = Function(
     async_policy=AsyncPolicy(5, 0.5, 60.0, 600.0, 3),
     subjects=("orders.created", "orders.paid"),
     rollout=Rollout((5, 25, 75), 12.0, 3, 0.2),
-    stream=StreamPolicy(4, 40),
+    stream=StreamPolicy(4, 40, 7),
+    websocket=WebSocketTrigger("hello", "bye", 4096),
+    plain_http=False,
 )
 
 
