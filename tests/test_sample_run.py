@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+from websockets.sync.client import connect
 
 from .gitserver import free_port
 from .paths import ROOT
@@ -62,7 +63,7 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
         _wait("banner", lambda: BANNER_END in log.read_text(errors="replace"), 600, log)
         rows = [ROW.match(line) for line in log.read_text(errors="replace").splitlines()]
         phases = {m[2] or m[3]: m[1] for m in rows if m}
-        assert len(phases) == 18, phases
+        assert len(phases) == 20, phases
         assert set(phases.values()) == {"Ready"}, phases
         assert _postgres_running(state)
 
@@ -97,6 +98,15 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
                 "event: end\ndata: done\n\n"
             ), ticker
 
+        # the echo functions answer over WebSockets, and tell one socket about another
+        ws_base = base.replace("http://", "ws://")
+        for echo in ("echo-py", "echo-js"):
+            with connect(f"{ws_base}/{echo}/", open_timeout=30) as one:
+                assert _ask(one, "hi") == "hi", echo
+                with connect(f"{ws_base}/{echo}/", open_timeout=30) as two:
+                    assert _ask(two, "hello all") == "said hello to 1", echo
+                    assert one.recv(timeout=10).endswith(" says hello"), echo
+
         # SIGUSR2 to scripts/run restarts serve in place: the database and the notes stay
         run.send_signal(signal.SIGUSR2)
         _wait(
@@ -114,6 +124,11 @@ def test_scripts_run_serves_every_sample_function_ready_and_status_exits_zero(tm
         code = run.wait(timeout=60)
     assert code == 0, log.read_text(errors="replace")[-3000:]
     assert not _postgres_running(state), "scripts/run left the sample's database running"
+
+
+def _ask(ws, message: str) -> str:
+    ws.send(message)
+    return str(ws.recv(timeout=10))
 
 
 def test_sample_db_says_what_is_missing_and_how_it_is_called(tmp_path, capsys):

@@ -47,7 +47,7 @@ def _git(repo: Path, *args: str) -> str:
 def test_validate_sample_repo_exits_zero():
     result = _cli("validate", str(SAMPLE))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("18 functions in 14 valid manifests, 0 invalid")
+    assert result.stdout.startswith("20 functions in 16 valid manifests, 0 invalid")
     assert result.stderr == ""
 
 

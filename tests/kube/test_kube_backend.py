@@ -503,7 +503,7 @@ def test_every_sample_function_becomes_ready_on_kubernetes(kube, harness_for, tm
 
     wait_for(converged, "every sample function Ready and the pass Succeeded", 60)
     records = harness.store.functions("prod")
-    assert len(records) == 18, sorted(r["name"] for r in records)  # validate's count
+    assert len(records) == 20, sorted(r["name"] for r in records)  # validate's count
 
 
 def test_a_job_only_function_beside_an_http_one_becomes_ready(kube, harness_for, tmp_path):

@@ -4,6 +4,8 @@ streams, pods/log, services/proxy, injected failures, request counting, ``/_test
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import socket
 import sys
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
 
 WRITES = {"create", "update", "patch", "apply", "delete", "deletecollection"}
 PUBLIC = {"/version", "/healthz", "/livez", "/readyz"}
+WEBSOCKET_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
 
 def _true(value: str | None) -> bool:
@@ -336,6 +339,9 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(
                 503, "ServiceUnavailable", f'no endpoints available for service "{target}"'
             )
+        if (self.headers.get("Upgrade") or "").strip().lower() == "websocket":
+            self.upgraded(name)
+            return
         headers = {k: v for k, v in self.headers.items() if k.lower() != "authorization"}
         echo = {
             "namespace": ns,
@@ -347,6 +353,21 @@ class Handler(BaseHTTPRequestHandler):
             "body": raw.decode(errors="replace"),
         }
         self.send(200, echo)
+
+    def upgraded(self, service: str) -> None:
+        """A WebSocket upgrade through services/proxy (the API server's proxy passes
+        upgrades on): answered 101 for the service, then every byte is echoed as it is."""
+        key = (self.headers.get("Sec-WebSocket-Key") or "").encode()
+        accept = base64.b64encode(hashlib.sha1(key + WEBSOCKET_GUID).digest())
+        self.wfile.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\nX-Service: " + service.encode() + b"\r\n\r\n"
+        )
+        self.wfile.flush()
+        self.close_connection = True
+        while data := self.rfile.read1(65536):  # what the head's read took in first
+            self.wfile.write(data)
+            self.wfile.flush()
 
     # ---- watch
     def watch(self, r: Route, query: dict[str, str]) -> None:
