@@ -37,6 +37,7 @@ class RoutePolicy:
     runtime: str = ""
     websocket: bool = False
     plain: bool = True
+    body_streamed: bool = False
 
     def encode(self) -> str | None:
         """The annotation's value; None when a plain route says it all."""
@@ -46,6 +47,7 @@ class RoutePolicy:
             or self.max_body_bytes is not None
             or self.websocket
             or not self.plain
+            or self.body_streamed
         ):
             return None
         value: dict[str, Any] = {"runtime": self.runtime}
@@ -61,6 +63,8 @@ class RoutePolicy:
             value["websocket"] = True
         if not self.plain:
             value["plain"] = False
+        if self.body_streamed:
+            value["bodyStreamed"] = True
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
     def route_fields(self) -> dict[str, Any]:
@@ -92,6 +96,7 @@ class RoutePolicy:
                 runtime=str(value.get("runtime") or ""),
                 websocket=value.get("websocket") is True,
                 plain=value.get("plain") is not False,
+                body_streamed=value.get("bodyStreamed") is True,
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None  # written by hand: a plain route, and the next apply puts it back
@@ -108,6 +113,7 @@ def route_policy(fn: Function, environment: str) -> RoutePolicy:
         runtime=fn.runtime,
         websocket=fn.websocket is not None,
         plain=fn.plain_http,
+        body_streamed=fn.stream is not None and fn.stream.request,
     )
 
 

@@ -173,6 +173,7 @@ class LocalBackend(RevisionUnits, Backend):
             runtime=http.runtime,
             websocket=http.websocket,
             plain=http.plain,
+            body_streamed=http.body_streamed,
             failed=failed[0] if failed else None,
             retry_at=failed[1] if failed else 0.0,
             starting=starting,

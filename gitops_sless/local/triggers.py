@@ -20,6 +20,7 @@ def trigger(fn: Function, scale: Scale | None) -> HttpTrigger:
         fn.runtime,
         fn.websocket is not None,
         fn.plain_http,
+        fn.stream is not None and fn.stream.request,
     )
 
 
@@ -36,3 +37,4 @@ class HttpTrigger:
     runtime: str
     websocket: bool = False
     plain: bool = True
+    body_streamed: bool = False

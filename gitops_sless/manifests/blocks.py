@@ -51,7 +51,7 @@ def rollout(block: dict[str, Any] | None) -> Rollout | None:
 def stream(block: dict[str, Any] | None) -> StreamPolicy | None:
     if block is None:
         return None
-    return StreamPolicy(block["idleSec"], block["maxSec"], block["drainSec"])
+    return StreamPolicy(block["idleSec"], block["maxSec"], block["drainSec"], block["request"])
 
 
 def websocket(triggers: list[dict[str, Any]]) -> WebSocketTrigger | None:

@@ -112,22 +112,34 @@ class StreamPolicy:
     idle_sec: int = 30  # longest between two chunks
     max_sec: int = 900  # longest in all
     drain_sec: int = 30  # how long open streams and sockets go on when their replica must go
+    request: bool = False  # the handler reads the request body as it comes
 
     def to_json(self) -> dict[str, Any]:
-        return {"idleSec": self.idle_sec, "maxSec": self.max_sec, "drainSec": self.drain_sec}
+        value: dict[str, Any] = {
+            "idleSec": self.idle_sec,
+            "maxSec": self.max_sec,
+            "drainSec": self.drain_sec,
+        }
+        if self.request:  # only when set: a block without it keeps its spec hash
+            value["request"] = True
+        return value
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> StreamPolicy:
         drain = value.get("drainSec", cls.drain_sec)  # written before drainSec: its default
-        return cls(int(value["idleSec"]), int(value["maxSec"]), int(drain))
+        request = value.get("request") is True
+        return cls(int(value["idleSec"]), int(value["maxSec"]), int(drain), request)
 
     def runtime_env(self) -> dict[str, str]:
         """What tells the runtime these limits."""
-        return {
+        env = {
             "SLESS_STREAM_IDLE_SEC": str(self.idle_sec),
             "SLESS_STREAM_MAX_SEC": str(self.max_sec),
             "SLESS_STREAM_DRAIN_SEC": str(self.drain_sec),
         }
+        if self.request:
+            env["SLESS_STREAM_REQUEST"] = "1"
+        return env
 
 
 @dataclass(frozen=True)

@@ -246,6 +246,8 @@ def _describe_max_body(fn: Function) -> str:
 def _describe_stream(fn: Function) -> str:
     policy = fn.stream or StreamPolicy()
     said = f"idle {policy.idle_sec}s, at most {policy.max_sec}s, drain {policy.drain_sec}s"
+    if policy.request:
+        said += ", request bodies read as they come"
     # not named: the runtime's defaults, which the runtime is not told (another spec)
     return said if fn.stream is not None else f"not set (the runtime's {said})"
 

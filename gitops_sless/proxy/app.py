@@ -178,7 +178,9 @@ class ProxyApp:
     def body_limit(self, route: Route) -> int:
         """The most request body bytes a call of ``route``'s function may send."""
         own = route.max_body_bytes
-        return self.max_body_bytes if own is None else min(own, self.max_body_bytes)
+        if own is None:
+            return self.max_body_bytes
+        return own if route.body_streamed else min(own, self.max_body_bytes)
 
     def sent(self, call: Call, route: Route, waited_for: Route) -> None:
         """A held call goes on: if it waited for a replica to start, it is a cold start."""

@@ -178,6 +178,9 @@ class Route:
     runtime: str = ""  # for the cold-start metrics
     websocket: bool = False  # a websocket trigger: Upgrade: websocket requests are passed on
     plain: bool = True  # plain calls are served (False: only a websocket trigger)
+    # its handler reads bodies as they come (stream.request): the proxy passes them on as
+    # they arrive and holds none whole, so its own limit is no ceiling on max_body_bytes
+    body_streamed: bool = False
     # why the last start of a replica failed, while the crash-loop backoff holds (until
     # ``retry_at``, monotonic): a call that would wait for a start answers 502 with it
     failed: str | None = None

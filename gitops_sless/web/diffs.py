@@ -135,6 +135,7 @@ class StreamSpec(_Request):
     idle_sec: int
     max_sec: int
     drain_sec: int = 30
+    request: bool = False
 
 
 class WebSocketSpec(_Request):
@@ -201,6 +202,7 @@ class FunctionSpec(_Request):
                 idle_sec=fn.stream.idle_sec,
                 max_sec=fn.stream.max_sec,
                 drain_sec=fn.stream.drain_sec,
+                request=fn.stream.request,
             )
             if fn.stream
             else None,
@@ -242,7 +244,10 @@ class FunctionSpec(_Request):
             else None,
             max_body_bytes=self.max_body_bytes,
             stream=model.StreamPolicy(
-                self.stream.idle_sec, self.stream.max_sec, self.stream.drain_sec
+                self.stream.idle_sec,
+                self.stream.max_sec,
+                self.stream.drain_sec,
+                self.stream.request,
             )
             if self.stream
             else None,

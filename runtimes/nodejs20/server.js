@@ -16,6 +16,9 @@ const STARTED = monotonicSeconds(); // first of all: when the start began (the r
  *   SLESS_STREAM_HEARTBEAT_SEC
  *                        a quiet `text/event-stream` response gets a comment line this
  *                        often, so idle intermediaries keep it (default 15)
+ *   SLESS_STREAM_REQUEST 1: the handler reads the request body as it comes, from
+ *                        `event._stream` (a Readable: the request itself), instead of `event`
+ *                        holding it parsed; no size limit here (the proxy's)
  *   SLESS_STREAM_DRAIN_SEC
  *                        at SIGTERM, open streams and WebSockets end by themselves for this
  *                        long before they are cut (default 30); ordinary calls get the timeout
@@ -828,7 +831,9 @@ function decodePath(raw) {
 
 function buildEvent(req, body) {
   let event;
-  if (body.length > 0) {
+  if (body === null) {
+    event = { _stream: req };
+  } else if (body.length > 0) {
     let parsed;
     try {
       parsed = JSON.parse(body.toString('utf8'));
@@ -888,6 +893,7 @@ function createServer(handler, options) {
   const drainSec = options.drainSec ?? DEFAULT_STREAM_DRAIN_SEC;
   // ws.configure's settings where the function serves WebSockets, else null
   const websocket = options.websocket ?? null;
+  const requestStream = options.requestStream === true; // the handler reads bodies itself
   const errorDetail = options.errorDetail ?? showsErrorDetail(undefined, environment);
   // set where others share the network (the local backend): a call without it did not
   // come through the proxy, and skipped its limits and its record
@@ -936,6 +942,9 @@ function createServer(handler, options) {
       if (state.stopping) maybeExit();
     };
     calls.run(call, invoke, handler, event, context, timeoutMs, (err, result, timedOut) => {
+      // a body the handler left unread: the connection ends with the answer, so the rest
+      // is never taken for the next request
+      if (body === null && !req.complete) res.shouldKeepAlive = false;
       const form = err || timedOut ? null : streamOf(result);
       if (form !== null) {
         streaming.add(res); // SIGTERM gives it SLESS_STREAM_DRAIN_SEC, not the timeout
@@ -1067,6 +1076,10 @@ function createServer(handler, options) {
       const headers = req.headers;
       // `Upgrade: websocket` without `Connection: Upgrade` (else node emits 'upgrade')
       if (upgrades !== null && headers.upgrade !== undefined && upgrades.rejectsUpgrade(req, res)) return;
+      if (requestStream) {
+        handle(req, res, null); // event._stream is `req`: read by the handler as it comes
+        return;
+      }
       if (headers['transfer-encoding'] === undefined) {
         const length = headers['content-length'];
         if (length === undefined || length === '0') {
@@ -1257,6 +1270,7 @@ async function main() {
     exporter,
     ...streamLimits,
     websocket,
+    requestStream: process.env.SLESS_STREAM_REQUEST === '1',
     errorDetail: showsErrorDetail(process.env.SLESS_ERROR_DETAIL, process.env.SLESS_ENV),
   });
   server.once('error', (err) => {

@@ -13,6 +13,9 @@ Standard library only. Configuration comes from the environment:
     SLESS_STREAM_HEARTBEAT_SEC
                          a quiet ``text/event-stream`` response gets a comment line this
                          often, so idle intermediaries keep it (default 15)
+    SLESS_STREAM_REQUEST 1: the handler reads the request body as it comes, from
+                         ``event["_stream"]`` (a binary file-like object), instead of
+                         ``event`` holding it parsed; no size limit here (the proxy's)
     SLESS_STREAM_DRAIN_SEC
                          at SIGTERM, how long open streams and WebSockets may go on before
                          they are cut, or closed with 1001 (default 30)
@@ -1205,12 +1208,14 @@ class Server:
         heartbeat: float = HEARTBEAT_SEC,
         stream_drain: float = DEFAULT_STREAM_DRAIN_SEC,
         websocket=None,
+        request_stream: bool = False,
     ):
         self.call, self.needs_context = make_caller(handler)
         self.stream_idle = stream_idle
         self.stream_max = stream_max
         self.heartbeat = heartbeat
         self.stream_drain = stream_drain
+        self.request_stream = request_stream  # bodies are read by the handler, as they come
         # _sless_ws.WebSockets where SLESS_WEBSOCKET is on, and the sockets open now
         self.websocket = websocket
         self.sockets: set = set()
@@ -1477,7 +1482,10 @@ class Server:
         conn.buf = buf[end + 4 :]
         try:
             method, target, version, headers, keep, is_head = _parse_head(head)
-            body = self._read_body(conn, sock, headers, version)
+            if self.request_stream:  # the handler reads the body (stream: {request: true})
+                reader, body = self._body_reader(conn, sock, headers, version), b""
+            else:
+                reader, body = None, self._read_body(conn, sock, headers, version)
             if "transfer-encoding" in headers and "content-length" in headers:
                 keep = False
         except _BadRequest as exc:
@@ -1528,6 +1536,8 @@ class Server:
         event["_query"] = _parse_query(query) if query else {}
         event["_method"] = method
         event["_headers"] = headers
+        if reader is not None:
+            event["_stream"] = reader
 
         conn.keep = keep
         conn.is_head = is_head
@@ -1556,6 +1566,8 @@ class Server:
                 result = self.call(event, context)
             except BaseException as exc:
                 raised = exc
+            if reader is not None and not reader.done:  # what is left of it is not read
+                keep = False
             if raised is None and (type(result) is not dict or "statusCode" in result):
                 form = stream_of(result)
                 if form is not None:
@@ -1810,6 +1822,24 @@ class Server:
         conn.buf = data[size:]
         return data[:size]
 
+    def _body_reader(self, conn: _Connection, sock: _socket.socket, headers: dict, version: str):
+        """The body as a file-like object the handler reads (``_sless_stream.RequestBody``),
+        with no size limit of its own: the proxy's maxBodyBytes bounds it on the way."""
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            codings = [c.strip().lower() for c in te.split(",")]
+            if codings[-1] != "chunked" or any(c not in ("chunked", "identity") for c in codings):
+                raise _BadRequest(501, f"unsupported Transfer-Encoding {te!r}")
+            length = 0
+        else:
+            text = headers.get("content-length", "0")
+            if not (text.isascii() and text.isdigit()):
+                raise _BadRequest(400, f"invalid Content-Length {text!r}")
+            length = int(text)
+        if te is not None or length:
+            self._continue(sock, headers, version)
+        return stream_module().RequestBody(conn, sock, te is not None, length)
+
     @staticmethod
     def _continue(sock: _socket.socket, headers: dict, version: str) -> None:
         if version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue":
@@ -2027,6 +2057,7 @@ def main(started: float | None = None) -> int:
             heartbeat=heartbeat,
             stream_drain=stream_drain,
             websocket=websocket,
+            request_stream=os.environ.get("SLESS_STREAM_REQUEST", "") in ("1", "true"),
             error_detail=shows_error_detail(
                 os.environ.get("SLESS_ERROR_DETAIL"), os.environ.get("SLESS_ENV", "")
             ),

@@ -118,3 +118,102 @@ def sse(data=None, event: str | None = None, id: str | None = None, retry: int |
         text = text.replace("\r\n", "\n").replace("\r", "\n")
         lines += [f"data: {line}" for line in text.split("\n")]
     return "\n".join(lines) + "\n\n"
+
+
+class RequestBody:
+    """A request's body read as the handler asks for it (``stream: {request: true}``):
+    ``event["_stream"]``, a binary file-like object (``read``, ``read1``, ``readinto``,
+    iteration by chunks). Nothing is held but what one read returns, so an upload larger
+    than memory flows through; the proxy's ``maxBodyBytes`` bounds it on the way.
+
+    ``conn.buf`` holds what was received past the request's head; what this reads is
+    taken from there first, then from the socket. ``done`` once the whole body is read
+    (else the connection cannot carry another request). A client that leaves mid-body
+    raises ``ConnectionError``; a malformed chunked body ``ValueError``."""
+
+    CHUNK = 65536
+
+    def __init__(self, conn, sock, chunked: bool, length: int) -> None:
+        self._conn = conn
+        self._sock = sock
+        self._chunked = chunked
+        self._left = length  # Content-Length: bytes still to come
+        self._in_chunk = 0  # chunked: bytes left in the current chunk
+        self.done = not chunked and length == 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        data = self._sock.recv(self.CHUNK)
+        if not data:
+            raise ConnectionError("the client closed the connection before the body's end")
+        self._conn.buf += data
+
+    def _take(self, count: int) -> bytes:
+        """Up to ``count`` bytes (at least one) of what has come."""
+        conn = self._conn
+        if not conn.buf:
+            self._fill()
+        data = conn.buf[:count]
+        conn.buf = conn.buf[len(data) :]
+        return data
+
+    def _line(self) -> bytes:
+        conn = self._conn
+        while b"\r\n" not in conn.buf:
+            if len(conn.buf) > 8192:
+                raise ValueError("invalid chunked body: a line too long")
+            self._fill()
+        line, _, conn.buf = conn.buf.partition(b"\r\n")
+        return line
+
+    def read1(self, size: int = -1) -> bytes:
+        """What has come, up to ``size`` bytes (b"": the end)."""
+        if self.done:
+            return b""
+        if size < 0:
+            size = self.CHUNK
+        if not self._chunked:
+            data = self._take(min(size, self._left))
+            self._left -= len(data)
+            self.done = self._left == 0
+            return data
+        if self._in_chunk == 0:
+            text = self._line().split(b";", 1)[0].strip()
+            try:
+                self._in_chunk = int(text, 16)
+            except ValueError:
+                raise ValueError(f"invalid chunk size {text[:20]!r}") from None
+            if self._in_chunk == 0:
+                while self._line():  # trailer fields, up to the empty line
+                    pass
+                self.done = True
+                return b""
+        data = self._take(min(size, self._in_chunk))
+        self._in_chunk -= len(data)
+        if self._in_chunk == 0 and self._line() != b"":
+            raise ValueError("invalid chunked body: no CRLF after a chunk")
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        """``size`` bytes, fewer only at the end; all that is left with ``size`` < 0."""
+        parts = []
+        want = size
+        while want != 0:
+            data = self.read1(self.CHUNK if want < 0 else want)
+            if not data:
+                break
+            parts.append(data)
+            if want > 0:
+                want -= len(data)
+        return b"".join(parts)
+
+    def readinto(self, buffer) -> int:
+        data = self.read1(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def __iter__(self):
+        while data := self.read1():
+            yield data
