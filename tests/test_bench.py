@@ -63,6 +63,16 @@ REPORTS = {
         "## The share",
         "## Targets",
     ],
+    "stream.py": [
+        "## Time to first byte of a stream",
+        "| /fn/ | 20 |",
+        "## SSE events per second",
+        "| nginx |",
+        "## WebSocket echo",
+        "## Idle WebSockets through /fn/ (10, held 1 s)",
+        "## Targets",
+        "- idle WebSockets held: 10 of 10",
+    ],
     "kube_wake.py": [
         "## Held call forwarded after the ready watch event (2 rounds)",
         "forwarded - ready watch event",

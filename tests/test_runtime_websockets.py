@@ -419,6 +419,19 @@ def test_a_handler_closing_the_socket_gives_its_code_and_reason(server, tmp_path
     assert disconnect_lines(log) == ["disconnect 4001 ws-close-2"]
 
 
+def test_a_ping_after_the_servers_close_does_not_cut_the_handshake(server, tmp_path):
+    # no pong is due once the close is sent; the peer's close still is, and its code
+    log = tmp_path / "disconnects.log"
+    raw = Raw(server, f"/?log={log}")
+    raw.send(TEXT, b"close:4001:bye")
+    assert raw.recv_close() == (4001, "bye")
+    raw.send(PING, b"late")
+    raw.send(CLOSE, (4001).to_bytes(2, "big"))
+    wait_for(lambda: disconnect_lines(log), "onDisconnect")
+    assert disconnect_lines(log)[0].startswith("disconnect 4001 ")
+    raw.close()
+
+
 def test_a_client_that_vanishes_is_disconnected_with_1006(server, tmp_path):
     log = tmp_path / "disconnect.log"
     raw = Raw(server, f"/?log={log}")

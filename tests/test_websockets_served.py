@@ -79,8 +79,10 @@ def test_a_socket_through_fn_answers_pushes_and_can_be_refused(setup, runtime): 
         open_socket(served, "?deny=1")
     assert refused.value.response.status_code == 403
     assert b'"denied"' in refused.value.response.body
-    # only a websocket trigger: a plain call is not the handler's
+    # only a websocket trigger: a plain call is not the handler's, nor an asynchronous one
     assert served.call("chat", "/").status_code == 404
+    queued = served.client.post("/fn/prod/chat/", content=b"x", headers={"Prefer": "respond-async"})
+    assert queued.status_code == 404, queued.text
 
 
 @RUNTIMES

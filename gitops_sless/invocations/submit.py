@@ -204,6 +204,9 @@ class Submitter:
             return 404, {"error": "function not found", "env": env, "function": name}
         if route is None and declared is not None and not declared.http:
             return 404, {"error": "function has no http trigger", "env": env, "function": name}
+        if route is not None and not route.plain:  # its sockets are its only calls
+            error = "function has no http trigger (a websocket trigger only)"
+            return 404, {"error": error, "env": env, "function": name}
         if declared is not None and declared.phase == "Disabled":
             return 503, {"error": "function disabled", "env": env, "function": name}
         return None

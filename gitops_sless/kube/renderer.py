@@ -260,7 +260,7 @@ class _EnvironmentRenderer:
             {
                 "restartPolicy": "Always" if serving else "Never",
                 # SIGTERM to SIGKILL: calls under way end, open streams and sockets drain
-                "gracePeriod": max(fn.timeout_sec, fn.drain_sec) + 5,
+                "gracePeriod": fn.stop_grace_sec,
                 "imagePullSecrets": [{"name": secret}] if secret else OMIT,
                 "image": self.image or image_ref(self.config, fn.build_tag),
                 "command": runtime.container_command(role),

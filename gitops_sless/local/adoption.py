@@ -50,7 +50,7 @@ def spec_record(spec: ProcessSpec) -> dict[str, Any]:
         "memory_mb": spec.memory_mb,
         "max_processes": spec.max_processes,
         "revision": spec.revision,
-        "drain_sec": spec.drain_sec,
+        "stop_grace_sec": spec.stop_grace_sec,
     }
 
 
@@ -68,7 +68,7 @@ def spec_from_record(record: Mapping[str, Any]) -> ProcessSpec:
         memory_mb=record["memory_mb"],
         max_processes=record["max_processes"],
         revision=record.get("revision", ""),  # from a release before revisions: ""
-        drain_sec=float(record.get("drain_sec", 0.0)),  # from a release before streams
+        stop_grace_sec=record.get("stop_grace_sec"),  # from a release before streams: None
     )
 
 

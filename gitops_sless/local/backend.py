@@ -130,7 +130,7 @@ class LocalBackend(RevisionUnits, Backend):
             env_vars={**resolved, **fn.runtime_env(), **self.error_details.runtime_env(env)},
             memory_mb=fn.memory_mb,
             max_processes=fn.max_processes,
-            drain_sec=fn.drain_sec,
+            stop_grace_sec=float(fn.stop_grace_sec) if fn.drain_sec else None,
         )
 
     def _upstreams_changed(

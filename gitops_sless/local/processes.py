@@ -174,7 +174,9 @@ class Supervisor(Recovery):
             self._stop([r.child for r in fresh])
             raise self._shutting_down(spec)
         if old:
-            self._stop_later([r.child for r in old.replicas], old.spec.drain_sec + STOP_GRACE_SEC)
+            self._stop_later(
+                [r.child for r in old.replicas], old.spec.stop_grace_sec or STOP_GRACE_SEC
+            )
 
     def scale(self, env: str, name: str, replicas: int) -> None:
         """Run ``replicas`` of an applied function from now on: more start at once (unless
@@ -192,7 +194,7 @@ class Supervisor(Recovery):
                 unit.replicas = unit.replicas[:replicas]
                 self._publish(key)
         if extra:
-            grace = max(unit.spec.timeout_sec, unit.spec.drain_sec) + STOP_GRACE_SEC
+            grace = unit.spec.stop_grace_sec or unit.spec.timeout_sec + STOP_GRACE_SEC
             self._stop_later([r.child for r in extra], grace)
         self._grow(key, unit)
         self._notify(key, "scaled", None)  # Idle and back: the status store looks again

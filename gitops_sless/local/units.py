@@ -56,7 +56,9 @@ class ProcessSpec:
     # "": the replicas that take the function's traffic; else a kept revision's id, whose
     # replicas serve only its own URL (name@revision) and run apart (see ``unit``)
     revision: str = ""
-    drain_sec: float = 0.0  # open streams and sockets go on this long after SIGTERM
+    # SIGTERM to SIGKILL when its streams and sockets drain (Function.stop_grace_sec);
+    # None: a replica of a function with none, stopped as always
+    stop_grace_sec: float | None = None
 
     @property
     def unit(self) -> str:

@@ -115,12 +115,11 @@ class StreamPolicy:
     request: bool = False  # the handler reads the request body as it comes
 
     def to_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = {
-            "idleSec": self.idle_sec,
-            "maxSec": self.max_sec,
-            "drainSec": self.drain_sec,
-        }
-        if self.request:  # only when set: a block without it keeps its spec hash
+        value: dict[str, Any] = {"idleSec": self.idle_sec, "maxSec": self.max_sec}
+        # only when not the default: a block without them keeps the spec hash it had
+        if self.drain_sec != StreamPolicy.drain_sec:
+            value["drainSec"] = self.drain_sec
+        if self.request:
             value["request"] = True
         return value
 
@@ -135,8 +134,9 @@ class StreamPolicy:
         env = {
             "SLESS_STREAM_IDLE_SEC": str(self.idle_sec),
             "SLESS_STREAM_MAX_SEC": str(self.max_sec),
-            "SLESS_STREAM_DRAIN_SEC": str(self.drain_sec),
         }
+        if self.drain_sec != StreamPolicy.drain_sec:  # the runtimes' default otherwise
+            env["SLESS_STREAM_DRAIN_SEC"] = str(self.drain_sec)
         if self.request:
             env["SLESS_STREAM_REQUEST"] = "1"
         return env
@@ -289,6 +289,15 @@ class Function:
         if self.stream is not None:
             return self.stream.drain_sec
         return StreamPolicy.drain_sec if self.websocket is not None else 0
+
+    @property
+    def stop_grace_sec(self) -> int:
+        """SIGTERM to SIGKILL for a replica that must go: its calls end (``timeoutSec``), its
+        streams and sockets drain (``drainSec``); then a socket still open gets its close
+        handshake (5 s) and its onDisconnect (``timeoutSec``); and 5 s to exit."""
+        if self.websocket is not None:
+            return self.drain_sec + 5 + self.timeout_sec + 5
+        return max(self.timeout_sec, self.drain_sec) + 5
 
     def scale_in(self, environment: str) -> Scale:
         """The replicas policy of this function in ``environment``."""

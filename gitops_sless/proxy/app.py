@@ -202,7 +202,7 @@ class ProxyApp:
             call.load.cold_start(waited * 1000)
         return b"x-sless-cold-start: %d\r\n" % round(waited * 1000)
 
-    def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]:
+    def not_serving(self, call: Call, route: Route | None, plain: bool = True) -> tuple[int, str]:
         """The status and error for a call with no route or no ready upstream."""
         declared = call.declared
         if route is None and declared is None:
@@ -213,7 +213,7 @@ class ProxyApp:
             return 404, "function not found"
         if route is None and declared is not None and not declared.http:
             return 404, "function has no http trigger"
-        if route is not None and not route.plain:  # only WebSocket connections
+        if plain and route is not None and not route.plain:  # only WebSocket connections
             return 404, "function has no http trigger (a websocket trigger only)"
         if declared is not None and declared.phase == "Disabled":
             return 503, "function disabled"

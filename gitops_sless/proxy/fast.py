@@ -141,7 +141,9 @@ class Proxy(Protocol):
 
     def cold_start(self, call: Call) -> bytes: ...
 
-    def not_serving(self, call: Call, route: Route | None) -> tuple[int, str]: ...
+    def not_serving(
+        self, call: Call, route: Route | None, plain: bool = True
+    ) -> tuple[int, str]: ...
 
     def closed_early(self, call: Call, upstream: Upstream, what: str) -> str: ...
 
@@ -245,6 +247,12 @@ class EdgeProtocol(HttpToolsProtocol):
             if self._tunnelled(data[upgrade.args[0] :]):
                 return
             if self._should_upgrade():
+                cycle = self.cycle
+                if (cycle is not None and not cycle.response_complete) or self.pipeline:
+                    # uvicorn would switch protocols at once: its 101 (or 403) would
+                    # overtake the answers still due on this connection
+                    self.refuse(400, "an upgrade must not follow a request still unanswered")
+                    return
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
@@ -530,17 +538,16 @@ class ProxyHttpProtocol(EdgeProtocol):
         ):
             self._check_head(version)
         if self.url.startswith(b"/fn/") and not self._respond_async and self._idle():
-            self.fast = self.cycle = FastCall(self)  # type: ignore[assignment]
-            self.fast.start()
-            return
-        if (
-            self.url.startswith(b"/fn/")
-            and self.parser.should_upgrade()
-            and is_websocket(self.headers)
-        ):
-            self.tunnel = Tunnel(self)
-            self.tunnel.start()
-            return
+            if not self.parser.should_upgrade():
+                self.fast = self.cycle = FastCall(self)  # type: ignore[assignment]
+                self.fast.start()
+                return
+            # a WebSocket, whatever uvicorn's own WebSocket support (none without the
+            # websockets package); other upgrades (h2c) take uvicorn's way, as before
+            if is_websocket(self.headers):
+                self.tunnel = Tunnel(self)
+                self.tunnel.start()
+                return
         url, headers, expect = self.url, self.headers, self.expect_100_continue
         HttpToolsProtocol.on_message_begin(self)
         self.url, self.headers, self.expect_100_continue = url, headers, expect
@@ -548,13 +555,13 @@ class ProxyHttpProtocol(EdgeProtocol):
         HttpToolsProtocol.on_headers_complete(self)
 
     def _idle(self) -> bool:
-        """Whether nothing else is in flight on this connection, so a FastCall may answer."""
+        """Whether nothing else is in flight on this connection, so a FastCall (or a
+        tunnel: its 101 must not overtake an answer still due) may answer."""
         cycle = self.cycle
         return (
             (cycle is None or cycle.response_complete)
             and not self.pipeline
             and self.limit_concurrency is None
-            and not (self.parser.should_upgrade() and self._should_upgrade())
         )
 
     def on_body(self, body: bytes) -> None:

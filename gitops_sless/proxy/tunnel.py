@@ -40,6 +40,11 @@ if TYPE_CHECKING:
 __all__ = ["Tunnel", "is_websocket"]
 
 _HEAD_LIMIT = 64 * 1024  # of the replica's answer to the upgrade
+# what the client may send before the 101 that the tunnel holds; then it reads no more
+_PENDING_LIMIT = 64 * 1024
+# a side that reads nothing of what waits for it this long: the tunnel is cut (else a
+# client that stops reading would hold the call, and its slot, however the replica ends)
+STALL_SEC = 60.0
 _UPGRADE = b"connection: upgrade\r\nupgrade: websocket\r\n\r\n"
 _SWITCHED = b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n"
 
@@ -65,10 +70,12 @@ class Tunnel:
         self.client: asyncio.Transport = proto.transport
         self.upstream: asyncio.Transport | None = None
         self.pending: list[bytes] = []  # what the client sent before the replica answered
+        self.pending_size = 0
         self.switched = False  # the 101 went out: bytes flow
         self.ended = False
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.stall: asyncio.TimerHandle | None = None  # while a side does not read
         self.call: Call | None = None
         self.route: Route | None = None
         self.address: Any = None  # the upstream picked
@@ -85,7 +92,7 @@ class Tunnel:
         self.call = call
         if route is None or not (route.upstreams or route.scale or route.starting):
             call.request_id = request_id_of(proto.headers)
-            self.fail(*proxy.not_serving(call, route))
+            self.fail(*proxy.not_serving(call, route, plain=False))
             return
         if not route.websocket:
             call.request_id = request_id_of(proto.headers)
@@ -166,6 +173,9 @@ class Tunnel:
             self.upstream.write(data)
         elif data and not self.ended:  # a client may send frames before the 101 arrives
             self.pending.append(data)
+            self.pending_size += len(data)
+            if self.pending_size > _PENDING_LIMIT:
+                self.client.pause_reading()  # until the 101: memory is not the client's
 
     # -- the replica's answer
 
@@ -196,6 +206,8 @@ class Tunnel:
             assert self.upstream is not None
             if pending:
                 self.upstream.write(b"".join(pending))
+            self.pending_size = 0
+            self.client.resume_reading()
 
     def refused_body(self, data: bytes) -> None:
         """Part of the body of a refusal (a status other than 101)."""
@@ -223,18 +235,20 @@ class Tunnel:
         self.client.write(b"".join(lines))
         self.end()
 
-    def end(self) -> None:
-        """Close both sides (each flushes what it holds) and record the call, once."""
+    def end(self, abort: bool = False) -> None:
+        """Close both sides (each flushes what it holds; ``abort``: at once, what they
+        hold dropped) and record the call, once."""
         if self.ended:
             return
         self.ended = True
         self._cancel_timer()
+        self.flowing()
         if self.task is not None:
             self.task.cancel()
             self.task = None
         if self.upstream is not None:
-            self.upstream.close()
-        self.client.close()
+            self.upstream.abort() if abort else self.upstream.close()
+        self.client.abort() if abort else self.client.close()
         proto = self.proto
         proto.connections.discard(proto)  # its connection_lost never comes: the tunnel's does
         if self.call is not None:
@@ -248,6 +262,16 @@ class Tunnel:
         if call is not None and not call.status and self.address is not None:
             self.fail(502, self.proxy.closed_early(call, self.address, CLOSED_EARLY))
         self.end()
+
+    def stalled(self) -> None:
+        """A side stopped reading what waits for it: it has STALL_SEC to start again."""
+        if self.stall is None and not self.ended:
+            self.stall = self.loop.call_later(STALL_SEC, self.end, True)
+
+    def flowing(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
 
     def _cancel_timer(self) -> None:
         if self.timer is not None:
@@ -274,8 +298,10 @@ class ClientSide(asyncio.Protocol):
         upstream = self.tunnel.upstream
         if upstream is not None:
             upstream.pause_reading()
+        self.tunnel.stalled()
 
     def resume_writing(self) -> None:
+        self.tunnel.flowing()
         upstream = self.tunnel.upstream
         if upstream is not None and not self.tunnel.ended:
             upstream.resume_reading()
@@ -348,7 +374,9 @@ class _Replica(asyncio.Protocol):
 
     def pause_writing(self) -> None:  # the replica reads slower than the client writes
         self.tunnel.client.pause_reading()
+        self.tunnel.stalled()
 
     def resume_writing(self) -> None:
+        self.tunnel.flowing()
         if not self.tunnel.ended:
             self.tunnel.client.resume_reading()

@@ -241,7 +241,10 @@ class WebSockets:
         lines.append(b"\r\n")
         socket = WebSocket(self, server, conn, sock, call, event, context)
         try:
-            sock.sendall(b"".join(lines))
+            # under the write lock: a thread onConnect started may send already, and its
+            # frame must follow the 101
+            with socket.write_lock:
+                sock.sendall(b"".join(lines))
         except OSError:
             server.load.end()
             return False
@@ -310,6 +313,7 @@ class WebSocket:
         self.lock = threading.Lock()  # the state below, never held while writing
         self.write_lock = threading.Lock()  # every write, and the closing of the fd
         self.jobs: deque = deque()
+        self.queued_bytes = 0  # of the messages in ``jobs``
         self.jobs_ready = threading.Condition(self.lock)
         self.generation = 0  # the worker's: a stuck worker is abandoned by moving it on
         self.deadline = 0.0  # while a handler or onDisconnect runs
@@ -411,8 +415,11 @@ class WebSocket:
                     if op == CLOSE:
                         self._on_close(payload)
                         return
-                    if op == PING:
-                        self._write(frame(PONG, payload), data=False)
+                    if op == PING and not self.close_sent:  # once closed, no pong is due
+                        try:
+                            self._write(frame(PONG, payload), data=False)
+                        except ConnectionError:
+                            pass  # closing meanwhile, or broken: the next read tells
                     continue  # a pong: activity, nothing more
                 if op != CONTINUATION:
                     opcode = op
@@ -474,15 +481,21 @@ class WebSocket:
                 continue
 
     def _queue(self, message) -> None:
+        limit = self.sockets.max_message
         with self.lock:
-            while len(self.jobs) >= MAX_QUEUED and not self.closing:
-                # back-pressure: the peer waits on TCP until the handler catches up
+            # back-pressure: the peer waits on TCP until the handler catches up; what
+            # waits is at most MAX_QUEUED messages and, past one, maxMessageBytes in all
+            while (
+                len(self.jobs) >= MAX_QUEUED
+                or (self.jobs and self.queued_bytes + len(message) > limit)
+            ) and not self.closing:
                 self.reading_paused = True
                 self.jobs_ready.wait()
             self.reading_paused = False
             self.received = _monotonic()
             if not self.closing:
                 self.jobs.append(message)
+                self.queued_bytes += len(message)
                 self.jobs_ready.notify_all()
 
     def _end_tcp(self) -> None:
@@ -612,6 +625,8 @@ class WebSocket:
                 if generation != self.generation:
                     return
                 job = self.jobs.popleft()
+                if job is not _DISCONNECT:
+                    self.queued_bytes -= len(job)
                 self.jobs_ready.notify_all()  # room in the queue for a paused reader
                 if job is not _DISCONNECT and self.closing:
                     continue

@@ -62,7 +62,8 @@ def test_a_websocket_reaches_its_service_through_the_api_servers_proxy(kube, s3_
         assert env["SLESS_WEBSOCKET"] == "1" and env["SLESS_WS_ON_CONNECT"] == "connect"
         assert env["SLESS_WS_MAX_MESSAGE_BYTES"] == "4096"
         assert env["SLESS_STREAM_DRAIN_SEC"] == "45"
-        assert pod["terminationGracePeriodSeconds"] == 50  # drainSec + 5: sockets drain
+        # drainSec, then a socket's close (5 s) and onDisconnect (timeoutSec), and 5 s to exit
+        assert pod["terminationGracePeriodSeconds"] == 45 + 5 + 10 + 5
         sock, head, rest = upgrade(server, "chat")
         with sock:
             assert head.startswith(b"HTTP/1.1 101 "), head

@@ -15,10 +15,12 @@ import hashlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 import pytest
 
 from gitops_sless.manifests.model import Scale
+from gitops_sless.proxy import tunnel
 from gitops_sless.state.routes import Route
 
 from .test_proxy import Fake, Fakes, ProxyServer, _read_head
@@ -28,9 +30,15 @@ KEY = base64.b64encode(b"0123456789abcdef")
 ACCEPT = base64.b64encode(hashlib.sha1(KEY + GUID).digest())
 
 
-@pytest.fixture(scope="module")
-def proxy() -> Iterator[ProxyServer]:
-    server = ProxyServer("fast")
+class TunnelProxy(ProxyServer):
+    # the image has no WebSocket library for uvicorn (websockets is a test extra): the
+    # tunnel must not depend on uvicorn's own WebSocket support either way
+    MODES: ClassVar[dict[str, dict[str, str]]] = {"fast": {}, "fast-without-ws": {"ws": "none"}}
+
+
+@pytest.fixture(scope="module", params=list(TunnelProxy.MODES))
+def proxy(request: pytest.FixtureRequest) -> Iterator[ProxyServer]:
+    server = TunnelProxy(request.param)
     yield server
     server.stop()
 
@@ -274,3 +282,75 @@ def test_a_plain_call_to_a_function_with_only_a_websocket_trigger_is_404(proxy, 
     assert fake.accepted == 0
     sock = upgrade(proxy, name)  # its sockets are served
     assert read_head(sock)[0].startswith(b"HTTP/1.1 101 ")
+
+
+def test_an_upgrade_pipelined_behind_a_call_never_overtakes_its_answer(proxy, route, fakes):
+    async def slow(fake, reader, writer):  # answers a plain call late
+        await _read_head(fake, reader)
+        await asyncio.sleep(0.3)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow")
+        await writer.drain()
+        await reader.read(65536)
+
+    fake = fakes.start(slow)
+    name = route(("127.0.0.1", fake.port))
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    _opened.append(sock)
+    sock.sendall(
+        b"GET /fn/prod/" + name.encode() + b"/ HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /fn/prod/" + name.encode() + b"/ HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: "
+        + KEY
+        + b"\r\n\r\n"
+    )
+    head, rest = read_head(sock)
+    assert head.startswith(b"HTTP/1.1 200 "), head  # the call's answer comes first, whole
+    assert read_exactly(sock, 4, rest)[:4] == b"slow"
+
+
+def test_bytes_sent_before_the_101_are_held_back_not_buffered_without_bound(proxy, route, fakes):
+    fake = fakes.start(mute)  # never answers the upgrade
+    sock = upgrade(proxy, route(("127.0.0.1", fake.port), timeout=3))
+    sock.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # until the proxy stops reading: writes would block
+        try:
+            sent += sock.send(b"x" * 65536)
+        except BlockingIOError:
+            time.sleep(0.2)
+            try:
+                sent += sock.send(b"x" * 65536)
+            except BlockingIOError:
+                break
+    # what the kernel's buffers and the proxy's 64 KiB hold: far from the 5 s of loopback
+    assert sent < 32 * 1024 * 1024, sent
+
+
+def test_an_upgrade_to_a_websocket_function_not_ready_is_503_not_404(proxy, route):
+    name = route(plain=False)  # a websocket trigger only, no replica ready
+    sock = upgrade(proxy, name)
+    head, _ = read_head(sock)
+    assert head.startswith(b"HTTP/1.1 503 "), head
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_call_ends(proxy, route, fakes, monkeypatch):
+    monkeypatch.setattr(tunnel, "STALL_SEC", 0.5)
+
+    async def flood(fake, reader, writer):  # answers, then writes without end
+        await _read_head(fake, reader)
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        )
+        while True:
+            writer.write(b"x" * 65536)
+            await writer.drain()
+
+    fake = fakes.start(flood)
+    name = route(("127.0.0.1", fake.port), concurrency=4)
+    sock = upgrade(proxy, name)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    read_head(sock)  # and then nothing more is read
+    load = proxy.routes.get("prod", name).load
+    wait_for(lambda: load.inflight == 0, "the stalled socket to be cut", 10)
+    assert any(r.name == name and r.status == 101 for r in proxy.records)

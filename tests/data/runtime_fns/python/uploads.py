@@ -13,10 +13,10 @@ def handler(event, context):
             sizes.append(len(piece))
         return {"sizes": sorted(set(sizes)), "total": sum(sizes)}
     digest = hashlib.sha256()
-    total = chunks = largest = 0
+    total = largest = 0
     for chunk in body:  # never the whole body at once
         digest.update(chunk)
         total += len(chunk)
-        chunks += 1
         largest = max(largest, len(chunk))
-    return {"bytes": total, "sha256": digest.hexdigest(), "largest": largest, "parsed": "n" in event}
+    parsed = "n" in event
+    return {"bytes": total, "sha256": digest.hexdigest(), "largest": largest, "parsed": parsed}
