@@ -38,6 +38,8 @@ class RoutePolicy:
     websocket: bool = False
     plain: bool = True
     body_streamed: bool = False
+    stream_idle_sec: float = 0.0  # the stream block's limits, which the proxy holds too
+    stream_max_sec: float = 0.0
 
     def encode(self) -> str | None:
         """The annotation's value; None when a plain route says it all."""
@@ -48,6 +50,7 @@ class RoutePolicy:
             or self.websocket
             or not self.plain
             or self.body_streamed
+            or self.stream_idle_sec
         ):
             return None
         value: dict[str, Any] = {"runtime": self.runtime}
@@ -65,6 +68,8 @@ class RoutePolicy:
             value["plain"] = False
         if self.body_streamed:
             value["bodyStreamed"] = True
+        if self.stream_idle_sec:
+            value["stream"] = [self.stream_idle_sec, self.stream_max_sec]
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
     def route_fields(self) -> dict[str, Any]:
@@ -97,6 +102,8 @@ class RoutePolicy:
                 websocket=value.get("websocket") is True,
                 plain=value.get("plain") is not False,
                 body_streamed=value.get("bodyStreamed") is True,
+                stream_idle_sec=float((value.get("stream") or (0, 0))[0]),
+                stream_max_sec=float((value.get("stream") or (0, 0))[1]),
             )
         except (ValueError, TypeError, KeyError, AttributeError):
             return None  # written by hand: a plain route, and the next apply puts it back
@@ -114,6 +121,8 @@ def route_policy(fn: Function, environment: str) -> RoutePolicy:
         websocket=fn.websocket is not None,
         plain=fn.plain_http,
         body_streamed=fn.stream is not None and fn.stream.request,
+        stream_idle_sec=float(fn.stream.idle_sec) if fn.stream is not None else 0.0,
+        stream_max_sec=float(fn.stream.max_sec) if fn.stream is not None else 0.0,
     )
 
 

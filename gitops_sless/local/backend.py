@@ -174,6 +174,8 @@ class LocalBackend(RevisionUnits, Backend):
             websocket=http.websocket,
             plain=http.plain,
             body_streamed=http.body_streamed,
+            stream_idle_sec=http.stream_idle_sec,
+            stream_max_sec=http.stream_max_sec,
             failed=failed[0] if failed else None,
             retry_at=failed[1] if failed else 0.0,
             starting=starting,

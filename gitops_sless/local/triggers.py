@@ -21,6 +21,8 @@ def trigger(fn: Function, scale: Scale | None) -> HttpTrigger:
         fn.websocket is not None,
         fn.plain_http,
         fn.stream is not None and fn.stream.request,
+        float(fn.stream.idle_sec) if fn.stream is not None else 0.0,
+        float(fn.stream.max_sec) if fn.stream is not None else 0.0,
     )
 
 
@@ -38,3 +40,5 @@ class HttpTrigger:
     websocket: bool = False
     plain: bool = True
     body_streamed: bool = False
+    stream_idle_sec: float = 0.0  # the stream block's, which the proxy holds too (0: none)
+    stream_max_sec: float = 0.0

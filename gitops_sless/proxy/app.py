@@ -54,6 +54,7 @@ from .http import (
     split_target,
 )
 from .spans import record_span
+from .streamwatch import StreamWatch
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
 __all__ = ["Invocation", "Limits", "ProxyApp", "config"]
@@ -96,6 +97,7 @@ class ProxyApp:
         self.trusted = parse_networks(trusted_proxies)
         self._peers: dict[str | None, Peer] = {}
         self.pool = Pool()
+        self.streams = StreamWatch()  # streamed responses held to their limits
 
     @property
     def upstream_connections_opened(self) -> int:
@@ -104,6 +106,7 @@ class ProxyApp:
 
     async def aclose(self) -> None:
         """Close the idle upstream connections (call on the loop that served requests)."""
+        self.streams.close()
         await self.pool.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -86,6 +86,7 @@ from .http import (
     request_id_of,
     response_headers,
 )
+from .streamwatch import StreamWatch
 from .tunnel import ClientSide, Tunnel, is_websocket
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
@@ -128,6 +129,7 @@ class Proxy(Protocol):
     pool: Pool
     withheld: Withheld
     activator: Activator
+    streams: StreamWatch
 
     def begin(
         self, raw_path: bytes, query: bytes, method: str
@@ -630,10 +632,12 @@ class FastCall:
         "deadline",
         "disconnected",
         "head",
+        "head_at",
         "head_sent",
         "http11",
         "is_head",
         "keep_alive",
+        "last_chunk",
         "limit",
         "proto",
         "proxy",
@@ -646,6 +650,7 @@ class FastCall:
         "upstream",
         "upstream_out",
         "upstream_paused",
+        "watched",
     )
 
     def __init__(self, proto: ProxyHttpProtocol) -> None:
@@ -656,6 +661,7 @@ class FastCall:
         self.disconnected = False
         self.request_complete = self.response_complete = False
         self.head_sent = self.chunked_out = self.reused = self.upstream_paused = False
+        self.watched = False  # a stream the proxy holds to stream.idleSec and maxSec
         self.conn: UpstreamConnection | None = None
         self.task: asyncio.Task[None] | None = None
         self.upstream_out: list[bytes] = []
@@ -858,6 +864,8 @@ class FastCall:
         else:
             out = []
         if conn.chunks:
+            if self.watched:
+                self.last_chunk = self.proto.loop.time()
             body = conn.take_body()
             out.append(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked_out else body)
         done = conn.complete or self.is_head
@@ -908,6 +916,13 @@ class FastCall:
         out += headers
         if call.cold is not None:
             out.append(self.proxy.cold_start(call))
+        route = self.route
+        if route.stream_idle_sec and not has_length:  # a stream of a function with limits
+            loop = self.proto.loop
+            self.watched = True
+            self.head_at = self.last_chunk = loop.time()
+            what = f"{route.env}/{route.name}"
+            self.proxy.streams.watch(self, route.stream_idle_sec, route.stream_max_sec, what, loop)
         if not (has_length or self.is_head or status == 204 or status == 304):
             if self.http11:
                 self.chunked_out = True
@@ -945,6 +960,15 @@ class FastCall:
         )
         self.proto.transport.write(b"".join(out))
         self._complete()
+
+    def cut(self, why: str) -> None:
+        """End a stream past its limits unfinished (the caller sees it did not finish)."""
+        if self.response_complete:
+            return
+        self._drop_upstream()
+        self.response_complete = True
+        self.proto.transport.close()
+        self.proxy.finish(self.call)
 
     def too_large(self) -> None:
         if self.head_sent:  # the upstream answered early and its response is going out

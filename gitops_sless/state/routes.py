@@ -181,6 +181,9 @@ class Route:
     # its handler reads bodies as they come (stream.request): the proxy passes them on as
     # they arrive and holds none whole, so its own limit is no ceiling on max_body_bytes
     body_streamed: bool = False
+    # the stream block's limits, which the proxy holds too (0: no stream block)
+    stream_idle_sec: float = 0.0
+    stream_max_sec: float = 0.0
     # why the last start of a replica failed, while the crash-loop backoff holds (until
     # ``retry_at``, monotonic): a call that would wait for a start answers 502 with it
     failed: str | None = None
