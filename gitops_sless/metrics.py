@@ -167,6 +167,11 @@ class Registry:
             "Replicas of an autoscaled function by environment, function and kind: desired "
             "(the autoscaler's decision) or ready (serving).",
         )
+        self.open_connections = Gauge(
+            "sless_open_connections",
+            "Streamed responses (kind stream) and WebSockets (kind websocket) open through "
+            "this server's proxy now, by environment and function.",
+        )
         self.concurrency = Gauge(
             "sless_function_concurrency",
             "Calls in flight through the proxy (waiting ones included), averaged over the "
@@ -240,6 +245,7 @@ class Registry:
                 self.cold_start,
                 self.replicas,
                 self.concurrency,
+                self.open_connections,
                 self.idle_functions,
                 self.reconciler_replicas,
                 self.async_submitted,

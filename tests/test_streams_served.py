@@ -160,3 +160,36 @@ def test_the_manifests_idle_limit_ends_a_quiet_stream(setup):  # noqa: F811
     assert got == b"first\n"
     log = served.state_dir / "logs" / "prod" / "ticker.log"
     served.wait(lambda: "sent nothing for 1s (stream.idleSec)" in log.read_text(), "the reason")
+
+
+def test_an_open_stream_shows_in_the_status_metrics_and_dashboard_then_in_the_history(served):
+    def shown() -> dict:
+        return served.client.get("/api/v1/environments/prod/functions/ticker").json()
+
+    def metric() -> str:
+        lines = served.client.get("/metrics").text.splitlines()
+        mine = 'sless_open_connections{env="prod",function="ticker",kind="stream"}'
+        return next((line.split()[-1] for line in lines if line.startswith(mine)), "none")
+
+    with served.client.stream("GET", "/fn/prod/ticker/first-then-wait") as response:
+        chunks = response.iter_raw()
+        assert next(chunks) == b"first\n"
+        assert shown()["openStreams"] == 1 and shown()["openSockets"] == 0
+        assert metric() == "1"
+        assert "1 stream" in served.client.get("/functions/prod/ticker").text
+        assert served.call("ticker", "/release").status_code == 200
+        assert b"".join(chunks) == b"second\n"
+    served.wait(lambda: shown()["openStreams"] == 0, "the stream to be closed")
+    assert metric() == "0"
+
+    def recorded() -> dict | None:
+        calls = shown()["invocations"]
+        return next((c for c in calls if c["path"] == "/first-then-wait"), None)
+
+    call = served.wait(recorded, "the stream in the history")
+    assert call["bytes"] == len(b"first\nsecond\n") and call["chunks"] == 2
+    plain = served.wait(
+        lambda: next((c for c in shown()["invocations"] if c["path"] == "/release"), None),
+        "the plain call",
+    )
+    assert plain["bytes"] is None and plain["chunks"] is None

@@ -117,5 +117,11 @@ def test_an_open_socket_keeps_its_replica_from_scaling_to_zero(setup):  # noqa: 
         assert ask(ws, "one") == "v1: one"
         time.sleep(4)  # idle is 1 s: without the socket counted, its replica would stop
         assert served.function("chat")["phase"] == "Ready"
+        assert served.function("chat")["openSockets"] == 1
         assert ask(ws, "two") == "v1: two"
     served.wait(lambda: served.function("chat")["phase"] == "Idle", "chat to scale to zero")
+    assert served.function("chat")["openSockets"] == 0
+    detail = served.client.get("/api/v1/environments/prod/functions/chat").json()
+    (socket,) = [c for c in detail["invocations"] if c["status"] == 101]
+    assert socket["bytes"] >= len(b"v1: onev1: two") and socket["chunks"] is None
+    assert socket["durationMs"] >= 4000  # a socket's call lasts as long as it was open

@@ -256,6 +256,9 @@ class ProxyApp:
             load.inflight -= 1
             if self.activator.waiters:
                 self.activator.released(call.env, call.name)
+        opened = call.opened
+        if opened is not None:  # a stream or a socket: no longer open
+            opened.close()
         if not call.known:
             # An undeclared name comes from the URL: as a metric label, or in the
             # invocation history, it would grow without bound.
@@ -280,6 +283,8 @@ class ProxyApp:
             call.request_id.decode("ascii"),
             call.trace_id.decode("ascii"),
             None if call.cold is None else (call.cold[0] - call.started) * 1000.0,
+            None if opened is None else opened.bytes,
+            None if opened is None or opened.socket else opened.chunks,
         )
         try:
             self.record(invocation)

@@ -79,6 +79,7 @@ from .http import (
     SANDBOX_CSP,
     Call,
     Limits,
+    Opened,
     Peer,
     Withheld,
     error_body,
@@ -867,6 +868,10 @@ class FastCall:
             if self.watched:
                 self.last_chunk = self.proto.loop.time()
             body = conn.take_body()
+            opened = self.call.opened
+            if opened is not None:
+                opened.bytes += len(body)
+                opened.chunks += 1
             out.append(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked_out else body)
         done = conn.complete or self.is_head
         if done and self.chunked_out:
@@ -924,6 +929,7 @@ class FastCall:
             what = f"{route.env}/{route.name}"
             self.proxy.streams.watch(self, route.stream_idle_sec, route.stream_max_sec, what, loop)
         if not (has_length or self.is_head or status == 204 or status == 304):
+            call.opened = Opened(route.load, socket=False)  # a stream: open until it ends
             if self.http11:
                 self.chunked_out = True
                 out.append(b"transfer-encoding: chunked\r\n")

@@ -29,6 +29,10 @@ class Invocation:
     request_id: str
     trace_id: str = ""  # "": the request id is the trace's (the proxy started it)
     cold_ms: float | None = None  # how long it waited for a replica to start; None: warm
+    # a streamed response's or a WebSocket's bytes to the client, a stream's chunks (None:
+    # an ordinary call, or a socket's chunks)
+    bytes: int | None = None
+    chunks: int | None = None
 
 
 class InvocationBuffer:
@@ -51,6 +55,8 @@ class InvocationBuffer:
                 inv.request_id,
                 inv.trace_id,
                 inv.cold_ms,
+                inv.bytes,
+                inv.chunks,
             )
         )
 

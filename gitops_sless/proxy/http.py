@@ -47,6 +47,7 @@ __all__ = [
     "SESSION_COOKIE",
     "Call",
     "Limits",
+    "Opened",
     "Peer",
     "Withheld",
     "error_body",
@@ -245,6 +246,7 @@ class Call:
         "load",
         "method",
         "name",
+        "opened",
         "path",
         "request_id",
         "started",
@@ -273,6 +275,30 @@ class Call:
         # the proxy's span; the caller's span id, None for a new trace)
         self.trace: tuple[bytes, bytes | None] | None = None
         self.trace_id = b""  # when it is not its request id (b"": it is, as for most)
+        self.opened: Opened | None = None  # a streamed response or a WebSocket under way
+
+
+class Opened:
+    """A streamed response or a WebSocket of a call, open from its head until the call
+    ends: counted on its function's load (``streams``, ``sockets``), with what went to the
+    client (bytes, and a stream's chunks) for the invocation history."""
+
+    __slots__ = ("bytes", "chunks", "load", "socket")
+
+    def __init__(self, load: Any, socket: bool) -> None:
+        self.load, self.socket = load, socket
+        self.bytes = 0
+        self.chunks = 0
+        if socket:
+            load.sockets += 1
+        else:
+            load.streams += 1
+
+    def close(self) -> None:
+        if self.socket:
+            self.load.sockets -= 1
+        else:
+            self.load.streams -= 1
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:

@@ -31,7 +31,7 @@ import httptools
 from ..metrics import METRICS
 from ..state.routes import Route
 from .activator import Refused
-from .http import Call, error_body, request_head, request_id_of, response_headers
+from .http import Call, Opened, error_body, request_head, request_id_of, response_headers
 from .upstream import CLOSED_EARLY
 
 if TYPE_CHECKING:
@@ -202,6 +202,7 @@ class Tunnel:
         self.client.write(b"".join(out))
         if status == 101:
             self.switched = True
+            call.opened = Opened(route.load, socket=True)  # open until the call ends
             pending, self.pending = self.pending, []
             assert self.upstream is not None
             if pending:
@@ -326,6 +327,9 @@ class _Replica(asyncio.Protocol):
         tunnel = self.tunnel
         if tunnel.switched:
             tunnel.client.write(data)
+            opened = tunnel.call.opened if tunnel.call is not None else None
+            if opened is not None:
+                opened.bytes += len(data)
             return
         if tunnel.ended:
             return

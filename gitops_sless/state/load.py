@@ -38,6 +38,8 @@ class Load:
         "changed",
         "cold_starts",
         "inflight",
+        "sockets",
+        "streams",
         "total",
         "waited",
         "waiting",
@@ -53,6 +55,10 @@ class Load:
         self.cold_starts: deque[ColdStart] = deque(maxlen=COLD_STARTS_KEPT)
         self.waited = 0.0  # integral of waiting over time, up to ``waiting_changed``
         self.waiting_changed = self.changed
+        # streamed responses and WebSockets open through this proxy now (every function's,
+        # counted or not: the status and /metrics show them)
+        self.streams = 0
+        self.sockets = 0
 
     def begin(self, now: float) -> None:
         self.busy += self.inflight * (now - self.changed)

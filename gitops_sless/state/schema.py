@@ -198,6 +198,8 @@ _ADDED_COLUMNS = (
     # a call's trace when it is not its request id's, and how long it waited for a start
     ("invocations", "trace_id", "TEXT NOT NULL DEFAULT ''"),
     ("invocations", "cold_ms", "REAL"),
+    ("invocations", "bytes", "INTEGER"),
+    ("invocations", "chunks", "INTEGER"),
 )
 
 # the columns of a build row before trust scopes (all of them, _ADDED_COLUMNS included)

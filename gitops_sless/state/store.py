@@ -478,7 +478,8 @@ class Store(RevisionRows, NotifyRows):
 
     def record_invocations(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Rows of (env, name, method, path, status, duration_ms, time, request_id[,
-        trace_id or "" when it is the request id, cold_ms or None when warm]).
+        trace_id or "" when it is the request id, cold_ms or None when warm[, a stream's or
+        a socket's bytes and a stream's chunks, else None]]).
 
         A path longer than MAX_STORED_PATH bytes is cut there and marked
         truncated; each function keeps its last MAX_INVOCATIONS_PER_FUNCTION calls.
@@ -489,8 +490,8 @@ class Store(RevisionRows, NotifyRows):
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO invocations (env, name, method, path, status, duration_ms, time,"
-                " request_id, trace_id, cold_ms, truncated)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " request_id, trace_id, cold_ms, bytes, chunks, truncated)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 stored,
             )
             for env, name in {(row[0], row[1]) for row in stored}:
@@ -531,7 +532,8 @@ def _cut(text: str, limit: int) -> tuple[str, bool]:
 
 def _bounded_invocation(row: tuple[Any, ...]) -> tuple[Any, ...]:
     env, name, method, path, status, duration_ms, at, request_id, *more = row
-    trace_id, cold_ms = (*more, "", None)[:2]  # a row of before traces: neither
+    # a row of before traces has neither trace_id nor cold_ms; of before streams, no sizes
+    trace_id, cold_ms, size, chunks = (*more, *("", None, None, None)[len(more) :])[:4]
     path, cut = _cut(str(path), MAX_STORED_PATH)
     method, _ = _cut(str(method), 32)
     request_id, _ = _cut(str(request_id), 200)
@@ -547,5 +549,7 @@ def _bounded_invocation(row: tuple[Any, ...]) -> tuple[Any, ...]:
         request_id,
         trace_id,
         cold_ms,
+        size,
+        chunks,
         int(cut),
     )

@@ -150,8 +150,13 @@ def create_api(
     """
 
     def scaled(env: str, row: dict[str, Any]) -> dict[str, Any]:
+        """What the proxy and the autoscaler know of a function now."""
         report = scaling(env, row["name"]) if scaling is not None else None
-        return {"scaling": Scaling(**report)} if report else {}
+        live: dict[str, Any] = {"scaling": Scaling(**report)} if report else {}
+        route = routes.get(env, row["name"]) if routes is not None else None
+        if route is not None:
+            live.update(open_streams=route.load.streams, open_sockets=route.load.sockets)
+        return live
 
     access = Access(
         api_token, read_token, anonymous_read=anonymous_read, trusted_proxies=trusted_proxies
@@ -219,6 +224,14 @@ def create_api(
         },
     )
     def metrics() -> str:
+        if routes is not None:
+            METRICS.open_connections.replace(
+                [
+                    (count, {"env": r.env, "function": r.name, "kind": kind})
+                    for r in routes.all()
+                    for kind, count in (("stream", r.load.streams), ("websocket", r.load.sockets))
+                ]
+            )
         return METRICS.render()
 
     @app.get("/api/v1/status", tags=["status"], dependencies=_READ, responses=replies.errors(401))

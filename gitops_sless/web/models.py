@@ -154,6 +154,10 @@ class Function(ApiModel):
     serving_revision: str | None = Field(
         default=None, description="the revision taking its traffic (r1, r2, ...)"
     )
+    open_streams: int = Field(
+        default=0, description="streamed responses under way through this server's proxy"
+    )
+    open_sockets: int = Field(default=0, description="WebSockets open through this server's proxy")
     pinned: str | None = Field(
         default=None,
         description="the revision a rollback holds it at, differing from git on purpose "
@@ -247,6 +251,14 @@ class Invocation(ApiModel):
     cold_start_ms: float | None = Field(
         description="how long it waited for a replica to start; null when one was ready"
     )
+    bytes: int | None = Field(
+        default=None,
+        description="a streamed response's or a WebSocket's bytes to the client (duration_ms:"
+        " how long it was open); null for an ordinary call",
+    )
+    chunks: int | None = Field(
+        default=None, description="a streamed response's chunks; null for anything else"
+    )
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Invocation:
@@ -262,6 +274,8 @@ class Invocation(ApiModel):
             # the proxy's own trace is named by the request id (the one it made)
             trace_id=row.get("trace_id") or row["request_id"],
             cold_start_ms=None if row.get("cold_ms") is None else round(row["cold_ms"], 1),
+            bytes=row.get("bytes"),
+            chunks=row.get("chunks"),
         )
 
 

@@ -245,6 +245,8 @@ def test_function_list_names_fields_in_camel_case(api):
         "scaling": None,  # not autoscaled
         "servingRevision": None,  # never deployed here
         "pinned": None,
+        "openStreams": 0,  # none through the proxy now
+        "openSockets": 0,
     }
     assert RFC3339.fullmatch(updated)
 
@@ -323,6 +325,8 @@ def test_function_detail_has_its_build_jobs_and_latest_calls(api):
         "requestId": "req-1",
         "traceId": "req-1",  # a trace the proxy started is named by the request id
         "coldStartMs": None,
+        "bytes": None,  # not a stream nor a socket
+        "chunks": None,
     }
     assert (newest["status"], newest["requestId"], newest["time"]) == (
         502,

@@ -80,6 +80,11 @@ class FunctionPage(Site):
         scaled = self.scaling(env, name) if self.scaling is not None else None
         if scaled:
             fn = fn.model_copy(update={"scaling": Scaling(**scaled)})
+        route = self.routes.get(env, name) if self.routes is not None else None
+        if route is not None:
+            fn = fn.model_copy(
+                update={"open_streams": route.load.streams, "open_sockets": route.load.sockets}
+            )
         main = _join(
             [
                 self._summary(env, fn, row, now),
@@ -125,6 +130,7 @@ class FunctionPage(Site):
             ("Revision", revision),
             ("Replicas", self._replicas(env, row)),
             *_scaling(fn),
+            *_open(fn),
             ("URL", _url_link(fn.url)),
             ("Manifest", _code(fn.manifest)),
             ("Updated", _when(fn.updated, now)),
@@ -365,3 +371,15 @@ def _scaling(fn: FunctionDetail) -> list[tuple[str, Cell]]:
                 f"over {scaled.cold_starts} in the last hour"
             )
     return [("Scaling", policy), ("Load", load), ("Cold starts", cold)]
+
+
+def _open(fn: FunctionDetail) -> list[tuple[str, Cell]]:
+    """Its streams and WebSockets open now, when it has any."""
+    if not (fn.open_streams or fn.open_sockets):
+        return []
+    parts = [
+        f"{count} {what}{'' if count == 1 else 's'}"
+        for count, what in ((fn.open_streams, "stream"), (fn.open_sockets, "WebSocket"))
+        if count
+    ]
+    return [("Open now", ", ".join(parts))]
