@@ -247,3 +247,11 @@ def test_a_stream_limit_that_is_not_a_duration_stops_the_start_and_says_which(
     said = started.stderr
     assert f"{name}={value!r}" in said or f'{name}="{value}"' in said, said
     assert why in said or "must be a positive number of seconds" in said, said
+
+
+def test_head_of_a_stream_claims_no_length(server):
+    # a GET would stream an unknown length: HEAD must not say it is empty
+    reply = httpx.head(f"{server.url}/gen")
+    assert reply.status_code == 200
+    assert "content-length" not in reply.headers
+    assert reply.content == b""

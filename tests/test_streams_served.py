@@ -193,3 +193,33 @@ def test_an_open_stream_shows_in_the_status_metrics_and_dashboard_then_in_the_hi
         "the plain call",
     )
     assert plain["bytes"] is None and plain["chunks"] is None
+
+
+DRAINING = """\
+import time
+
+def main(event, context):
+    if event["_path"] == "/slow":
+        def values():
+            yield "{version} first\\n"
+            time.sleep(3)
+            yield "{version} last\\n"
+        return values()
+    return {{"version": "{version}"}}
+"""
+
+
+def test_a_deploy_lets_an_open_stream_finish_on_the_old_code(setup):  # noqa: F811
+    drain = "    stream: {drainSec: 20}\n"
+    setup.push(
+        {"ticker/sless.yaml": manifest(drain), "ticker/handler.py": DRAINING.format(version="v1")}
+    )
+    served = setup.serve()
+    with served.client.stream("GET", "/fn/prod/ticker/slow") as response:
+        chunks = response.iter_raw()
+        assert next(chunks) == b"v1 first\n"
+        setup.push({"ticker/handler.py": DRAINING.format(version="v2")}, "v2")
+        served.sync()
+        # new calls reach the new code at once, while the old stream goes on
+        served.wait(lambda: served.call("ticker", "/").json()["version"] == "v2", "v2")
+        assert b"".join(chunks) == b"v1 last\n"  # whole: drained, not cut

@@ -1678,7 +1678,7 @@ class Server:
             lines.append("Transfer-Encoding: chunked\r\n")
         elif not no_body:
             keep = False  # HTTP/1.0: the body ends with the connection
-        if no_body and status not in (204, 304):
+        if empty and status not in (204, 304):  # HEAD of a stream: no length, as node
             lines.append("Content-Length: 0\r\n")
         if not keep:
             lines.append("Connection: close\r\n")
