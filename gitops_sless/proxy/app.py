@@ -283,9 +283,10 @@ class ProxyApp:
             call.request_id.decode("ascii"),
             call.trace_id.decode("ascii"),
             None if call.cold is None else (call.cold[0] - call.started) * 1000.0,
-            None if opened is None else opened.bytes,
-            None if opened is None or opened.socket else opened.chunks,
         )
+        if opened is not None:
+            invocation.bytes = opened.bytes
+            invocation.chunks = None if opened.socket else opened.chunks
         try:
             self.record(invocation)
         except Exception:  # a broken history must not break the call it records

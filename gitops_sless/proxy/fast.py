@@ -662,7 +662,7 @@ class FastCall:
         self.disconnected = False
         self.request_complete = self.response_complete = False
         self.head_sent = self.chunked_out = self.reused = self.upstream_paused = False
-        self.watched = False  # a stream the proxy holds to stream.idleSec and maxSec
+        # ``watched`` (a stream the proxy holds to its limits) is set with call.opened
         self.conn: UpstreamConnection | None = None
         self.task: asyncio.Task[None] | None = None
         self.upstream_out: list[bytes] = []
@@ -865,13 +865,13 @@ class FastCall:
         else:
             out = []
         if conn.chunks:
-            if self.watched:
-                self.last_chunk = self.proto.loop.time()
             body = conn.take_body()
             opened = self.call.opened
-            if opened is not None:
+            if opened is not None:  # a stream (what the proxy watches is one)
                 opened.bytes += len(body)
                 opened.chunks += 1
+                if self.watched:
+                    self.last_chunk = self.proto.loop.time()
             out.append(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked_out else body)
         done = conn.complete or self.is_head
         if done and self.chunked_out:
@@ -921,15 +921,8 @@ class FastCall:
         out += headers
         if call.cold is not None:
             out.append(self.proxy.cold_start(call))
-        route = self.route
-        if route.stream_idle_sec and not has_length:  # a stream of a function with limits
-            loop = self.proto.loop
-            self.watched = True
-            self.head_at = self.last_chunk = loop.time()
-            what = f"{route.env}/{route.name}"
-            self.proxy.streams.watch(self, route.stream_idle_sec, route.stream_max_sec, what, loop)
         if not (has_length or self.is_head or status == 204 or status == 304):
-            call.opened = Opened(route.load, socket=False)  # a stream: open until it ends
+            self._streaming(call)
             if self.http11:
                 self.chunked_out = True
                 out.append(b"transfer-encoding: chunked\r\n")
@@ -939,6 +932,18 @@ class FastCall:
             out.append(b"connection: close\r\n")
         out.append(b"\r\n")
         return out
+
+    def _streaming(self, call: Call) -> None:
+        """A response of unknown length: a stream, open until it ends, and held to the
+        function's stream limits by the proxy where it names them."""
+        route = self.route
+        call.opened = Opened(route.load, socket=False)
+        self.watched = watched = route.stream_idle_sec > 0
+        if watched:
+            loop = self.proto.loop
+            self.head_at = self.last_chunk = loop.time()
+            what = f"{route.env}/{route.name}"
+            self.proxy.streams.watch(self, route.stream_idle_sec, route.stream_max_sec, what, loop)
 
     # -- endings
 
