@@ -13,7 +13,6 @@ import base64
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from .test_runtimes import FUNCTIONS_DIR, NODE, RUNTIMES, RUNTIMES_DIR, Runtime, Server, _env
+from . import test_runtime_streams
+from .test_runtimes import Runtime, Server, _env
 
 HOOKS = {
     "SLESS_WEBSOCKET": "1",
@@ -35,14 +35,7 @@ LIMIT = 1024  # SLESS_WS_MAX_MESSAGE_BYTES of the shared server
 CONTINUATION, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 
 
-@pytest.fixture(scope="module", params=RUNTIMES)
-def runtime(request) -> Runtime:
-    name = request.param
-    if name == "nodejs20" and NODE is None:
-        pytest.fail("node is not installed: scripts/setup installs it (the nodejs20 runtime)")
-    interpreter = NODE if name == "nodejs20" else sys.executable
-    folder = FUNCTIONS_DIR / ("node" if name == "nodejs20" else "python")
-    return Runtime(name, str(interpreter), RUNTIMES_DIR / name, folder)
+runtime = test_runtime_streams.runtime  # both runtimes, with the handlers of runtime_fns
 
 
 @pytest.fixture(scope="module")

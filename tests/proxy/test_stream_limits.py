@@ -15,7 +15,8 @@ import pytest
 
 from gitops_sless.state.routes import Route
 
-from .test_proxy import Fakes, ProxyServer, _read_head
+from . import test_proxy
+from .test_proxy import ProxyServer, _read_head
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +26,7 @@ def proxy() -> Iterator[ProxyServer]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def fakes() -> Iterator[Fakes]:
-    fakes = Fakes()
-    yield fakes
-    fakes.close()
+fakes = test_proxy.fakes  # the small upstream servers, on a loop of their own
 
 
 async def quiet(fake, reader, writer) -> None:

@@ -23,7 +23,8 @@ from gitops_sless.manifests.model import Scale
 from gitops_sless.proxy import tunnel
 from gitops_sless.state.routes import Route
 
-from .test_proxy import Fake, Fakes, ProxyServer, _read_head
+from . import test_proxy
+from .test_proxy import Fake, ProxyServer, _read_head
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 KEY = base64.b64encode(b"0123456789abcdef")
@@ -43,11 +44,7 @@ def proxy(request: pytest.FixtureRequest) -> Iterator[ProxyServer]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def fakes() -> Iterator[Fakes]:
-    fakes = Fakes()
-    yield fakes
-    fakes.close()
+fakes = test_proxy.fakes  # the small upstream servers, on a loop of their own
 
 
 _names = iter(range(1_000_000))
