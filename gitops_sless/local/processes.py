@@ -174,9 +174,8 @@ class Supervisor(Recovery):
             self._stop([r.child for r in fresh])
             raise self._shutting_down(spec)
         if old:
-            self._stop_later(
-                [r.child for r in old.replicas], old.spec.stop_grace_sec or STOP_GRACE_SEC
-            )
+            grace = old.spec.stop_grace_sec or STOP_GRACE_SEC
+            self._stop_later([r.child for r in old.replicas], grace)
 
     def scale(self, env: str, name: str, replicas: int) -> None:
         """Run ``replicas`` of an applied function from now on: more start at once (unless

@@ -1,5 +1,5 @@
 """A valid manifest's blocks as typed values, with the schema's defaults filled in:
-``scale``, ``rateLimit``, ``async``, ``rollout``, ``stream`` and the websocket trigger."""
+``scale``, ``rateLimit``, ``async``, ``rollout`` and ``stream``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from . import durations
-from .model import AsyncPolicy, RateLimit, Rollout, Scale, StreamPolicy, Warm, WebSocketTrigger
+from .model import AsyncPolicy, RateLimit, Rollout, Scale, StreamPolicy, Warm
 
-__all__ = ["async_policy", "rate_limit", "rollout", "scale", "stream", "websocket"]
+__all__ = ["async_policy", "rate_limit", "rollout", "scale", "stream"]
 
 
 def scale(block: dict[str, Any] | None) -> Scale | None:
@@ -52,13 +52,3 @@ def stream(block: dict[str, Any] | None) -> StreamPolicy | None:
     if block is None:
         return None
     return StreamPolicy(block["idleSec"], block["maxSec"], block["drainSec"], block["request"])
-
-
-def websocket(triggers: list[dict[str, Any]]) -> WebSocketTrigger | None:
-    """The websocket trigger of a function's triggers (at most one), or None."""
-    for trigger in triggers:
-        if trigger["type"] == "websocket":
-            return WebSocketTrigger(
-                trigger.get("onConnect"), trigger.get("onDisconnect"), trigger["maxMessageBytes"]
-            )
-    return None

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ManifestError, ManifestProblem
 from ..source.snapshot import Snapshot
-from . import blocks, cron, durations, handlers, runtimes, schema, yamldoc
+from . import blocks, cron, durations, handlers, runtimes, schema, triggers, yamldoc
 from .identity import MANIFEST_NAME, build_tag, source_id
 from .model import (
     DEFAULT_MAX,
@@ -152,11 +152,10 @@ class _Manifest:
             esm = runtime.interpreter == "node" and handlers.loads_as_esm(
                 wanted, files, lambda rel: read(posixpath.join(self.folder, rel))
             )
-            source = read(where)
-            # the entrypoint's function, then those a websocket trigger names in its file
-            hooks = [(path, name) for path, name in _hooks(at[:-1], fn) if self._valid(*path)]
+            source = read(where)  # its entrypoint's function, and a websocket trigger's hooks
+            hooks = [((*at[:-1], "triggers", *p), n) for p, n in triggers.hooks(fn.get("triggers"))]
             named = [(at, fn["entrypoint"].rpartition(".")[2]), *hooks]
-            for name_at, function in named:
+            for name_at, function in (n for n in named if self._valid(*n[0])):
                 found = handlers.check(runtime.interpreter, source, function, esm)
                 if found is not None and found.in_code:
                     self.problems.append(ManifestProblem(where, found.line, "(code)", found.reason))
@@ -165,18 +164,8 @@ class _Manifest:
                     self.problem(name_at, f"{where} {found.reason}")
 
     def _check_triggers(self, at: yamldoc.Path, fn: dict[str, Any]) -> None:
-        seen: set[str] = set()
-        for j, trigger in enumerate(fn["triggers"]):
-            kind = trigger["type"]
-            if kind in ("http", "websocket"):
-                if kind in seen:
-                    self.problem((*at, "triggers", j), f"a function has at most one {kind} trigger")
-                seen.add(kind)
-            elif trigger["type"] == "cron":
-                try:
-                    cron.parse(trigger["schedule"])
-                except cron.CronError as exc:
-                    self.problem((*at, "triggers", j, "schedule"), str(exc))
+        for where, why in triggers.problems(fn["triggers"]):
+            self.problem((*at, "triggers", *where), why)
 
     def _written(self, i: int) -> dict[str, Any]:
         """Function ``i`` as the file writes it, before the schema's defaults."""
@@ -346,9 +335,6 @@ def _function(
         enabled=fn["enabled"],
         env=read_env(fn["env"]),
         preview_env=read_env(fn["preview"].get("env", {})),
-        # a queue trigger's events arrive as calls, a websocket's connections too: each
-        # serves the function as http does
-        http=any(t["type"] in ("http", "queue", "websocket") for t in fn["triggers"]),
         crons=tuple(
             CronTrigger(t["schedule"], t["event"]) for t in fn["triggers"] if t["type"] == "cron"
         ),
@@ -367,23 +353,8 @@ def _function(
         subjects=tuple(sorted({t["subject"] for t in fn["triggers"] if t["type"] == "queue"})),
         rollout=blocks.rollout(fn.get("rollout")),
         stream=blocks.stream(fn.get("stream")),
-        websocket=blocks.websocket(fn["triggers"]),
-        # a function with only a websocket trigger takes no plain calls
-        plain_http=not any(t["type"] == "websocket" for t in fn["triggers"])
-        or any(t["type"] in ("http", "queue") for t in fn["triggers"]),
+        **triggers.served(fn["triggers"]),
     )
-
-
-def _hooks(at: yamldoc.Path, fn: dict[str, Any]) -> list[tuple[yamldoc.Path, str]]:
-    """The functions a websocket trigger of ``fn`` (at ``at``) names, with where."""
-    triggers = fn.get("triggers")
-    return [
-        ((*at, "triggers", j, key), trigger[key])
-        for j, trigger in enumerate(triggers if isinstance(triggers, list) else ())
-        if isinstance(trigger, dict) and trigger.get("type") == "websocket"
-        for key in ("onConnect", "onDisconnect")
-        if isinstance(trigger.get(key), str)
-    ]
 
 
 # --- the whole repository ------------------------------------------------------

@@ -180,10 +180,9 @@ class ProxyApp:
 
     def body_limit(self, route: Route) -> int:
         """The most request body bytes a call of ``route``'s function may send."""
-        own = route.max_body_bytes
-        if own is None:
-            return self.max_body_bytes
-        return own if route.body_streamed else min(own, self.max_body_bytes)
+        own = route.max_body_bytes  # a streamed body is never held: no ceiling for it
+        streamed = own is not None and route.body_streamed
+        return own if streamed else min(own or self.max_body_bytes, self.max_body_bytes)
 
     def sent(self, call: Call, route: Route, waited_for: Route) -> None:
         """A held call goes on: if it waited for a replica to start, it is a cold start."""
@@ -284,9 +283,8 @@ class ProxyApp:
             call.trace_id.decode("ascii"),
             None if call.cold is None else (call.cold[0] - call.started) * 1000.0,
         )
-        if opened is not None:
-            invocation.bytes = opened.bytes
-            invocation.chunks = None if opened.socket else opened.chunks
+        if opened is not None:  # what went to the client; a socket has no chunks
+            invocation.bytes, invocation.chunks = opened.bytes, opened.chunks or None
         try:
             self.record(invocation)
         except Exception:  # a broken history must not break the call it records

@@ -79,7 +79,6 @@ from .http import (
     SANDBOX_CSP,
     Call,
     Limits,
-    Opened,
     Peer,
     Withheld,
     error_body,
@@ -87,7 +86,7 @@ from .http import (
     request_id_of,
     response_headers,
 )
-from .streamwatch import StreamWatch
+from .streamwatch import Opened, StreamWatch
 from .tunnel import ClientSide, Tunnel, is_websocket
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 

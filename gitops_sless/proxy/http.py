@@ -47,7 +47,6 @@ __all__ = [
     "SESSION_COOKIE",
     "Call",
     "Limits",
-    "Opened",
     "Peer",
     "Withheld",
     "error_body",
@@ -260,10 +259,8 @@ class Call:
         self.env, self.name, self.method, self.path = env, name, method, path
         self.known = False  # routed or declared: counted and recorded under its name
         self.declared: Any = None  # the routes.Declared of a name with no serving route
-        self.request_id = b""
-        self.status = 0
-        self.started = time.perf_counter()
-        self.wall = time.time()
+        self.request_id, self.status = b"", 0
+        self.started, self.wall = time.perf_counter(), time.time()
         self.load: Any = None  # the function's load.Load while the call counts in it
         # (perf_counter when the replica that the call waited for was ready, the route's
         # runtime) of a call that waited for a start; None: it did not
@@ -275,30 +272,7 @@ class Call:
         # the proxy's span; the caller's span id, None for a new trace)
         self.trace: tuple[bytes, bytes | None] | None = None
         self.trace_id = b""  # when it is not its request id (b"": it is, as for most)
-        self.opened: Opened | None = None  # a streamed response or a WebSocket under way
-
-
-class Opened:
-    """A streamed response or a WebSocket of a call, open from its head until the call
-    ends: counted on its function's load (``streams``, ``sockets``), with what went to the
-    client (bytes, and a stream's chunks) for the invocation history."""
-
-    __slots__ = ("bytes", "chunks", "load", "socket")
-
-    def __init__(self, load: Any, socket: bool) -> None:
-        self.load, self.socket = load, socket
-        self.bytes = 0
-        self.chunks = 0
-        if socket:
-            load.sockets += 1
-        else:
-            load.streams += 1
-
-    def close(self) -> None:
-        if self.socket:
-            self.load.sockets -= 1
-        else:
-            self.load.streams -= 1
+        self.opened: Any = None  # a streamwatch.Opened: a stream or a WebSocket under way
 
 
 def split_target(raw: bytes) -> tuple[str, str, bool, bytes]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from .. import logs
 
-__all__ = ["MARGIN_SEC", "StreamWatch", "Watched"]
+__all__ = ["MARGIN_SEC", "Opened", "StreamWatch", "Watched"]
 
 _log = logging.getLogger(__name__)
 
@@ -75,3 +75,26 @@ class StreamWatch:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class Opened:
+    """A streamed response or a WebSocket of a call, open from its head until the call
+    ends: counted on its function's load (``streams``, ``sockets``), with what went to the
+    client (bytes, and a stream's chunks) for the invocation history."""
+
+    __slots__ = ("bytes", "chunks", "load", "socket")
+
+    def __init__(self, load: Any, socket: bool) -> None:
+        self.load, self.socket = load, socket
+        self.bytes = 0
+        self.chunks = 0
+        if socket:
+            load.sockets += 1
+        else:
+            load.streams += 1
+
+    def close(self) -> None:
+        if self.socket:
+            self.load.sockets -= 1
+        else:
+            self.load.streams -= 1

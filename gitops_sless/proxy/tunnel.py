@@ -31,7 +31,8 @@ import httptools
 from ..metrics import METRICS
 from ..state.routes import Route
 from .activator import Refused
-from .http import Call, Opened, error_body, request_head, request_id_of, response_headers
+from .http import Call, error_body, request_head, request_id_of, response_headers
+from .streamwatch import Opened
 from .upstream import CLOSED_EARLY
 
 if TYPE_CHECKING:
