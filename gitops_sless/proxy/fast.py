@@ -46,7 +46,8 @@ on top of the proxying itself: about 70 µs of CPU per call against 50 here
 (``bench/README.md``). A request whose target starts with ``/fn/`` is
 carried by a :class:`FastCall` driven by callbacks (the client's parser on
 one side, the upstream's on the other) and its response goes out in one
-write. Everything else -- other paths, websockets, requests pipelined
+write; a WebSocket upgrade there is a :class:`~.tunnel.Tunnel`. Everything
+else -- other paths, other upgrades, requests pipelined
 behind one in flight, a server with uvicorn's ``limit_concurrency`` --
 takes uvicorn's usual ASGI route, so the application behind it sees no
 difference.
