@@ -13,7 +13,6 @@ import base64
 import os
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,13 +70,7 @@ def own_server(runtime, log_dir) -> Iterator:
 
 
 def wait_for(check, what: str, timeout: float = 15.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return test_runtime_streams.wait_for(check, what, timeout)  # a socket's end: longer
 
 
 def ws(server: Server, path: str = "/", **options) -> ClientConnection:
