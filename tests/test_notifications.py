@@ -184,8 +184,12 @@ def test_a_start_failure_and_a_job_failure_carry_their_cause(setup):
         )
         assert job["job"] == "sum-numbers" and "ZeroDivisionError" in job["cause"]
         assert all(d.signed_by(KEY) for d in receiver.accepted("/hook"))
-        metrics = server.client.get("/metrics").text
-        assert 'sless_notifications_total{provider="hook",result="delivered"}' in metrics
+        # the receiver holds the message before the outbox hears its answer and counts it
+        delivered = 'sless_notifications_total{provider="hook",result="delivered"}'
+        metrics = server.wait(
+            lambda: delivered in (text := server.client.get("/metrics").text) and text,
+            "the delivery counted",
+        )
         assert 'sless_notification_events_total{event="startFailed",provider="hook"} 1' in metrics
     finally:
         receiver.close()
@@ -212,9 +216,12 @@ def test_a_500_is_retried_and_a_filtered_environment_hears_nothing(setup):
         assert refused[0].events == receiver.accepted("/hook")[0].events
         assert refused[0].signed_by(KEY)
 
-        status = {
-            p["name"]: p for p in server.client.get("/api/v1/notifications").json()["providers"]
-        }
+        def providers() -> dict[str, Any] | None:  # once the outbox has heard the answer
+            status = server.client.get("/api/v1/notifications").json()["providers"]
+            by_name = {p["name"]: p for p in status}
+            return by_name if by_name["hook"]["lastOk"] else None
+
+        status = server.wait(providers, "hook's delivery")
         assert status["hook"]["retried"] == 1 and status["hook"]["lastOk"] is True
         # the look that queued the deploy for hook queued nothing for the filtered ones
         assert status["staging"]["events"] == 0 and status["others"]["events"] == 0
