@@ -43,6 +43,7 @@ from nats.js import api
 
 from .engine import Counts, EngineUnavailable, Worker
 from .model import DEAD, ENDED, FAILED, Filter, Invocation
+from .natsacks import Acks
 from .natsconsume import Delivery
 from .natsevents import Events
 from .natsindex import IndexWatch, RecordIndex
@@ -97,8 +98,6 @@ class NatsEngine:
         self._delivery: Delivery | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._starting = asyncio.Lock()
-        self._in_flight: set[asyncio.Future[Any]] = set()  # submits' writes under way
-        self._cut: set[asyncio.Future[Any]] = set()  # ... cut by a disconnection
 
     # -- life
 
@@ -160,7 +159,9 @@ class NatsEngine:
                 direct=True,
             )
         )
-        store = Store(self._nc, js, self.names, self.index, schedules=schedules)
+        acks = Acks(self._nc, REQUEST_TIMEOUT_SEC)
+        await acks.start()
+        store = Store(self._nc, js, acks, self.names, self.index, schedules=schedules)
         self._watch = IndexWatch(js, store.record_stream, store.record_prefix, self.index)
         await self._watch.start(REQUEST_TIMEOUT_SEC)
         self._events = Events(store, self.retention_sec, self._made)
@@ -197,11 +198,9 @@ class NatsEngine:
     async def _disconnected(self) -> None:
         if self._nc is not None and not self._nc.is_closed:  # not our own close
             _log.warning("NATS %s: disconnected; reconnecting", self.url)
-        # submits waiting for answers that cannot come: refused now, not at their timeout
-        cut, self._in_flight = self._in_flight, set()
-        for waiting in cut:
-            self._cut.add(waiting)
-            waiting.cancel()
+        # writes waiting for answers that cannot come: refused now, not at their timeout
+        if self._store is not None:
+            self._store.acks.fail_all(f"NATS at {self.url}: disconnected before the answer")
 
     async def _reconnected(self) -> None:
         _log.info("NATS %s: reconnected", self.url)
@@ -225,27 +224,16 @@ class NatsEngine:
             key, existing = await self._claim(invocation)
             if existing is not None:
                 return existing, False
-        # both at once: one round trip
-        both = asyncio.gather(
-            store.write(invocation, expect=0),
-            store.publish_work(invocation),
-            return_exceptions=True,
-        )
-        self._in_flight.add(both)
         try:
-            written, published = await both
-        except asyncio.CancelledError:
-            if both not in self._cut:
-                raise
-            self._cut.discard(both)
-            raise EngineUnavailable(f"NATS at {self.url}: disconnected during submit") from None
-        finally:
-            self._in_flight.discard(both)
-        failure = next((r for r in (written, published) if isinstance(r, BaseException)), None)
-        if isinstance(written, Conflict) and published is None:
+            written, published = await store.submit(invocation)
+        except EngineUnavailable:  # nothing was sent
+            await self._undo(invocation, key, record=False)
+            raise
+        failure = next((r for r in (written, published) if isinstance(r, Exception)), None)
+        if isinstance(written, Conflict) and isinstance(published, int):
             failure = None  # the same invocation submitted twice: it is stored
         if failure is not None:
-            await self._undo(invocation, key, record=not isinstance(written, BaseException))
+            await self._undo(invocation, key, record=not isinstance(written, Exception))
             if isinstance(failure, EngineUnavailable):
                 raise failure
             raise EngineUnavailable(f"NATS: submit {invocation.id}: {failure!r}") from failure
@@ -377,10 +365,22 @@ class NatsEngine:
     async def list(self, which: Filter) -> list[Invocation]:
         self._ready()
         found: list[Invocation] = []
-        candidates = self.index.ids(which)
-        # the index may be a moment behind: each record is checked against ``which``
-        while candidates and len(found) < which.limit:
-            chunk, candidates = candidates[: which.limit], candidates[which.limit :]
+        candidates = iter(self.index.ids(which))
+        index = self.index
+        while len(found) < which.limit:
+            # The index moves on while records are read (a queue being worked through
+            # passes a listing of its queued ones by): what no longer matches it is
+            # not read. It may also be a moment behind another replica's writes:
+            # each record read is checked against ``which`` too.
+            chunk = []
+            for key in candidates:
+                summary = index.get(key)
+                if summary is not None and summary.matches(which):
+                    chunk.append(key)
+                    if len(chunk) == which.limit:
+                        break
+            if not chunk:
+                break
             found += [inv for inv in await self._records(chunk) if which.matches(inv)]
         return found[: which.limit]
 

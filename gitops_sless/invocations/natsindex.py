@@ -241,13 +241,25 @@ class IndexWatch:
                 _log.debug("index watch: unsubscribe: %s", exc)
 
     async def _on_message(self, msg: Any) -> None:
-        meta = msg.metadata
+        revision, pending = _positions(msg)
         key = msg.subject[len(self.key_prefix) :]
         headers = msg.headers or {}
-        revision = meta.sequence.stream
         if KV_OPERATION in headers or MARKER_REASON in headers:
             self.index.forget(key, revision, seen_by_watch=True)
         else:
             self.index.put(key, revision, headers.get(HEADER))
-        if meta.num_pending == 0:
+        if pending == 0:
             self.synced.set()
+
+
+def _positions(msg: Any) -> tuple[int, int]:
+    """A delivered message's stream sequence and the messages still pending, from its
+    ack subject (``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>
+    .<time>.<pending>``, or with a domain and an account hash after ``ACK``): every
+    record write comes back through the watch, and nats-py's ``metadata`` builds
+    three objects for these two numbers."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[5]), int(tokens[8])
+    meta = msg.metadata
+    return meta.sequence.stream, meta.num_pending

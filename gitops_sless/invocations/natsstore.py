@@ -38,6 +38,7 @@ from nats.js import api
 
 from .engine import EngineUnavailable
 from .model import Invocation
+from .natsacks import WRONG_LAST_SEQUENCE, Acks, Conflict
 from .natsindex import HEADER, KV_OPERATION, RecordIndex, summary_of
 
 __all__ = ["Conflict", "ConsumerGone", "Names", "Puller", "Store", "translated"]
@@ -47,15 +48,10 @@ _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+$")
 EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
-WRONG_LAST_SEQUENCE = frozenset({10071, 10164})  # the server's codes for a failed compare
 # the server removes a deleted record's marker after this: by then every engine's
 # watch has seen it (one that was away longer reads the record as missing)
 MARKER_TTL_SEC = 3600.0
 PAYLOAD_SLACK = 2048  # of max_payload, for the headers
-
-
-class Conflict(Exception):
-    """A compare-and-set write found the record changed since it was read."""
 
 
 class ConsumerGone(Exception):
@@ -161,10 +157,11 @@ class Store:
     """Records, work, schedules and dead letters on one connection's JetStream."""
 
     def __init__(
-        self, nc: Any, js: Any, names: Names, index: RecordIndex, *, schedules: bool
+        self, nc: Any, js: Any, acks: Acks, names: Names, index: RecordIndex, *, schedules: bool
     ) -> None:
         self.nc = nc
         self.js = js
+        self.acks = acks  # records and work: the writes of every submission and run
         self.names = names
         self.index = index
         self.schedules = schedules  # the server schedules messages (2.12+)
@@ -189,14 +186,40 @@ class Store:
     async def write(self, inv: Invocation, expect: int | None = None) -> int:
         """Store ``inv``; with ``expect`` only over that revision (0: a new key), else
         :class:`Conflict`. Returns the new revision."""
-        headers = {HEADER: summary_of(inv)}
+        summary = summary_of(inv)
+        headers = {HEADER: summary}
         if expect is not None:
             headers[EXPECTED_LAST] = str(expect)
-        data = self._encoded(inv)
-        with translated(f"write invocation {inv.id}"):
-            ack = await self.js.publish(self.record_prefix + inv.id, data, headers=headers)
-        self.index.put(inv.id, ack.seq, headers[HEADER])
-        return int(ack.seq)
+        data, what = self._encoded(inv), f"write invocation {inv.id}"
+        seq = await self.acks.publish(self.record_prefix + inv.id, data, headers, what)
+        self.index.put(inv.id, seq, summary)
+        return seq
+
+    async def submit(self, inv: Invocation) -> tuple[int | Exception, int | Exception]:
+        """A new record and its work message, both sent before either ack is awaited
+        (one round trip): each one's stored sequence, or what went wrong with it."""
+        summary = summary_of(inv)
+        record = f"write invocation {inv.id}"
+        work = f"queue invocation {inv.id}"
+        acks = self.acks
+        headers = {HEADER: summary, EXPECTED_LAST: "0"}
+        written = await acks.send(self.record_prefix + inv.id, self._encoded(inv), headers, record)
+        try:
+            subject = self.names.work(inv.env, inv.function)
+            queued = await acks.send(subject, work_message(inv), {"Nats-Msg-Id": inv.id}, work)
+        except EngineUnavailable as exc:
+            queued = exc
+        results: list[int | Exception] = []
+        for sent, what in ((written, record), (queued, work)):
+            try:
+                stored = sent if isinstance(sent, Exception) else await acks.stored(sent, what)
+                results.append(stored)
+            except (EngineUnavailable, Conflict) as exc:
+                results.append(exc)
+        seq = results[0]
+        if isinstance(seq, int):
+            self.index.put(inv.id, seq, summary)
+        return results[0], results[1]
 
     def _encoded(self, inv: Invocation) -> bytes:
         """The record as stored, within the server's ``max_payload`` (1 MB unless
@@ -230,12 +253,9 @@ class Store:
         """The message that has ``inv`` run; published twice within the duplicate
         window (a retried publish, a redelivered event) it is stored once."""
         msg_id = inv.id if inv.round_start == 0 else f"{inv.id}.{inv.round_start}"
-        with translated(f"queue invocation {inv.id}"):
-            await self.js.publish(
-                self.names.work(inv.env, inv.function),
-                work_message(inv),
-                headers={"Nats-Msg-Id": msg_id},
-            )
+        subject = self.names.work(inv.env, inv.function)
+        headers = {"Nats-Msg-Id": msg_id}
+        await self.acks.publish(subject, work_message(inv), headers, f"queue invocation {inv.id}")
 
     async def schedule(self, inv: Invocation) -> None:
         """A work message for ``inv`` at ``inv.next_at``, replacing any earlier one."""

@@ -16,17 +16,19 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import telemetry
 from ..metrics import METRICS
+from ..proxy.fast import Answer
 from ..proxy.http import HOP_BY_HOP, PREFIX, split_target
 from ..state.routes import RouteTable
 from ..telemetry.tracecontext import child_traceparent
 from .engine import Engine, EngineUnavailable
 from .model import Callback, Invocation, new_id
 
-__all__ = ["ASYNC_PREFIX", "Submitter", "wants_async"]
+__all__ = ["ASYNC_PREFIX", "Submitter", "Taking", "wants_async"]
 
 _log = logging.getLogger(__name__)
 
@@ -52,7 +54,9 @@ def _without_respond_async(value: bytes) -> bytes:
 
 
 class Submitter:
-    """The ASGI application that takes asynchronous invocations into ``engine``."""
+    """Takes asynchronous invocations into ``engine``: the ASGI application for both
+    ways in, and the proxy's :class:`~gitops_sless.proxy.fast.Submissions` (the
+    ``/fn/`` listener hands a submission over whole, without an ASGI cycle)."""
 
     def __init__(
         self,
@@ -75,8 +79,25 @@ class Submitter:
             await receive()
             await send({"type": "websocket.close", "code": 1008})
             return
-        status, body, headers = await self._submit(scope, receive)
-        data = json.dumps(body).encode()
+        raw = scope.get("raw_path") or scope["path"].encode("latin-1")
+        client = scope.get("client")
+        taking = self.head(
+            scope["method"],
+            raw,
+            scope.get("query_string", b""),
+            scope["headers"],
+            client[0] if client else None,
+        )
+        if isinstance(taking, Taking):
+            try:
+                body = await _read_body(receive, taking.limit)
+            except _ClientGone:  # nothing was accepted: there is nobody to tell
+                answer = _answer(499, {"error": "the client left before its body was read"})
+            else:
+                answer = await taking.take(body) if body is not None else taking.too_large()
+        else:
+            answer = taking
+        status, data, headers = answer
         await send(
             {
                 "type": "http.response.start",
@@ -90,35 +111,42 @@ class Submitter:
         )
         await send({"type": "http.response.body", "body": data})
 
-    async def _submit(
-        self, scope: Scope, receive: Any
-    ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]]:
-        raw = scope.get("raw_path") or scope["path"].encode("latin-1")
+    def head(
+        self,
+        method: str,
+        raw: bytes,
+        query: bytes,
+        request_headers: Sequence[tuple[bytes, bytes]],
+        client: str | None,
+    ) -> Answer | Taking:
+        """The answer to a submission from its head alone (refused), or the
+        :class:`Taking` that waits for its body."""
         if raw.startswith(ASYNC_PREFIX):
             raw = PREFIX + raw[len(ASYNC_PREFIX) :]
         env, name, valid, tail = split_target(raw)
         if not valid:
-            return 404, {"error": "function not found"}, []
+            return _answer(404, {"error": "function not found"})
         refused = self._refused(env, name)
         if refused is not None:
-            return *refused, []
-        if self.unavailable is not None or self.engine is None:
+            return _answer(*refused)
+        engine = self.engine
+        if self.unavailable is not None or engine is None:
             reason = self.unavailable or "asynchronous invocations are off"
-            return 503, {"error": reason}, []
+            return _answer(503, {"error": reason})
         route = self.routes.get(env, name)
         own = route.max_body_bytes if route is not None else None
         limit = self.max_body_bytes if own is None else min(own, self.max_body_bytes)
-        kept = self.engine.max_body_bytes
+        kept = engine.max_body_bytes
         if kept is not None:
             limit = min(limit, kept)
         started = time.time_ns()
         headers: list[tuple[str, str]] = []
         length = None
         callback_url = key = traceparent = tracestate = None
-        for raw_name, value in scope["headers"]:
-            if raw_name == b"content-length":
-                length = int(value) if value.isdigit() else None
+        for raw_name, value in request_headers:
             if raw_name in _DROPPED:
+                if raw_name == b"content-length":
+                    length = int(value) if value.isdigit() else None
                 continue
             if raw_name == b"prefer":
                 value = _without_respond_async(value)
@@ -142,58 +170,23 @@ class Submitter:
         if tracestate and traceparent and trace[3:35] == traceparent[3:35]:
             headers.append(("tracestate", tracestate))
         if length is not None and length > limit:
-            return 413, {"error": f"request body larger than {limit} bytes"}, []
-        try:
-            body = await _read_body(receive, limit)
-        except _ClientGone:  # nothing was accepted: there is nobody to tell
-            return 499, {"error": "the client left before its body was read"}, []
-        if body is None:
-            return 413, {"error": f"request body larger than {limit} bytes"}, []
-        if callback_url is not None:
-            reason = await self.callback_refusal(callback_url)
-            if reason is not None:
-                return 400, {"error": reason}, []
-        query = scope.get("query_string", b"")
+            return _too_large(limit)
         path = "/" + tail.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        client = scope.get("client")
-        invocation = Invocation(
-            id=new_id(),
-            env=env,
-            function=name,
-            method=scope["method"],
-            path=path,
-            headers=tuple(headers),
-            body=body,
-            created=time.time(),
-            client=client[0] if client else None,
-            idempotency_key=key,
-            callback=None if callback_url is None else Callback(callback_url),
-        )
-        try:
-            stored, created = await self.engine.submit(invocation)
-        except EngineUnavailable as exc:
-            _log.warning("invocation of %s/%s not taken: %s", env, name, exc)
-            return 503, {"error": f"the queue cannot take it now: {exc}"}, [(b"retry-after", b"5")]
-        if created:
-            METRICS.async_submitted.inc(env=env, function=name)
-            telemetry.record_under(
-                f"{scope['method']} /async/{env}/{name}",
-                trace,
-                traceparent,
-                started,
-                time.time_ns(),
-                {"sless.environment": env, "sless.function": name, "sless.invocation": stored.id},
-            )
-        location = f"/api/invocations/{stored.id}".encode("ascii")
-        reply = {"id": stored.id, "status": stored.status}
-        return (
-            202,
-            reply,
-            [
-                (b"location", location),
-                (b"x-invocation-id", stored.id.encode("ascii")),
-                (b"x-call-id", stored.id.encode("ascii")),  # OpenFaaS's name for it
-            ],
+        return Taking(
+            self,
+            engine,
+            env,
+            name,
+            method,
+            path,
+            tuple(headers),
+            client,
+            key,
+            callback_url,
+            trace,
+            traceparent,
+            started,
+            limit,
         )
 
     def _refused(self, env: str, name: str) -> tuple[int, dict[str, Any]] | None:
@@ -210,6 +203,86 @@ class Submitter:
         if declared is not None and declared.phase == "Disabled":
             return 503, {"error": "function disabled", "env": env, "function": name}
         return None
+
+
+def _answer(
+    status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> Answer:
+    return status, json.dumps(body).encode(), headers or []
+
+
+def _too_large(limit: int) -> Answer:
+    return _answer(413, {"error": f"request body larger than {limit} bytes"})
+
+
+@dataclass(slots=True)
+class Taking:
+    """A submission whose head is accepted: :meth:`take` stores it with its body (at
+    most ``limit`` bytes, which whoever reads the body holds it to)."""
+
+    submitter: Submitter
+    engine: Engine
+    env: str
+    function: str
+    method: str
+    path: str
+    headers: tuple[tuple[str, str], ...]
+    client: str | None
+    key: str | None
+    callback_url: str | None
+    trace: str
+    traceparent: str | None
+    started: int  # ns
+    limit: int
+
+    def too_large(self) -> Answer:
+        return _too_large(self.limit)
+
+    async def take(self, body: bytes) -> Answer:
+        """Store the invocation; 202 once it is stored durably."""
+        callback_url = self.callback_url
+        if callback_url is not None:
+            reason = await self.submitter.callback_refusal(callback_url)
+            if reason is not None:
+                return _answer(400, {"error": reason})
+        env, name = self.env, self.function
+        invocation = Invocation(
+            id=new_id(),
+            env=env,
+            function=name,
+            method=self.method,
+            path=self.path,
+            headers=self.headers,
+            body=body,
+            created=time.time(),
+            client=self.client,
+            idempotency_key=self.key,
+            callback=None if callback_url is None else Callback(callback_url),
+        )
+        try:
+            stored, created = await self.engine.submit(invocation)
+        except EngineUnavailable as exc:
+            _log.warning("invocation of %s/%s not taken: %s", env, name, exc)
+            reply = {"error": f"the queue cannot take it now: {exc}"}
+            return _answer(503, reply, [(b"retry-after", b"5")])
+        if created:
+            METRICS.async_submitted.inc(env=env, function=name)
+            telemetry.record_under(
+                f"{self.method} /async/{env}/{name}",
+                self.trace,
+                self.traceparent,
+                self.started,
+                time.time_ns(),
+                {"sless.environment": env, "sless.function": name, "sless.invocation": stored.id},
+            )
+        ident = stored.id.encode("ascii")
+        data = b'{"id": "%b", "status": "%b"}' % (ident, stored.status.encode("ascii"))
+        headers = [
+            (b"location", b"/api/invocations/" + ident),
+            (b"x-invocation-id", ident),
+            (b"x-call-id", ident),  # OpenFaaS's name for it
+        ]
+        return 202, data, headers
 
 
 class _ClientGone(Exception):

@@ -29,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ..metrics import METRICS
@@ -57,6 +57,9 @@ from .spans import record_span
 from .streamwatch import StreamWatch
 from .upstream import CLOSED_EARLY, Pool, UpstreamConnection, UpstreamError
 
+if TYPE_CHECKING:
+    from .fast import Submissions
+
 __all__ = ["Invocation", "Limits", "ProxyApp", "config"]
 
 Scope = MutableMapping[str, Any]
@@ -69,15 +72,14 @@ _log = logging.getLogger(__name__)
 class ProxyApp:
     """ASGI 3 application serving ``/fn/{env}/{name}/{path...}``.
 
-    In front of another ASGI app, hand it the requests whose path starts with
-    ``/fn/``, run the server with ``config(combined_app, host, port, proxy=this)``
-    (``/fn/`` then never reaches ASGI at all) and ``await aclose()`` at shutdown.
-    Its connection pool belongs to the event loop that serves it: one loop per
-    ProxyApp. ``record`` is called on that loop, once per call to a routed or
-    declared function. ``trusted_proxies`` are CIDRs (or addresses) of proxies in
-    front whose ``X-Forwarded-For`` and ``Forwarded`` are kept (see :mod:`.http`).
-    ``withheld_tokens`` are the server's own tokens: never passed on to a function.
-    """
+    In front of another ASGI app, hand it the requests whose path starts with ``/fn/``,
+    run the server with ``config(combined_app, host, port, proxy=this)`` (``/fn/`` then
+    never reaches ASGI at all) and ``await aclose()`` at shutdown. Its connection pool
+    belongs to the event loop that serves it: one loop per ProxyApp. ``record`` is
+    called on that loop, once per call to a routed or declared function.
+    ``trusted_proxies`` are CIDRs (or addresses) of proxies in front whose ``X-Forwarded-For``
+    and ``Forwarded`` are kept (see :mod:`.http`). ``withheld_tokens`` are the server's own
+    tokens: never passed on to a function."""
 
     def __init__(
         self,
@@ -98,6 +100,7 @@ class ProxyApp:
         self._peers: dict[str | None, Peer] = {}
         self.pool = Pool()
         self.streams = StreamWatch()  # streamed responses held to their limits
+        self.submissions: Submissions | None = None  # the fast path's (.handoff), set by serve
 
     @property
     def upstream_connections_opened(self) -> int:
@@ -258,9 +261,7 @@ class ProxyApp:
         opened = call.opened
         if opened is not None:  # a stream or a socket: no longer open
             opened.close()
-        if not call.known:
-            # An undeclared name comes from the URL: as a metric label, or in the
-            # invocation history, it would grow without bound.
+        if not call.known:  # a name from the URL: as a label or in history, it is unbounded
             METRICS.proxy_unknown.inc()
             return
         status = call.status or 500
@@ -476,8 +477,7 @@ class ProxyApp:
     async def _stream(
         self, conn: UpstreamConnection, address: Address, receive: Receive, send: Send
     ) -> None:
-        # The client may leave in the middle of a long stream; the ASGI server says so
-        # only through receive(), and then the upstream connection is dropped.
+        # a client leaving mid-stream is told by receive() only: the upstream is then dropped
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass  # what is left of a request body nobody read

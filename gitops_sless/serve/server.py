@@ -173,6 +173,7 @@ class Server:
         relay_local_spans(api, self.backend, config.public_url)  # with --otlp-endpoint
         if self.elector is not None:
             share_sign_outs(api.state.access, self.elector.members)
+        self.proxy.submissions = self.async_calls.submitter  # the fast path's
         if config.fn_listen:
             self.app = listeners.without_functions(api, config.fn_url)
             self.fn_app: listeners.ASGIApp | None = listeners.functions_only(
@@ -250,9 +251,7 @@ class Server:
                 routes=self.routes,
                 workers=2,
                 leading=self.elector.is_leader if self.elector else None,
-                # previews take turns in one loop: none waits long for its builds, and
-                # the loop runs again when they finish
-                patience_sec=1.0,
+                patience_sec=1.0,  # previews take turns: none waits long for its builds
                 follow_up=lambda: self.previews.request() if self.previews else None,
                 work=self.work,
             )

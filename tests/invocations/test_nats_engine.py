@@ -27,6 +27,7 @@ from gitops_sless.invocations.model import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    Filter,
     Invocation,
     Response,
 )
@@ -456,3 +457,34 @@ async def test_a_second_message_for_a_running_invocation_does_not_run_it_again(e
         await until(lambda: _is(engine, invocation.id, SUCCEEDED), "the end")
         await asyncio.sleep(0.1)
     assert len(worker.runs) == 1
+
+
+async def test_a_listing_of_queued_ones_does_not_chase_a_queue_being_worked_through(
+    engines, monkeypatch
+):
+    """A runner that takes queued invocations faster than a listing reads records: the
+    listing reads no record its index already shows taken (before, ``?status=queued
+    &limit=1`` read every record the queue had passed, one at a time: seconds under
+    load, bench/async.py), and finds one still queued."""
+    engine = engines[0]
+    submitted = [make() for _ in range(31)]
+    for invocation in submitted:
+        await engine.submit(invocation)
+    store = engine._store
+    read = store.read
+    reads: list[str] = []
+
+    async def runner_ahead(invocation_id: str):  # type: ignore[no-untyped-def]
+        reads.append(invocation_id)
+        # meanwhile the runner takes ten more of the first 30 (written as a run does)
+        for inv in sorted(submitted, key=lambda i: i.id)[: min(len(reads) * 10, 30)]:
+            got = await read(inv.id)
+            if got is not None and got[0].status == QUEUED:
+                await store.write(got[0].evolve(status=RUNNING), expect=got[1])
+        return await read(invocation_id)
+
+    monkeypatch.setattr(store, "read", runner_ahead)
+    found = await engine.list(Filter(function="hello", status=QUEUED, limit=1))
+    last = max(submitted, key=lambda i: i.id)
+    assert [inv.id for inv in found] == [last.id]  # the one the runner has not reached
+    assert len(reads) == 4  # the 1st, 11th, 21st and 31st: before, all 31
