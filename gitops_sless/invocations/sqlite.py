@@ -553,7 +553,9 @@ class SqliteEngine:
                 task = asyncio.create_task(self._run(worker, inv, consumer))
                 runs.add(task)
                 task.add_done_callback(runs.discard)
-            if len(found) < free + busy:  # saw all it had due: its next due time is known
+            # saw all it had due and started all of it: its next due time is known (what
+            # is left for want of a slot keeps it due: a run's end wakes the consumer)
+            if len(found) < free + busy and len(fresh) <= free:
                 with self._lock:
                     if self._versions.get(pair, 0) == versions.get(pair, 0):
                         self._due.pop(pair, None)
